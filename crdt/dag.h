@@ -1,0 +1,100 @@
+#ifndef CAIRN_DAG_H
+#define CAIRN_DAG_H
+
+/*
+ * The hash DAG of changes. Changes arrive in any order; one whose
+ * dependencies are not all present waits in a pending buffer. A change whose
+ * dependencies are all *ordered* becomes ready; the caller (the document)
+ * validates it and then either orders it — appends it to the apply order, a
+ * topological order of the DAG that is this node's local apply order — or
+ * discards it. Every prefix of the apply order is causally complete.
+ *
+ * Indices: the i-th change of the apply order has index i (0-based); indices
+ * never change once given.
+ *
+ * Sequence rule (checked in cairn_dag_order): a change with seq n > 1 must
+ * have the author's change n-1 among its ancestors, and no other change with
+ * the same (actor, seq) may be known (CAIRN_ESEQGAP / CAIRN_EFORK).
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crdt/change.h"
+
+typedef struct cairn_dag cairn_dag;
+
+enum {
+    CAIRN_DAG_READY = 0,   /* all deps ordered: queued for the caller */
+    CAIRN_DAG_PENDING = 1, /* some dep missing: buffered */
+    CAIRN_DAG_KNOWN = 2    /* already ordered, ready or pending: dropped */
+};
+
+/* Bound on buffered pending changes (hostile peers): beyond it, add fails with
+ * CAIRN_ELIMIT and nothing is kept. */
+#define CAIRN_DAG_MAX_PENDING 100000u
+
+int cairn_dag_new(cairn_dag **out);
+void cairn_dag_free(cairn_dag *d);
+
+/* Offers a decoded (hence hash-verified) change. Takes ownership of |c| in
+ * every case, freeing it when it is a duplicate or on error. *state is one of
+ * CAIRN_DAG_*. A pending change becomes ready when its last missing
+ * dependency is ordered. */
+int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state);
+
+/* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order or
+ * cairn_dag_discard. */
+const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
+
+/* Appends the peeked ready change to the apply order (it becomes a head) and
+ * makes ready every pending change whose dependencies are now all ordered.
+ * Fails (and discards the change) with CAIRN_ESEQGAP or CAIRN_EFORK. *index
+ * (if not NULL) receives its index. */
+int cairn_dag_order(cairn_dag *d, uint64_t *index);
+
+/* Drops the peeked ready change (the document rejected it). Changes that
+ * depend on it stay pending forever (bounded by CAIRN_DAG_MAX_PENDING). */
+void cairn_dag_discard(cairn_dag *d);
+
+/* Number of ordered changes. */
+uint64_t cairn_dag_count(const cairn_dag *d);
+
+/* The change at apply-order |index| (borrowed, valid for the DAG's life), or
+ * NULL if out of range. */
+const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index);
+
+/* Ordered change by hash: 0 and *index set, or CAIRN_ENOTFOUND. */
+int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index);
+
+/* 1 if |h| is ordered, 2 if ready or pending, 0 if unknown. */
+int cairn_dag_has(const cairn_dag *d, const cairn_hash *h);
+
+/* The heads (ordered changes no ordered change depends on), sorted ascending.
+ * Borrowed: valid until the next cairn_dag_order. */
+size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads);
+
+/* Highest ordered seq of |actor| (0 if none). */
+uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor);
+
+/* Apply-order indices of every ordered ancestor of |heads| (inclusive),
+ * ascending, in a new array (*out, caller frees). Unknown heads fail with
+ * CAIRN_ENOTFOUND. */
+int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                        size_t nheads);
+
+/* Apply-order indices of every ordered change that is NOT an ancestor of
+ * |heads|, ascending (a topological order). Heads this DAG does not know are
+ * ignored (they cannot hide anything we have). */
+int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                            size_t nheads);
+
+/* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|. */
+int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
+                          size_t nheads);
+
+/* Hashes that pending changes depend on and that are not known at all
+ * (what to ask peers for), sorted, new array (*out, caller frees). */
+int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d);
+
+#endif

@@ -1,0 +1,155 @@
+#ifndef CAIRN_DOC_H
+#define CAIRN_DOC_H
+
+/*
+ * The document: a tree of maps and lists, built by applying changes. A
+ * cairn_doc owns the DAG of every change it has applied, so it is a whole
+ * replica: local edits become a change (cairn_doc_commit), changes from peers
+ * are received in any order (cairn_doc_receive), and two docs that received
+ * the same set of changes have identical state and heads.
+ *
+ * Object ids returned by this API use the document's own interned actor
+ * table (see cairn_opid in change.h); CAIRN_ROOT is the root map.
+ *
+ * Map keys are arbitrary bytes. A key's value is the set of its ops that
+ * nothing overwrote; with several (concurrent writes) the greatest op id wins
+ * and the rest are conflicts. Lists are RGA. Counters merge by adding.
+ *
+ * Op counters are a hybrid logical clock: a new change's start_op is
+ * max(greatest counter seen + 1, now_ms).
+ *
+ * Performance: set/get of one key in a map of n keys is O(1) expected.
+ *
+ * Values returned by reads are borrowed: valid until the next write to, or
+ * receive into, the document.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crdt/change.h"
+#include "crdt/dag.h"
+
+typedef struct cairn_doc cairn_doc;
+typedef cairn_opid cairn_objid;
+
+static const cairn_objid CAIRN_ROOT = {0, 0};
+
+enum { CAIRN_OBJ_MAP = 1, CAIRN_OBJ_LIST = 2 };
+
+typedef enum cairn_read_kind {
+    CAIRN_READ_NONE = 0, /* absent / deleted */
+    CAIRN_READ_SCALAR = 1,
+    CAIRN_READ_MAP = 2,
+    CAIRN_READ_LIST = 3
+} cairn_read_kind;
+
+typedef struct cairn_read {
+    uint8_t kind;      /* cairn_read_kind */
+    cairn_value value; /* SCALAR (a counter reads as its current total) */
+    cairn_objid obj;   /* MAP / LIST: the object's id */
+    cairn_opid id;     /* the winning op's id */
+} cairn_read;
+
+typedef enum cairn_patch_action {
+    CAIRN_PATCH_PUT = 1,    /* map key: visible value new or changed */
+    CAIRN_PATCH_DEL = 2,    /* map key: now absent */
+    CAIRN_PATCH_INSERT = 3, /* list: element inserted at index */
+    CAIRN_PATCH_SET = 4,    /* list: element at index changed */
+    CAIRN_PATCH_REMOVE = 5, /* list: element at index removed */
+    CAIRN_PATCH_INC = 6     /* counter changed (map key or list index) */
+} cairn_patch_action;
+
+typedef struct cairn_patch {
+    uint8_t action; /* cairn_patch_action */
+    cairn_objid obj;
+    const uint8_t *key; /* maps */
+    size_t key_len;
+    uint64_t index;  /* lists */
+    cairn_read value; /* PUT / INSERT / SET / INC: the new visible winner */
+    uint32_t nconflicts; /* values now visible at this key, winner included */
+} cairn_patch;
+
+/* What applying changes did, reported as it happens. Any callback may be NULL.
+ * change_cb(begin=1) precedes the patches of one change and change_cb(begin=0)
+ * follows them, even when the change changed nothing visible. */
+typedef struct cairn_doc_observer {
+    void *arg;
+    void (*change_cb)(void *arg, const cairn_change *c, uint64_t index, int begin);
+    void (*patch_cb)(void *arg, const cairn_patch *p);
+} cairn_doc_observer;
+
+int cairn_doc_new(cairn_doc **out, const cairn_actor *actor);
+void cairn_doc_free(cairn_doc *doc);
+
+/* The DAG of applied changes. Borrowed; do not add to it directly. */
+const cairn_dag *cairn_doc_dag(const cairn_doc *doc);
+const cairn_actor *cairn_doc_actor(const cairn_doc *doc);
+
+/* ---- local edits -----------------------------------------------------
+ * Edits between begin and commit form one change. Each edit is applied (and
+ * visible to reads) at once; commit seals them into a change, rollback undoes
+ * them all. A failing edit changes nothing. Only one pending change at a
+ * time (CAIRN_ESTATE otherwise). */
+int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms);
+int cairn_doc_put(cairn_doc *doc, cairn_objid obj, const uint8_t *key, size_t key_len,
+                  const cairn_value *v);
+int cairn_doc_put_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj, const uint8_t *key,
+                         size_t key_len, int kind /* CAIRN_OBJ_* */);
+int cairn_doc_delete(cairn_doc *doc, cairn_objid obj, const uint8_t *key, size_t key_len);
+int cairn_doc_increment(cairn_doc *doc, cairn_objid obj, const uint8_t *key, size_t key_len,
+                        int64_t delta);
+int cairn_doc_list_insert(cairn_doc *doc, cairn_objid obj, size_t index, const cairn_value *v);
+int cairn_doc_list_insert_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj, size_t index,
+                                 int kind);
+int cairn_doc_list_set(cairn_doc *doc, cairn_objid obj, size_t index, const cairn_value *v);
+int cairn_doc_list_delete(cairn_doc *doc, cairn_objid obj, size_t index);
+int cairn_doc_list_increment(cairn_doc *doc, cairn_objid obj, size_t index, int64_t delta);
+
+/* Seals the pending edits into one change (deps = heads, next seq), orders
+ * it in the DAG and reports it to |obs| (may be NULL) as if received. *out
+ * is the change (borrowed from the DAG), or NULL when there were no edits
+ * (then nothing is committed). */
+int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs);
+void cairn_doc_rollback(cairn_doc *doc);
+
+/* ---- changes from peers ------------------------------------------------
+ * Takes ownership of |c| (decoded, so hash-verified). Buffers it if its
+ * dependencies are missing; otherwise validates and applies it and then every
+ * buffered change it unblocks, in order, reporting each to |obs|. A change
+ * that is invalid against the document (unknown object, bad reference, wrong
+ * seq) is rejected with nothing applied; the return code is the first such
+ * error while valid ones still apply. CAIRN_ESTATE during a local edit. */
+int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
+
+/* ---- reads --------------------------------------------------------------*/
+int cairn_doc_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj, const uint8_t *key,
+                  size_t key_len);
+/* All visible values at a key, greatest op id first; *n = total (may exceed
+ * cap). */
+int cairn_doc_get_all(const cairn_doc *doc, cairn_read *out, size_t cap, size_t *n, cairn_objid obj,
+                      const uint8_t *key, size_t key_len);
+int cairn_doc_list_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj, size_t index);
+/* Visible keys of a map / elements of a list. */
+int cairn_doc_length(const cairn_doc *doc, size_t *n, cairn_objid obj);
+
+/* Calls |cb| for every visible key of map |obj| in unspecified order;
+ * stops early if |cb| returns non-zero (that value is returned). */
+typedef int (*cairn_doc_key_cb)(void *arg, const uint8_t *key, size_t key_len,
+                                const cairn_read *value);
+int cairn_doc_map_foreach(const cairn_doc *doc, cairn_objid obj, cairn_doc_key_cb cb, void *arg);
+
+/* A canonical, deterministic serialisation of the whole visible state
+ * (sorted keys, conflicts included, actor bytes instead of indices): two
+ * docs with the same state give the same bytes. New buffer, caller frees. */
+int cairn_doc_dump(uint8_t **out, size_t *len, const cairn_doc *doc);
+
+/* A new read-only document holding exactly the state as of |heads| (replays
+ * their ancestors: O(history)). */
+int cairn_doc_new_at(cairn_doc **out, const cairn_doc *doc, const cairn_hash *heads,
+                     size_t nheads);
+
+/* Translate between document op ids and (counter, actor bytes). */
+int cairn_doc_actor_of(const cairn_doc *doc, cairn_actor *out, cairn_opid id);
+
+#endif

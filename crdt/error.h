@@ -1,0 +1,74 @@
+#ifndef CAIRN_ERROR_H
+#define CAIRN_ERROR_H
+
+/*
+ * Every error cairn can return, in one table. Each row gives the enum name,
+ * the gRPC status code a client sees for it, and the message. Rows marked
+ * "etcd:" carry etcd 3.4's exact status and text (etcdserver/api/v3rpc/
+ * rpctypes), so that clients matching on them behave as against etcd.
+ *
+ * Codes are negative; 0 is success. gRPC status numbers: 1 CANCELLED,
+ * 3 INVALID_ARGUMENT, 5 NOT_FOUND, 6 ALREADY_EXISTS, 8 RESOURCE_EXHAUSTED,
+ * 9 FAILED_PRECONDITION, 11 OUT_OF_RANGE, 12 UNIMPLEMENTED, 13 INTERNAL,
+ * 14 UNAVAILABLE, 15 DATA_LOSS.
+ */
+#define CAIRN_ERRORS(X)                                                                            \
+    X(ENOMEM, 8, "cairn: out of memory")                                                           \
+    X(EINVAL, 3, "cairn: invalid argument")                                                        \
+    X(ETRUNCATED, 3, "cairn: truncated input")                                                     \
+    X(ELIMIT, 3, "cairn: input exceeds a size limit")                                              \
+    X(ENONCANON, 3, "cairn: non-canonical encoding")                                               \
+    X(EBADVERSION, 3, "cairn: unknown format version")                                             \
+    X(EBADHASH, 3, "cairn: change bytes do not match its hash")                                    \
+    X(EUNSORTED, 3, "cairn: dependencies not sorted or duplicated")                                \
+    X(ESEQGAP, 3, "cairn: change sequence number skips")                                           \
+    X(EFORK, 3, "cairn: two different changes with one actor and sequence number")                 \
+    X(EBADOP, 3, "cairn: malformed operation")                                                     \
+    X(ENOOBJ, 5, "cairn: no such object")                                                          \
+    X(ENOTFOUND, 5, "cairn: not found")                                                            \
+    X(EDUPLICATE, 6, "cairn: already present")                                                     \
+    X(EMISSINGDEP, 9, "cairn: missing dependency")                                                 \
+    X(ESTATE, 9, "cairn: operation not valid in this state")                                       \
+    X(EIO, 13, "cairn: I/O error")                                                                 \
+    X(ECORRUPT, 15, "cairn: corrupt data on disk")                                                 \
+    X(EUNIMPLEMENTED, 12, "cairn: not implemented")                                                \
+    /* etcd: the errors below are etcd's own (status and message). */                             \
+    X(EEMPTYKEY, 3, "etcdserver: key is not provided")                                             \
+    X(EKEYNOTFOUND, 3, "etcdserver: key not found")                                                \
+    X(EVALUEPROVIDED, 3, "etcdserver: value is provided")                                          \
+    X(ELEASEPROVIDED, 3, "etcdserver: lease is provided")                                          \
+    X(ETOOMANYOPS, 3, "etcdserver: too many operations in txn request")                            \
+    X(EDUPKEY, 3, "etcdserver: duplicate key given in txn request")                                \
+    X(ECOMPACTED, 11, "etcdserver: mvcc: required revision has been compacted")                    \
+    X(EFUTUREREV, 11, "etcdserver: mvcc: required revision is a future revision")                  \
+    X(ENOSPACE, 8, "etcdserver: mvcc: database space exceeded")                                    \
+    X(ELEASENOTFOUND, 5, "etcdserver: requested lease not found")                                  \
+    X(ELEASEEXIST, 9, "etcdserver: lease already exists")                                          \
+    X(ELEASETTLTOOLARGE, 11, "etcdserver: too large lease TTL")                                    \
+    X(EWATCHCANCELED, 1, "etcdserver: watch canceled")                                             \
+    X(EMEMBERNOTFOUND, 5, "etcdserver: member not found")                                          \
+    X(EREQUESTTOOLARGE, 3, "etcdserver: request is too large")                                     \
+    X(ETOOMANYREQUESTS, 8, "etcdserver: too many requests")                                        \
+    X(ESTOPPED, 14, "etcdserver: server stopped")                                                  \
+    X(ETIMEOUT, 14, "etcdserver: request timed out")                                               \
+    X(ECORRUPTCLUSTER, 15, "etcdserver: corrupt cluster")
+
+enum {
+    CAIRN_OK = 0,
+    CAIRN_ERROR_BASE_ = -1000,
+#define CAIRN_ERROR_ENUM_(name, grpc, msg) CAIRN_##name,
+    CAIRN_ERRORS(CAIRN_ERROR_ENUM_)
+#undef CAIRN_ERROR_ENUM_
+        CAIRN_ERROR_END_
+};
+
+/* The message for |rc| (static storage). Unknown codes give a generic text. */
+const char *cairn_strerror(int rc);
+
+/* The gRPC status code for |rc|: 0 for CAIRN_OK, 2 (UNKNOWN) if unknown. */
+int cairn_error_grpc_status(int rc);
+
+/* The enum's name without prefix ("ENOMEM"), for logs and tests. */
+const char *cairn_error_name(int rc);
+
+#endif

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs every Debian package cairn needs to build, test, fuzz and benchmark.
+# Runs as root (CI, a fresh machine) or through sudo; skips what is present.
+set -euo pipefail
+PKGS=(
+  build-essential cmake pkg-config clang libclang-rt-14-dev
+  libsodium-dev check libsubunit-dev libleveldb-dev libsnappy-dev
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+  libjansson-dev
+  etcd-server etcd-client
+  python3 python3-grpcio python3-protobuf
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
