@@ -949,7 +949,8 @@ static int advance_shared(cairn_sync_state *s, const cairn_dag *d, const cairn_s
             b[k++] = m->heads[i];
     if (k < m->nheads && k + s->nshared <= s->lim.max_heads) {
         /* Some peer heads are new to us: keep the old common point too. */
-        memcpy(b + k, s->shared, s->nshared * sizeof *b);
+        if (s->nshared)
+            memcpy(b + k, s->shared, s->nshared * sizeof *b);
         k = hashes_normalise(b, k + s->nshared);
     }
     free(s->shared);
