@@ -40,7 +40,8 @@ static cairn_change *mk(uint32_t who, uint64_t seq, const cairn_hash *deps, size
 {
     cairn_hash sorted[64];
     ck_assert_uint_le(ndeps, 64);
-    memcpy(sorted, deps, ndeps * sizeof *deps);
+    if (ndeps)
+        memcpy(sorted, deps, ndeps * sizeof *deps);
     qsort(sorted, ndeps, sizeof *sorted, cmp_hash);
     cairn_actor a = actor_n(who);
     cairn_op op = {.action = CAIRN_OP_SET,
