@@ -32,7 +32,7 @@
  *           v       nothers = nactors - 1, <= CAIRN_CHANGE_MAX_ACTORS - 1
  *           16*n    actors[1..], strictly ascending, none equal to the
  *                   author                             else ENONCANON
- *           v       nops
+ *           v       nops (each op takes >= 5 bytes)     else ELIMIT
  *           ...     nops ops, each:
  *
  *   op      size    field
@@ -388,8 +388,7 @@ static int parse(const uint8_t *buf, size_t len, struct counts *n, cairn_change 
     const uint8_t *deps = r.p;
     r.p += (size_t)n->ndeps * CAIRN_HASH_LEN;
     for (uint32_t i = 1; i < n->ndeps; i++)
-        if (memcmp(deps + (i - 1) * CAIRN_HASH_LEN, deps + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >=
-            0)
+        if (memcmp(deps + (i - 1) * CAIRN_HASH_LEN, deps + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >= 0)
             return CAIRN_EUNSORTED;
 
     if ((rc = rd_count(&r, &nothers, CAIRN_CHANGE_MAX_ACTORS - 1, CAIRN_ACTOR_LEN)))

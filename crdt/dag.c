@@ -22,8 +22,14 @@
  * ordered since the author's previous one. Walks use explicit stacks and
  * per-node epoch marks, never recursion.
  *
- * Table slots are placed by a multiply-shift hash with a per-DAG random key,
- * so a peer that grinds change hashes cannot make probe chains long.
+ * Table slots are placed by SipHash with a per-DAG random key, so a peer
+ * that picks dependency hashes (or grinds change hashes) cannot make probe
+ * chains long.
+ *
+ * Worst case of the sequence check: a walk visits the ancestors ordered
+ * since the author's previous change. Honest histories keep that short (the
+ * author's previous change is almost always a direct dep); a hostile history
+ * can make one walk O(n), bounded by the DAG's size, never recursive.
  */
 #include "crdt/dag.h"
 
@@ -56,11 +62,12 @@ typedef struct node {
     uint8_t state;
 } node;
 
-/* Open-addressing hash table of pointers, keyed by 16 leading bytes. */
+/* Open-addressing hash table of pointers to entries that start with their key. */
 struct table {
     void **slot;
     size_t cap, n; /* cap is a power of two, n <= cap / 2 */
     int shift;
+    size_t klen; /* key bytes */
 };
 
 struct actor_rec {
@@ -75,7 +82,7 @@ struct vec { /* a growable array of pointers */
 };
 
 struct cairn_dag {
-    uint64_t k0, k1; /* table hash key */
+    uint8_t key[crypto_shorthash_KEYBYTES]; /* table hash key */
     struct table nodes;
     struct table actors;
     node **order;
@@ -109,53 +116,42 @@ static int vec_push(struct vec *v, void *p)
     return 0;
 }
 
-static uint64_t load64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return v;
-}
-
+/* The slot for a key of |t|'s kind: SipHash-2-4 with a per-DAG random key
+ * over all of the key's bytes (a peer chooses dep hashes freely, so any byte
+ * left out could be used to pile entries onto one slot). */
 static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
-    uint64_t x = (load64(key) ^ d->k0) * (d->k1 | 1);
-    x ^= load64(key + 8);
-    x *= (d->k0 | 1);
+    uint8_t out[crypto_shorthash_BYTES];
+    uint64_t x;
+    crypto_shorthash(out, key, t->klen, d->key);
+    memcpy(&x, out, sizeof x);
     return (size_t)(x >> t->shift);
 }
 
-static const uint8_t *node_key(const void *p)
+/* Every table entry (node, actor_rec) starts with its key. */
+static const uint8_t *key_of(const void *entry)
 {
-    return ((const node *)p)->hash.b;
+    return entry;
 }
 
-static const uint8_t *actor_key(const void *p)
-{
-    return ((const struct actor_rec *)p)->actor.b;
-}
-
-typedef const uint8_t *(*key_fn)(const void *);
-
-/* The slot holding |key| (len bytes compared), or the empty slot where it
+/* The slot holding |key|, or the empty slot where it
  * would go. */
-static size_t tab_find(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
-                       size_t klen)
+static size_t tab_find(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
     size_t mask = t->cap - 1, i = slot_of(d, t, key);
-    while (t->slot[i] && memcmp(kf(t->slot[i]), key, klen) != 0)
+    while (t->slot[i] && memcmp(key_of(t->slot[i]), key, t->klen) != 0)
         i = (i + 1) & mask;
     return i;
 }
 
-static void *tab_get(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
-                     size_t klen)
+static void *tab_get(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
     if (!t->cap)
         return NULL;
-    return t->slot[tab_find(d, t, kf, key, klen)];
+    return t->slot[tab_find(d, t, key)];
 }
 
-static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
+static int tab_grow(const cairn_dag *d, struct table *t)
 {
     size_t cap = t->cap ? t->cap * 2 : 64;
     int shift = 64;
@@ -164,10 +160,10 @@ static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
     void **slot = calloc(cap, sizeof *slot);
     if (!slot)
         return CAIRN_ENOMEM;
-    struct table nt = {slot, cap, t->n, shift};
+    struct table nt = {slot, cap, t->n, shift, t->klen};
     for (size_t i = 0; i < t->cap; i++) {
         if (t->slot[i]) {
-            size_t j = slot_of(d, &nt, kf(t->slot[i]));
+            size_t j = slot_of(d, &nt, key_of(t->slot[i]));
             while (nt.slot[j])
                 j = (j + 1) & (cap - 1);
             nt.slot[j] = t->slot[i];
@@ -179,10 +175,10 @@ static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
 }
 
 /* Makes room for |extra| more entries without a later failure. */
-static int tab_reserve(const cairn_dag *d, struct table *t, key_fn kf, size_t extra)
+static int tab_reserve(const cairn_dag *d, struct table *t, size_t extra)
 {
     while ((t->n + extra) * 2 > t->cap) {
-        int rc = tab_grow(d, t, kf);
+        int rc = tab_grow(d, t);
         if (rc)
             return rc;
     }
@@ -190,17 +186,16 @@ static int tab_reserve(const cairn_dag *d, struct table *t, key_fn kf, size_t ex
 }
 
 /* Inserts |p| (whose key is absent); room must be reserved. */
-static void tab_put(const cairn_dag *d, struct table *t, key_fn kf, void *p, size_t klen)
+static void tab_put(const cairn_dag *d, struct table *t, void *p)
 {
-    size_t i = tab_find(d, t, kf, kf(p), klen);
+    size_t i = tab_find(d, t, key_of(p));
     t->slot[i] = p;
     t->n++;
 }
 
-static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_t *key,
-                    size_t klen)
+static void tab_del(const cairn_dag *d, struct table *t, const uint8_t *key)
 {
-    size_t mask = t->cap - 1, i = tab_find(d, t, kf, key, klen);
+    size_t mask = t->cap - 1, i = tab_find(d, t, key);
     if (!t->slot[i])
         return;
     t->slot[i] = NULL;
@@ -208,7 +203,7 @@ static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_
     /* Backward shift: pull later entries of the run into the hole when their
      * home slot does not lie strictly between the hole and them. */
     for (size_t j = (i + 1) & mask; t->slot[j]; j = (j + 1) & mask) {
-        size_t home = slot_of(d, t, kf(t->slot[j]));
+        size_t home = slot_of(d, t, key_of(t->slot[j]));
         if (((j - home) & mask) >= ((j - i) & mask)) {
             t->slot[i] = t->slot[j];
             t->slot[j] = NULL;
@@ -219,7 +214,7 @@ static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_
 
 static node *get_node(const cairn_dag *d, const cairn_hash *h)
 {
-    return tab_get(d, &d->nodes, node_key, h->b, CAIRN_HASH_LEN);
+    return tab_get(d, &d->nodes, h->b);
 }
 
 static node *get_ordered(const cairn_dag *d, const cairn_hash *h)
@@ -238,9 +233,10 @@ int cairn_dag_new(cairn_dag **out)
     cairn_dag *d = calloc(1, sizeof *d);
     if (!d)
         return CAIRN_ENOMEM;
-    randombytes_buf(&d->k0, sizeof d->k0);
-    randombytes_buf(&d->k1, sizeof d->k1);
-    if (tab_grow(d, &d->nodes, node_key) || tab_grow(d, &d->actors, actor_key)) {
+    randombytes_buf(d->key, sizeof d->key);
+    d->nodes.klen = CAIRN_HASH_LEN;
+    d->actors.klen = CAIRN_ACTOR_LEN;
+    if (tab_grow(d, &d->nodes) || tab_grow(d, &d->actors)) {
         cairn_dag_free(d);
         return CAIRN_ENOMEM;
     }
@@ -340,7 +336,7 @@ static void ready_push(cairn_dag *d, node *n)
 /* Removes a node that nothing refers to from the table and frees it. */
 static void drop_node(cairn_dag *d, node *n)
 {
-    tab_del(d, &d->nodes, node_key, n->hash.b, CAIRN_HASH_LEN);
+    tab_del(d, &d->nodes, n->hash.b);
     node_free(n);
 }
 
@@ -358,7 +354,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         return 0;
     }
     /* Room for this node and a stub per dep, so no insert below fails. */
-    if ((rc = tab_reserve(d, &d->nodes, node_key, (size_t)c->ndeps + 1)))
+    if ((rc = tab_reserve(d, &d->nodes, (size_t)c->ndeps + 1)))
         goto fail;
 
     uint32_t missing = 0;
@@ -383,7 +379,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         }
         n->hash = c->hash;
         n->pos = NO_POS;
-        tab_put(d, &d->nodes, node_key, n, CAIRN_HASH_LEN);
+        tab_put(d, &d->nodes, n);
     }
 
     if (missing) {
@@ -402,7 +398,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
                 }
                 dep->hash = c->deps[done];
                 dep->state = ST_STUB;
-                tab_put(d, &d->nodes, node_key, dep, CAIRN_HASH_LEN);
+                tab_put(d, &d->nodes, dep);
             }
             if ((rc = add_waiter(dep, n))) {
                 if (dep->state == ST_STUB && dep->nwaiters == 0) {
@@ -547,7 +543,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
     node *n = d->ready[d->rhead];
     cairn_change *c = n->c;
 
-    struct actor_rec *a = tab_get(d, &d->actors, actor_key, c->actor.b, CAIRN_ACTOR_LEN);
+    struct actor_rec *a = tab_get(d, &d->actors, c->actor.b);
     uint64_t max = a ? a->max_seq : 0;
     if (c->seq <= max) {
         cairn_dag_discard(d);
@@ -570,13 +566,13 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
     /* Reserve everything first so that the state changes below cannot fail
      * half-way. */
     if (!a) {
-        if ((rc = tab_reserve(d, &d->actors, actor_key, 1)))
+        if ((rc = tab_reserve(d, &d->actors, 1)))
             return rc;
         a = calloc(1, sizeof *a);
         if (!a)
             return CAIRN_ENOMEM;
         a->actor = c->actor;
-        tab_put(d, &d->actors, actor_key, a, CAIRN_ACTOR_LEN);
+        tab_put(d, &d->actors, a);
     }
     if (d->norder == d->caporder) {
         size_t cap = d->caporder ? d->caporder * 2 : 64;
@@ -606,7 +602,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
 
     for (uint32_t i = 0; i < c->ndeps; i++) {
         node *dep = get_ordered(d, &c->deps[i]);
-        if (dep->pos != NO_POS)
+        if (dep && dep->pos != NO_POS)
             list_remove(&d->heads, dep);
     }
     list_add(&d->heads, n); /* room reserved above */
@@ -690,7 +686,7 @@ size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads)
 
 uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor)
 {
-    struct actor_rec *a = tab_get(d, &d->actors, actor_key, actor->b, CAIRN_ACTOR_LEN);
+    struct actor_rec *a = tab_get(d, &d->actors, actor->b);
     return a ? a->max_seq : 0;
 }
 
@@ -703,8 +699,8 @@ static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *
 {
     struct vec st = {0};
     int rc = 0;
-#define SEEN(i) (bits[((i) - floor) >> 6] >> (((i) - floor) & 63) & 1)
-#define SET(i) (bits[((i) - floor) >> 6] |= (uint64_t)1 << (((i) - floor) & 63))
+#define SEEN(i) (bits[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+#define SET(i) (bits[((i)-floor) >> 6] |= (uint64_t)1 << (((i)-floor) & 63))
     for (size_t i = 0; i < nheads; i++) {
         node *n = get_ordered(d, &heads[i]);
         if (!n) {
