@@ -31,7 +31,8 @@ enum {
 };
 
 /* Bound on buffered pending changes (hostile peers): beyond it, add fails with
- * CAIRN_ELIMIT and nothing is kept. */
+ * CAIRN_ELIMIT and nothing is kept. dag.c also bounds the pending buffer's
+ * total dependency edges (8x this) and bytes (256 MiB) the same way. */
 #define CAIRN_DAG_MAX_PENDING 100000u
 
 int cairn_dag_new(cairn_dag **out);
@@ -50,7 +51,9 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
  * Fails (and discards the change) with CAIRN_ESEQGAP or CAIRN_EFORK. *index
- * (if not NULL) receives its index. */
+ * (if not NULL) receives its index. CAIRN_ESTATE if nothing is ready;
+ * CAIRN_ENOMEM leaves the change ready and the DAG unchanged (retry or
+ * discard it). */
 int cairn_dag_order(cairn_dag *d, uint64_t *index);
 
 /* Drops the peeked ready change (the document rejected it). Changes that
@@ -89,7 +92,9 @@ int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cai
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads);
 
-/* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|. */
+/* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|,
+ * else 0 (also when out of memory). Unknown heads are ignored. Cost: the
+ * ancestors of |heads| ordered after |h|. */
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
                           size_t nheads);
 
