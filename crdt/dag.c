@@ -797,10 +797,10 @@ int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_h
     uint64_t span = d->norder - t->index;
     uint64_t *bits = calloc(span / 64 + 1, sizeof *bits);
     if (!bits)
-        return CAIRN_ENOMEM;
+        return 0; /* out of memory: "not known to be", the safe answer for sync */
     int rc = mark_ancestors(bits, d, heads, nheads, 0, t->index, t->index);
     free(bits);
-    return rc;
+    return rc == 1;
 }
 
 int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d)
