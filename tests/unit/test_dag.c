@@ -576,6 +576,54 @@ START_TEST(pending_limit)
 }
 END_TEST
 
+START_TEST(pending_edge_limit)
+{
+    /* Changes that each wait for 1024 unknown hashes: the buffer holds at
+     * most 8 * CAIRN_DAG_MAX_PENDING such edges, far fewer than
+     * CAIRN_DAG_MAX_PENDING changes. */
+    static cairn_hash deps[CAIRN_CHANGE_MAX_DEPS];
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    const uint32_t per = CAIRN_CHANGE_MAX_DEPS, fits = 8u * CAIRN_DAG_MAX_PENDING / per;
+    for (uint32_t i = 0; i <= fits; i++) {
+        for (uint32_t j = 0; j < per; j++) {
+            /* Ascending in j (bytes 0-1), distinct per change (bytes 4-7). */
+            memset(deps[j].b, 0, 32);
+            deps[j].b[0] = (uint8_t)(j >> 8);
+            deps[j].b[1] = (uint8_t)j;
+            memcpy(deps[j].b + 4, &i, sizeof i);
+        }
+        cairn_actor a = actor_n(i + 1);
+        cairn_change t = {0};
+        t.actor = a;
+        t.seq = 1;
+        t.start_op = 1;
+        t.ndeps = per;
+        t.deps = deps;
+        t.nactors = 1;
+        t.actors = &a;
+        cairn_change *c;
+        ck_assert_rc(cairn_change_new(&c, &t), 0);
+        cairn_hash h = c->hash;
+        int state;
+        int rc = cairn_dag_add(d, c, &state);
+        if (i < fits) {
+            ck_assert_rc(rc, 0);
+            ck_assert_int_eq(state, CAIRN_DAG_PENDING);
+        } else {
+            ck_assert_rc(rc, CAIRN_ELIMIT);
+            ck_assert_int_eq(cairn_dag_has(d, &h), 0);
+        }
+    }
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, (size_t)fits * per); /* no stubs left by the refused one */
+    free(miss);
+    cairn_dag_free(d);
+}
+END_TEST
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -693,6 +741,7 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, missing_lists_unknown_deps);
     tcase_add_test(tc, random_permutations_converge);
     tcase_add_test(tc, pending_limit);
+    tcase_add_test(tc, pending_edge_limit);
     tcase_add_test(tc, long_chain_linear_time);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);
