@@ -192,8 +192,7 @@ int cairn_doc_dump(uint8_t **outp, size_t *len, const cairn_doc *doc)
     return 0;
 }
 
-int cairn_doc_new_at(cairn_doc **outp, const cairn_doc *doc, const cairn_hash *heads,
-                     size_t nheads)
+int cairn_doc_new_at(cairn_doc **outp, const cairn_doc *doc, const cairn_hash *heads, size_t nheads)
 {
     *outp = NULL;
     uint64_t *idx = NULL;

@@ -131,8 +131,7 @@ static void edit(cairn_doc *d, struct in *in)
         if (obj_at(d, "l", CAIRN_READ_LIST, &o)) {
             check(cairn_doc_length(d, &n, o) == 0);
             if (op & 0x80)
-                check(cairn_doc_list_insert_object(d, &made, o, arg % (n + 1), CAIRN_OBJ_MAP) ==
-                      0);
+                check(cairn_doc_list_insert_object(d, &made, o, arg % (n + 1), CAIRN_OBJ_MAP) == 0);
             else
                 check(cairn_doc_list_insert(d, o, arg % (n + 1), &v) == 0);
         }

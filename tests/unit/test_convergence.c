@@ -175,9 +175,9 @@ static void random_op(cairn_doc *d)
         cairn_read r;
         ck_assert_int_eq(cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
         if (r.kind != CAIRN_READ_LIST || below(6) == 0)
-            ck_assert_int_eq(cairn_doc_put_object(d, &made, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                                  CAIRN_OBJ_LIST),
-                             0);
+            ck_assert_int_eq(
+                cairn_doc_put_object(d, &made, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST),
+                0);
         break;
     }
     case 6:
