@@ -760,31 +760,166 @@ static int collect(uint64_t **out, size_t *n, const uint64_t *bits, uint64_t cou
     return 0;
 }
 
-static int ancestry(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
-                    size_t nheads, int strict, int want)
+int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                        size_t nheads)
 {
     *out = NULL;
     *n = 0;
     uint64_t *bits = calloc(d->norder / 64 + 1, sizeof *bits);
     if (!bits)
         return CAIRN_ENOMEM;
-    int rc = mark_ancestors(bits, d, heads, nheads, strict, 0, UINT64_MAX);
+    int rc = mark_ancestors(bits, d, heads, nheads, 1, 0, UINT64_MAX);
     if (rc == 0)
-        rc = collect(out, n, bits, d->norder, want);
+        rc = collect(out, n, bits, d->norder, 1);
     free(bits);
     return rc;
 }
 
-int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
-                        size_t nheads)
+/* A max-heap of apply indices. */
+struct heap {
+    uint64_t *v;
+    size_t n, cap;
+};
+
+static int heap_push(struct heap *h, uint64_t x)
 {
-    return ancestry(out, n, d, heads, nheads, 1, 1);
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        uint64_t *nv = realloc(h->v, cap * sizeof *nv);
+        if (!nv)
+            return CAIRN_ENOMEM;
+        h->v = nv;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0 && h->v[(i - 1) / 2] < x) {
+        h->v[i] = h->v[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->v[i] = x;
+    return 0;
 }
 
+static uint64_t heap_pop(struct heap *h)
+{
+    uint64_t top = h->v[0], x = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && h->v[c + 1] > h->v[c])
+            c++;
+        if (h->v[c] <= x)
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n)
+        h->v[i] = x;
+    return top;
+}
+
+#define BIT(b, i) ((b)[(i) >> 6] >> ((i)&63) & 1)
+#define SETBIT(b, i) ((b)[(i) >> 6] |= (uint64_t)1 << ((i)&63))
+
+/*
+ * Walks down from their heads and ours at once, newest index first. A node
+ * reached from theirs is their ancestor; one reached only from ours, once
+ * popped, cannot be reached from theirs any more (its descendants all have
+ * larger indices and were popped before it), so it is in the answer. The walk
+ * stops as soon as no node of ours is left on the heap: everything older is
+ * reachable from theirs. So a peer that is nearly up to date costs about the
+ * size of the difference, not of the history.
+ */
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads)
 {
-    return ancestry(out, n, d, heads, nheads, 0, 0);
+    struct heap h = {0};
+    uint64_t *v = NULL;
+    size_t nv = 0, capv = 0, mine = 0;
+    int rc = CAIRN_ENOMEM;
+    *out = NULL;
+    *n = 0;
+    /* calloc of large zeroed blocks is lazy: untouched pages cost nothing. */
+    size_t words = d->norder / 64 + 1;
+    uint64_t *seen = calloc(words, sizeof *seen), *theirs = calloc(words, sizeof *theirs);
+    if (!seen || !theirs)
+        goto out;
+    for (size_t i = 0; i < nheads; i++) {
+        node *x = get_ordered(d, &heads[i]);
+        if (!x || BIT(seen, x->index))
+            continue;
+        SETBIT(seen, x->index);
+        SETBIT(theirs, x->index);
+        if (heap_push(&h, x->index))
+            goto out;
+    }
+    if (h.n == 0) { /* nothing in common known: everything */
+        rc = collect(out, n, seen, d->norder, 0);
+        goto out;
+    }
+    for (size_t i = 0; i < d->heads.n; i++) {
+        node *x = d->heads.p[i];
+        if (BIT(seen, x->index))
+            continue;
+        SETBIT(seen, x->index);
+        mine++;
+        if (heap_push(&h, x->index))
+            goto out;
+    }
+    while (mine) {
+        uint64_t i = heap_pop(&h);
+        const cairn_change *c = d->order[i]->c;
+        int t = BIT(theirs, i);
+        if (!t) {
+            mine--;
+            if (nv == capv) {
+                size_t cap = capv ? capv * 2 : 64;
+                uint64_t *nw = realloc(v, cap * sizeof *nw);
+                if (!nw)
+                    goto out;
+                v = nw;
+                capv = cap;
+            }
+            v[nv++] = i;
+        }
+        for (uint32_t k = 0; k < c->ndeps; k++) {
+            node *y = get_ordered(d, &c->deps[k]);
+            if (!y)
+                continue;
+            if (!BIT(seen, y->index)) {
+                SETBIT(seen, y->index);
+                if (t)
+                    SETBIT(theirs, y->index);
+                else
+                    mine++;
+                if (heap_push(&h, y->index))
+                    goto out;
+            } else if (t && !BIT(theirs, y->index)) {
+                SETBIT(theirs, y->index); /* still on the heap, now theirs */
+                mine--;
+            }
+        }
+    }
+    /* Popped newest first: reverse into ascending order. */
+    for (size_t i = 0; i < nv / 2; i++) {
+        uint64_t tmp = v[i];
+        v[i] = v[nv - 1 - i];
+        v[nv - 1 - i] = tmp;
+    }
+    if (!v && !(v = malloc(sizeof *v)))
+        goto out;
+    *out = v;
+    *n = nv;
+    v = NULL;
+    rc = 0;
+out:
+    free(v);
+    free(h.v);
+    free(seen);
+    free(theirs);
+    return rc;
 }
 
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,

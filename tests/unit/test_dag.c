@@ -550,6 +550,45 @@ START_TEST(random_permutations_converge)
 }
 END_TEST
 
+/* not_ancestors (a bounded two-sided walk) against the complement of
+ * ancestors (a full walk), for random head sets of random histories. */
+START_TEST(not_ancestors_matches_complement)
+{
+    const size_t n = 400;
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        cairn_change **h = history(n, 5, seed * 77);
+        cairn_dag *d;
+        ck_assert_rc(cairn_dag_new(&d), 0);
+        for (size_t i = 0; i < n; i++)
+            add(d, h[i]);
+        ck_assert_uint_eq(drain(d), n);
+        uint64_t s = seed;
+        for (int round = 0; round < 50; round++) {
+            cairn_hash pick[6];
+            size_t np = (size_t)(rng_next(&s) % 6);
+            for (size_t i = 0; i < np; i++)
+                pick[i] = h[rng_next(&s) % n]->hash;
+            uint64_t *anc, *not ;
+            size_t na, nn;
+            ck_assert_rc(cairn_dag_ancestors(&anc, &na, d, pick, np), 0);
+            ck_assert_rc(cairn_dag_not_ancestors(&not, &nn, d, pick, np), 0);
+            ck_assert_uint_eq(na + nn, n);
+            size_t ia = 0, in = 0;
+            for (uint64_t i = 0; i < n; i++) {
+                if (ia < na && anc[ia] == i)
+                    ia++;
+                else
+                    ck_assert_uint_eq(not [in++], i);
+            }
+            free(anc);
+            free(not );
+        }
+        cairn_dag_free(d);
+        free_history(h, n);
+    }
+}
+END_TEST
+
 /* ---- limits and scale ------------------------------------------------- */
 
 START_TEST(pending_limit)
@@ -740,6 +779,7 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, diamond_ancestry);
     tcase_add_test(tc, missing_lists_unknown_deps);
     tcase_add_test(tc, random_permutations_converge);
+    tcase_add_test(tc, not_ancestors_matches_complement);
     tcase_add_test(tc, pending_limit);
     tcase_add_test(tc, pending_edge_limit);
     tcase_add_test(tc, long_chain_linear_time);
