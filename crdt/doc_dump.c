@@ -26,7 +26,7 @@
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 
-#define DUMP_MAX_DEPTH 10000
+#define DUMP_MAX_DEPTH 1000 /* recursion; far beyond any real nesting */
 
 typedef struct out {
     uint8_t *p;
