@@ -50,7 +50,9 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
- * Fails (and discards the change) with CAIRN_ESEQGAP or CAIRN_EFORK. *index
+ * Fails (and discards the change; changes depending on it stay pending, and
+ * while they do, offering it again is CAIRN_DAG_KNOWN) with CAIRN_ESEQGAP or
+ * CAIRN_EFORK. *index
  * (if not NULL) receives its index. CAIRN_ESTATE if nothing is ready;
  * CAIRN_ENOMEM leaves the change ready and the DAG unchanged (retry or
  * discard it). */
@@ -70,7 +72,9 @@ const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index);
 /* Ordered change by hash: 0 and *index set, or CAIRN_ENOTFOUND. */
 int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index);
 
-/* 1 if |h| is ordered, 2 if ready or pending, 0 if unknown. */
+/* 1 if |h| is ordered, 2 if ready or pending (or rejected by the sequence
+ * rule while pending changes depend on it: known, never to be fetched
+ * again), 0 if unknown. */
 int cairn_dag_has(const cairn_dag *d, const cairn_hash *h);
 
 /* The heads (ordered changes no ordered change depends on), sorted ascending.
