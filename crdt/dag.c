@@ -6,9 +6,10 @@
  * Every hash the DAG has heard of is a node in one open-addressing table
  * (linear probing, backward-shift deletion). A node is ORDERED (in the apply
  * order, with an index), READY (all deps ordered, queued for the caller),
- * PENDING (some dep not ordered yet) or a STUB: a hash that pending changes
- * depend on but that we have never seen. Every node that is not ordered keeps
- * the list of pending nodes waiting for it; ordering it decrements their
+ * PENDING (some dep not ordered yet), a STUB: a hash that pending changes
+ * depend on but that we have never seen, or REJECTED: a change that broke
+ * the sequence rule and that pending changes still wait for (forever). Every node that is not
+ * ordered keeps the list of pending nodes waiting for it; ordering it decrements their
  * missing-count and queues those that reach zero. So delivery in any order
  * costs O(deps) per change, with no rescans of the pending buffer.
  *
@@ -45,7 +46,7 @@
 #define MAX_PENDING_EDGES (8u * CAIRN_DAG_MAX_PENDING)
 #define MAX_PENDING_BYTES ((size_t)256 << 20)
 
-enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3 };
+enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3, ST_REJECTED = 4 };
 
 #define NO_POS UINT32_MAX
 
@@ -490,6 +491,22 @@ void cairn_dag_discard(cairn_dag *d)
     drop_node(d, n);
 }
 
+/* Drops the front ready change for breaking the sequence rule. That verdict
+ * is final (its ancestors are fixed, and the change it forks stays ordered),
+ * so if pending changes wait for it a body-less REJECTED node stays: has()
+ * reports it known, missing() does not ask for it again, add() drops it. */
+static void reject(cairn_dag *d)
+{
+    node *n = ready_pop(d);
+    cairn_change_free(n->c);
+    n->c = NULL;
+    if (n->nwaiters) {
+        n->state = ST_REJECTED;
+        return;
+    }
+    drop_node(d, n);
+}
+
 static void next_epoch(cairn_dag *d)
 {
     if (++d->epoch == 0) {
@@ -546,11 +563,11 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
     struct actor_rec *a = tab_get(d, &d->actors, c->actor.b);
     uint64_t max = a ? a->max_seq : 0;
     if (c->seq <= max) {
-        cairn_dag_discard(d);
+        reject(d);
         return CAIRN_EFORK;
     }
     if (c->seq > max + 1) {
-        cairn_dag_discard(d);
+        reject(d);
         return CAIRN_ESEQGAP;
     }
     if (max > 0) {
@@ -558,7 +575,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
         if (rc < 0)
             return rc; /* ENOMEM: still ready, may be retried */
         if (rc == 0) {
-            cairn_dag_discard(d);
+            reject(d);
             return CAIRN_ESEQGAP;
         }
     }

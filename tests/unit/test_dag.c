@@ -265,6 +265,28 @@ START_TEST(seq_gap_and_fork)
     ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
 
+    /* A rejected fork that others depend on is remembered, not asked for. */
+    cairn_change *fork = mk(1, 1, NULL, 0, 2);
+    cairn_change *child = mk(4, 1, &fork->hash, 1, 0);
+    ck_assert_int_eq(add(d, child), CAIRN_DAG_PENDING);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 1);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_int_eq(cairn_dag_has(d, &fork->hash), 2);
+    ck_assert_int_eq(cairn_dag_has(d, &child->hash), 2);
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 0);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_KNOWN);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+    cairn_change_free(fork);
+    cairn_change_free(child);
+
     /* a1 reached only through another actor's change: allowed. */
     cairn_change *b2 = mk(2, 2, (cairn_hash[]){a1->hash, b1->hash}, 2, 0);
     cairn_change *b3 = mk(2, 3, &b2->hash, 1, 0);
