@@ -15,6 +15,9 @@
  * Sequence rule (checked in cairn_dag_order): a change with seq n > 1 must
  * have the author's change n-1 among its ancestors, and no other change with
  * the same (actor, seq) may be known (CAIRN_ESEQGAP / CAIRN_EFORK).
+ *
+ * Threads: a DAG has no lock. Callers serialise every call, the const ones
+ * included (cairn_dag_heads fills a cache).
  */
 
 #include <stddef.h>
