@@ -13,7 +13,9 @@
  * arena) sized from those counts, then a filling pass. The arena holds the
  * change struct, its arrays and a copy of the bytes; keys, values and deps
  * point into that copy. Nothing is allocated before the counts are shown to
- * fit in the input (count * minimum encoded size <= bytes left).
+ * fit in the input (count * minimum encoded size <= bytes left), so the arena
+ * is at most about 20 times the input (a 5-byte op becomes a 96-byte
+ * cairn_op; a 2-byte pred a 16-byte cairn_opid).
  *
  * ENCODING, version 1. "v" is an unsigned LEB128 varint (7 bits per byte, low
  * group first, high bit = more), at most 10 bytes, minimal: a multi-byte
