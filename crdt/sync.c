@@ -33,7 +33,10 @@
  *
  *   size        field
  *   1           version = 0x01                        (else EBADVERSION)
- *   1           flags: bit 0 = filter present, bit 1 = sample present;
+ *   1           flags: bit 0 = filter present, bit 1 = sample present,
+ *               bit 2 = hello (the sender's state for the receiver is new
+ *               or was reset and has not heard from it since: the
+ *               receiver forgets what it has in flight);
  *               the other bits are 0                  (else ENONCANON)
  *   varint      nheads   (<= max_heads)
  *   32*nheads   heads, strictly ascending bytewise    (else EUNSORTED)
@@ -83,6 +86,8 @@ struct cairn_sync_state {
     int their_changed;        /* their heads changed since our last filter */
     int sent_any;             /* a message went out since new/reset */
     int sample_sent;          /* our sample went out since new/reset */
+    int poke;                 /* the peer said hello: answer even if idle */
+    int heard;                /* a message arrived since new/reset */
     cairn_hash *last_heads;
     size_t nlast_heads;
     cairn_hash *last_need;
@@ -309,7 +314,7 @@ static int encode_msg(uint8_t **out, size_t *len, const cairn_sync_msg *m)
 {
     struct out o = {0};
     put_u8(&o, CAIRN_SYNC_VERSION);
-    put_u8(&o, (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0)));
+    put_u8(&o, (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0) | (m->hello ? 4 : 0)));
     put_hashes(&o, m->heads, m->nheads);
     put_hashes(&o, m->need, m->nneed);
     if (m->has_sample)
@@ -358,7 +363,7 @@ struct view {
     const uint8_t *heads, *need, *sample, *since, *bits, *salt;
     size_t nheads, nneed, nsample, nsince, nbytes;
     uint32_t probes;
-    int has_filter, has_sample;
+    int has_filter, has_sample, hello;
     const uint8_t *changes; /* the first change's length varint */
     size_t nchanges;
     size_t changes_len;
@@ -374,8 +379,9 @@ static int parse(struct view *v, const uint8_t *buf, size_t len, const cairn_syn
         return CAIRN_ETRUNCATED;
     if (buf[0] != CAIRN_SYNC_VERSION)
         return CAIRN_EBADVERSION;
-    if (buf[1] & ~3u)
+    if (buf[1] & ~7u)
         return CAIRN_ENONCANON;
+    v->hello = (buf[1] >> 2) & 1;
     v->has_filter = buf[1] & 1;
     v->has_sample = (buf[1] >> 1) & 1;
     r.p += 2;
@@ -470,6 +476,7 @@ static int copy_hashes(cairn_hash **out, const uint8_t *src, size_t n)
 static int build(cairn_sync_msg *m, const struct view *v)
 {
     memset(m, 0, sizeof *m);
+    m->hello = v->hello;
     int rc;
     if ((rc = copy_hashes(&m->heads, v->heads, v->nheads)))
         goto fail;
@@ -582,6 +589,7 @@ void cairn_sync_reset(cairn_sync_state *s)
 {
     s->sent_any = 0;
     s->sample_sent = 0;
+    s->heard = 0;
     free(s->last_heads);
     s->last_heads = NULL;
     s->nlast_heads = 0;
@@ -866,7 +874,7 @@ filter_done:
         goto done;
 
     int go = nsend > 0 || !s->sent_any || !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads) ||
-             !hashes_eq(need, nneed, s->last_need, s->nlast_need) || want_filter;
+             !hashes_eq(need, nneed, s->last_need, s->nlast_need) || want_filter || s->poke;
     if (!go)
         goto done;
 
@@ -880,6 +888,9 @@ filter_done:
         for (size_t i = 0; i < nsend; i++)
             chg[i] = (cairn_change *)cairn_dag_at(d, send[i]);
     }
+    /* Only a state that has neither sent nor heard anything says hello: a
+     * reply to the peer's first message need not make it start over. */
+    m.hello = !s->sent_any && !s->heard;
     m.heads = (cairn_hash *)heads;
     m.nheads = nheads;
     m.need = need;
@@ -895,6 +906,7 @@ filter_done:
         (rc = hashes_set(&s->last_need, &s->nlast_need, need, nneed)))
         goto fail_out;
     s->sent_any = 1;
+    s->poke = 0;
     if (m.has_sample)
         s->sample_sent = 1;
     /* The peer's requests are answered (what we have of them is in this
@@ -1044,6 +1056,15 @@ int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, 
             first = rc;
     }
     const cairn_dag *d = cairn_doc_dag(doc);
+    if (m.hello) {
+        /* The peer lost or reset its state for us: what we sent may never
+         * have arrived, and it needs our heads again. Not echoed as a hello
+         * of our own, so two peers cannot keep resetting each other. */
+        if (s->sent)
+            memset(s->sent, 0, s->sent_bytes);
+        s->poke = 1;
+    }
+    s->heard = 1;
     if (!s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir))
         s->their_changed = 1;
     s->their_valid = 1;

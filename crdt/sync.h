@@ -16,6 +16,8 @@
  *   cairn_sync_reset()     when a message may have been lost (timer,
  *                          reconnect): forgets what is in flight, keeps the
  *                          shared heads. A new state (restart) also works.
+ *                          The next message says so ("hello"), and the peer
+ *                          then forgets what it had in flight to us too.
  *
  * A message carries the sender's heads, the hashes it knows it is missing
  * (need), optionally a Bloom filter of the sender's changes since a set of
@@ -120,6 +122,7 @@ size_t cairn_sync_shared_heads(const cairn_sync_state *s, const cairn_hash **hea
 /* ---- the message itself (for tests, fuzzing and tools) ------------------ */
 
 typedef struct cairn_sync_msg {
+    int hello; /* the sender's state for us is new or reset */
     size_t nheads;
     cairn_hash *heads; /* sorted ascending, unique */
     size_t nneed;

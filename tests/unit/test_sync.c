@@ -713,6 +713,37 @@ START_TEST(restart_from_scratch)
 }
 END_TEST
 
+START_TEST(restart_after_lost_message)
+{
+    /* a's changes are lost on the wire; b restarts. b's hello makes a send
+     * them again, without a's timer ever firing. */
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 21;
+    struct stats st;
+    edit(a, "a", 5, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    edit(a, "lost", 4, NULL);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0}, *m;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, sa, salt), 0);
+    ck_assert_ptr_nonnull(m); /* carries the 4 changes: dropped */
+    free(m);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, sa, salt), 0);
+    ck_assert_ptr_null(m); /* a believes they are in flight */
+    cairn_sync_state_free(sb);
+    sb = new_state(NULL);
+    ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    /* One round: not one need round trip per lost change. */
+    ck_assert_uint_le(st.rounds_to_converge, 1);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
 /* ---- encoding ----------------------------------------------------------- */
 
 /* A message with heads, need, filter and two changes. */
@@ -794,7 +825,10 @@ START_TEST(decode_rejects)
     c[0] = 2;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_EBADVERSION);
     memcpy(c, m, len);
-    c[1] |= 4;
+    c[1] |= 8;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
+    memcpy(c, m, len);
+    c[1] |= 0x80;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
     /* Over the size limit. */
     cairn_sync_limits l;
@@ -932,6 +966,7 @@ int main(void)
     tcase_add_test(tc, topologies);
     tcase_add_test(tc, lossy_transport);
     tcase_add_test(tc, restart_from_scratch);
+    tcase_add_test(tc, restart_after_lost_message);
     tcase_add_test(tc, decode_canonical_roundtrip);
     tcase_add_test(tc, decode_rejects);
     tcase_add_test(tc, hostile_need_and_heads);
