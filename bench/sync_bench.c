@@ -160,12 +160,11 @@ static void run(int base, int k, int kept)
     double t0 = cpu_ms();
     session(a, sa, b, sb, &r);
     double t1 = cpu_ms();
-    if (!same_heads(a, b) ||
-        cairn_dag_count(cairn_doc_dag(a)) != (uint64_t)base + 2 * (uint64_t)k)
+    if (!same_heads(a, b) || cairn_dag_count(cairn_doc_dag(a)) != (uint64_t)base + 2 * (uint64_t)k)
         die("convergence check", -1);
-    printf("%-6s %6d %6d %6d %8d %6zu %11zu %10zu %8.3f %10.1f\n", kept ? "kept" : "fresh", base,
-           k, r.rounds_to_converge, r.rounds, r.msgs, r.bytes, ideal,
-           (double)r.bytes / (double)ideal, t1 - t0);
+    printf("%-6s %6d %6d %6d %8d %6zu %11zu %10zu %8.3f %10.1f\n", kept ? "kept" : "fresh", base, k,
+           r.rounds_to_converge, r.rounds, r.msgs, r.bytes, ideal, (double)r.bytes / (double)ideal,
+           t1 - t0);
     fflush(stdout);
     cairn_sync_state_free(sa);
     cairn_sync_state_free(sb);

@@ -300,8 +300,7 @@ static int get_hashes(struct in *r, const uint8_t **h, size_t *n, uint64_t max)
     *h = r->p;
     *n = (size_t)c;
     for (size_t i = 1; i < c; i++)
-        if (memcmp(r->p + (i - 1) * CAIRN_HASH_LEN, r->p + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >=
-            0)
+        if (memcmp(r->p + (i - 1) * CAIRN_HASH_LEN, r->p + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >= 0)
             return CAIRN_EUNSORTED;
     r->p += c * CAIRN_HASH_LEN;
     r->left -= c * CAIRN_HASH_LEN;
@@ -348,9 +347,8 @@ int cairn_sync_msg_encode(uint8_t **out, size_t *len, const cairn_sync_msg *m)
         return CAIRN_EINVAL;
     if (m->has_sample && !strictly_sorted(m->sample, m->nsample))
         return CAIRN_EINVAL;
-    if (m->has_filter &&
-        (!strictly_sorted(m->since, m->nsince) || m->filter.probes == 0 ||
-         m->filter.probes > CAIRN_BLOOM_MAX_PROBES))
+    if (m->has_filter && (!strictly_sorted(m->since, m->nsince) || m->filter.probes == 0 ||
+                          m->filter.probes > CAIRN_BLOOM_MAX_PROBES))
         return CAIRN_EINVAL;
     for (size_t i = 0; i < m->nchanges; i++)
         if (!m->changes[i] || !m->changes[i]->bytes || m->changes[i]->len == 0)
@@ -827,9 +825,9 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
 
     /* A filter is new information only when the peer's heads or ours moved
      * (or after a reset); the peer keeps the last one it got. */
-    int want_filter = !their_all_known(d, s) &&
-                      (s->their_changed || !s->sent_any ||
-                       !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads));
+    int want_filter =
+        !their_all_known(d, s) && (s->their_changed || !s->sent_any ||
+                                   !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads));
     size_t used = 2 + hashes_wire(nheads) + hashes_wire(nneed);
     if (want_filter) {
         if ((rc = peer_base(&base, &nbase, d, s, s->shared, s->nshared, s->lim.max_heads)))
@@ -841,7 +839,8 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
             /* No common base yet: a sample instead of a whole-history filter. */
             uint64_t count = cairn_dag_count(d);
             for (unsigned i = 0; i < 64 && ((uint64_t)1 << i) - 1 < count; i++)
-                sample[nsample++] = cairn_dag_at(d, count - (uint64_t)1 - (((uint64_t)1 << i) - 1))->hash;
+                sample[nsample++] =
+                    cairn_dag_at(d, count - (uint64_t)1 - (((uint64_t)1 << i) - 1))->hash;
             sample[nsample++] = cairn_dag_at(d, 0)->hash;
             nsample = hashes_normalise(sample, nsample);
             m.has_sample = 1;
@@ -854,8 +853,8 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
         size_t fmax = s->lim.max_filter_bytes;
         if (used + 64 < s->lim.max_msg_bytes && fmax > s->lim.max_msg_bytes - used - 64)
             fmax = s->lim.max_msg_bytes - used - 64;
-        if ((rc = cairn_bloom_init(&m.filter, nf, s->lim.bloom_bits_per_entry,
-                                   s->lim.bloom_probes, fmax, salt)))
+        if ((rc = cairn_bloom_init(&m.filter, nf, s->lim.bloom_bits_per_entry, s->lim.bloom_probes,
+                                   fmax, salt)))
             goto done;
         for (size_t i = 0; i < nf; i++)
             cairn_bloom_add(&m.filter, &cairn_dag_at(d, fidx[i])->hash);
@@ -873,7 +872,8 @@ filter_done:
     if (rc)
         goto done;
 
-    int go = nsend > 0 || !s->sent_any || !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads) ||
+    int go = nsend > 0 || !s->sent_any ||
+             !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads) ||
              !hashes_eq(need, nneed, s->last_need, s->nlast_need) || want_filter || s->poke;
     if (!go)
         goto done;

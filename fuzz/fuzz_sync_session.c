@@ -1,8 +1,8 @@
 /*
  * Fuzz target: a two-replica sync session driven by the input. The input's
  * first byte picks the limits (a tiny, almost always false-positive filter;
- * tiny messages; history samples even for short histories); every following byte is an operation: local edits on
- * either side (keys from the input, so writes conflict), optimistic pushes,
+ * tiny messages; history samples even for short histories); every following byte is an operation:
+ * local edits on either side (keys from the input, so writes conflict), optimistic pushes,
  * generating a message into the network, delivering any in-flight message
  * (reordering), dropping or duplicating one, a timer reset, a restart that
  * loses the sync state. Then the network becomes reliable: after one reset
@@ -230,8 +230,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         cairn_sync_reset(s.st[i]);
     }
-    uint64_t total = cairn_dag_count(cairn_doc_dag(s.doc[0])) +
-                     cairn_dag_count(cairn_doc_dag(s.doc[1]));
+    uint64_t total =
+        cairn_dag_count(cairn_doc_dag(s.doc[0])) + cairn_dag_count(cairn_doc_dag(s.doc[1]));
     uint64_t bound = 8 + 2 * total, r;
     for (r = 0; r < bound; r++) {
         int a = 0, b = 0;

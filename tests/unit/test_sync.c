@@ -858,26 +858,24 @@ START_TEST(decode_rejects)
     free(c);
     /* Hand-made messages. */
     static const uint8_t huge_heads[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f};
-    ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL),
-                     CAIRN_ELIMIT);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL), CAIRN_ELIMIT);
     static const uint8_t trunc_heads[] = {1, 0, 2, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_heads, sizeof trunc_heads, NULL),
                      CAIRN_ETRUNCATED);
     static const uint8_t nonmin[] = {1, 0, 0x80, 0x00, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, nonmin, sizeof nonmin, NULL), CAIRN_ENONCANON);
-    static const uint8_t over64[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                     0xff, 0xff, 0xff, 0xff, 0x02};
+    static const uint8_t over64[] = {1,    0,    0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, over64, sizeof over64, NULL), CAIRN_ENONCANON);
     static const uint8_t empty_ok[] = {1, 0, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, empty_ok, sizeof empty_ok, NULL), 0);
     cairn_sync_msg_destroy(&dm);
-    static const uint8_t zero_probes[] = {1, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                          9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
+    static const uint8_t zero_probes[] = {1, 1, 0, 0,  0,  0,  1,  2,  3,  4,  5, 6,
+                                          7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, zero_probes, sizeof zero_probes, NULL),
                      CAIRN_ENONCANON);
     static const uint8_t big_sample[] = {1, 2, 0, 0, 66};
-    ck_assert_int_eq(cairn_sync_msg_decode(&dm, big_sample, sizeof big_sample, NULL),
-                     CAIRN_ELIMIT);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, big_sample, sizeof big_sample, NULL), CAIRN_ELIMIT);
     static const uint8_t trunc_sample[] = {1, 2, 0, 0, 1, 5};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_sample, sizeof trunc_sample, NULL),
                      CAIRN_ETRUNCATED);
