@@ -939,6 +939,25 @@ START_TEST(encode_rejects_noncanonical)
     op.action = 9;
     ck_assert_rc(cairn_change_new(&c, &u), CAIRN_EINVAL);
 
+    /* Larger than CAIRN_CHANGE_MAX_BYTES once encoded. */
+    size_t big = CAIRN_CHANGE_MAX_BYTES;
+    uint8_t *blob = calloc(1, big);
+    ck_assert_ptr_nonnull(blob);
+    cairn_op bigop = {.action = CAIRN_OP_SET,
+                      .key = (const uint8_t *)"k",
+                      .key_len = 1,
+                      .value = {.type = CAIRN_V_BYTES, .v.bytes = {blob, big}}};
+    u = t;
+    u.nops = 1;
+    u.ops = &bigop;
+    ck_assert_rc(cairn_change_new(&c, &u), CAIRN_ELIMIT);
+    ck_assert_ptr_null(c);
+    bigop.value.v.bytes.len = big - 100; /* just fits */
+    ck_assert_rc(cairn_change_new(&c, &u), 0);
+    ck_assert_uint_le(c->len, CAIRN_CHANGE_MAX_BYTES);
+    cairn_change_free(c);
+    free(blob);
+
     /* encode on a caller-built change owns its bytes (freed by free()). */
     u = t;
     ck_assert_rc(cairn_change_encode(&u), 0);
