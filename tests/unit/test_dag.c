@@ -696,7 +696,7 @@ END_TEST
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -733,7 +733,8 @@ START_TEST(long_chain_linear_time)
     ck_assert_uint_eq(nv, n);
     free(v);
     ck_assert_int_eq(cairn_dag_is_ancestor(d, &first, &last, 1), 1);
-    fprintf(stderr, "dag: %zu chained changes built+added+ordered in %.3f s\n", n, t1 - t0);
+    fprintf(stderr, "dag: %zu chained changes built+added+ordered in %.3f s (CPU time)\n", n,
+            t1 - t0);
     cairn_dag_free(d);
 }
 END_TEST
