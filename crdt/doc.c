@@ -1397,8 +1397,11 @@ int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_o
     }
     uint64_t index;
     rc = cairn_dag_order(doc->dag, &index);
-    if (rc)
+    if (rc) {
+        if (rc == CAIRN_ENOMEM)
+            cairn_dag_discard(doc->dag); /* else it would stay ready */
         goto fail;
+    }
     repoint(doc, r);
     uint64_t last = doc->p_start + doc->npops - 1;
     if (last > doc->max_counter)
@@ -1591,6 +1594,10 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
         uint64_t index;
         rc = cairn_dag_order(doc->dag, &index);
         if (rc) {
+            /* the sequence rule discarded it; out of memory leaves it ready,
+             * and retrying here could spin: drop it (a peer resends) */
+            if (rc == CAIRN_ENOMEM)
+                cairn_dag_discard(doc->dag);
             if (!first)
                 first = rc;
             continue;
