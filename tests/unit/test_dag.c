@@ -797,6 +797,180 @@ START_TEST(seq_check_walks_back)
 }
 END_TEST
 
+/* ---- allocation failure ------------------------------------------------
+ * Outside sanitizer builds, this executable replaces malloc/calloc/realloc
+ * (glibc supports that; free stays glibc's) so that the n-th allocation made
+ * inside a DAG or change call can be made to fail. ASan builds skip it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NO_MALLOC_HOOK 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+#define NO_MALLOC_HOOK 1
+#endif
+#endif
+
+#ifndef NO_MALLOC_HOOK
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+
+static int armed;       /* count allocations only inside library calls */
+static long fail_at;    /* index of the armed allocation to fail, or -1 */
+static long armed_seen; /* armed allocations so far */
+static int injected;      /* the failure was injected */
+
+static int should_fail(void)
+{
+    if (!armed)
+        return 0;
+    if (armed_seen++ == fail_at) {
+        injected = 1;
+        return 1;
+    }
+    return 0;
+}
+
+void *malloc(size_t n)
+{
+    return should_fail() ? NULL : __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t size)
+{
+    return should_fail() ? NULL : __libc_calloc(n, size);
+}
+
+void *realloc(void *p, size_t n)
+{
+    return should_fail() ? NULL : __libc_realloc(p, n);
+}
+
+/* Evaluates a library call with allocation counting on; its value is rc. */
+#define ARMED(expr) (armed = 1, rc = (expr), armed = 0, rc)
+
+/* A fixed script over a DAG; every library call that fails with ENOMEM is
+ * retried. The result (apply order) must not depend on where it injected. */
+static void script(cairn_change **h, size_t n, cairn_hash *order_out, size_t *enomem)
+{
+    cairn_dag *d;
+    int rc;
+    while (ARMED(cairn_dag_new(&d)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0);
+    for (size_t k = 0; k < n; k++) {
+        /* Deliver newest-first in blocks of 5, so pending chains build up. */
+        size_t i = (k / 5) * 5 + (4 - k % 5);
+        if (i >= n)
+            i = k;
+        int state;
+        for (;;) {
+            cairn_change *c = copy(h[i]);
+            if (ARMED(cairn_dag_add(d, c, &state)) != CAIRN_ENOMEM)
+                break;
+            ++*enomem;
+            REQUIRE(cairn_dag_has(d, &h[i]->hash) == 0);
+        }
+        REQUIRE(rc == 0);
+        while (cairn_dag_peek_ready(d)) {
+            uint64_t before = cairn_dag_count(d);
+            if (ARMED(cairn_dag_order(d, NULL)) == CAIRN_ENOMEM) {
+                ++*enomem;
+                REQUIRE(cairn_dag_count(d) == before);
+                continue;
+            }
+            REQUIRE(rc == 0);
+        }
+        cairn_hash *miss;
+        size_t nm;
+        while (ARMED(cairn_dag_missing(&miss, &nm, d)) == CAIRN_ENOMEM)
+            ++*enomem;
+        REQUIRE(rc == 0);
+        free(miss);
+    }
+    REQUIRE(cairn_dag_count(d) == n);
+    const cairn_hash *heads;
+    size_t nh;
+    while ((nh = (armed = 1, cairn_dag_heads(d, &heads))) == 0) {
+        armed = 0;
+        ++*enomem;
+    }
+    armed = 0;
+    uint64_t *v;
+    size_t nv;
+    while (ARMED(cairn_dag_ancestors(&v, &nv, d, heads, nh)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0 && nv == n);
+    free(v);
+    while (ARMED(cairn_dag_not_ancestors(&v, &nv, d, &h[n / 2]->hash, 1)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0 && nv > 0);
+    free(v);
+    for (size_t i = 0; i < n; i++)
+        order_out[i] = cairn_dag_at(d, i)->hash;
+    cairn_dag_free(d);
+}
+
+START_TEST(alloc_failure_anywhere)
+{
+    const size_t n = 40;
+    cairn_change **h = history(n, 3, 99);
+    cairn_hash clean[40], got[40];
+    size_t enomem = 0;
+    fail_at = -1;
+    armed_seen = 0;
+    script(h, n, clean, &enomem);
+    ck_assert_uint_eq(enomem, 0);
+    long total = armed_seen;
+    fprintf(stderr, "dag: %ld allocations in the script, each made to fail once\n", total);
+    ck_assert_int_gt(total, 50);
+    for (long k = 0; k < total; k++) {
+        fail_at = k;
+        armed_seen = 0;
+        injected = 0;
+        enomem = 0;
+        script(h, n, got, &enomem);
+        ck_assert_msg(injected, "allocation %ld never happened", k);
+        ck_assert_mem_eq(got, clean, sizeof clean);
+    }
+    fail_at = -1;
+    free_history(h, n);
+}
+END_TEST
+
+START_TEST(alloc_failure_change)
+{
+    cairn_change **h = history(3, 2, 5);
+    for (long k = 0;; k++) {
+        int rc;
+        cairn_change *c = (cairn_change *)1;
+        fail_at = k;
+        armed_seen = 0;
+        injected = 0;
+        rc = ARMED(cairn_change_decode(&c, h[2]->bytes, h[2]->len, NULL));
+        if (!injected) {
+            ck_assert_int_eq(rc, 0);
+            cairn_change_free(c);
+            break;
+        }
+        ck_assert_rc(rc, CAIRN_ENOMEM);
+        ck_assert_ptr_null(c);
+        c = (cairn_change *)1;
+        armed_seen = 0;
+        injected = 0;
+        rc = ARMED(cairn_change_new(&c, h[2]));
+        if (injected) {
+            ck_assert_rc(rc, CAIRN_ENOMEM);
+            ck_assert_ptr_null(c);
+        } else {
+            cairn_change_free(c);
+        }
+    }
+    fail_at = -1;
+    free_history(h, 3);
+}
+END_TEST
+#endif
+
 static Suite *dag_suite(void)
 {
     Suite *s = suite_create("dag");
@@ -816,6 +990,10 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, long_chain_linear_time);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);
+#ifndef NO_MALLOC_HOOK
+    tcase_add_test(tc, alloc_failure_anywhere);
+    tcase_add_test(tc, alloc_failure_change);
+#endif
     suite_add_tcase(s, tc);
     return s;
 }
