@@ -15,6 +15,11 @@
  * before the split (the usual case: a partition heals); "fresh" - both
  * states were lost (restart), so the first filters cover the whole history.
  *
+ * The targets are checked, and the exit status is 1 if one is missed: for
+ * k <= 1000, at most 2 round trips to converge (both scenarios) and at most
+ * 1.2x the ideal bytes (kept state; a fresh session adds a fixed ~1.2 KB of
+ * history samples and heads, which only matters for tiny k).
+ *
  * usage: sync_bench [base] [k...]   (defaults: 1000, and 10 100 1000 10000)
  */
 #include <stdint.h>
@@ -133,6 +138,8 @@ static double cpu_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static int missed;
+
 static void run(int base, int k, int kept)
 {
     cairn_actor aa, ab;
@@ -166,6 +173,11 @@ static void run(int base, int k, int kept)
            r.rounds_to_converge, r.rounds, r.msgs, r.bytes, ideal, (double)r.bytes / (double)ideal,
            t1 - t0);
     fflush(stdout);
+    if (k <= 1000 &&
+        (r.rounds_to_converge > 2 || (kept && (double)r.bytes > 1.2 * (double)ideal))) {
+        fprintf(stderr, "sync_bench: target missed for k=%d (%s)\n", k, kept ? "kept" : "fresh");
+        missed = 1;
+    }
     cairn_sync_state_free(sa);
     cairn_sync_state_free(sb);
     cairn_doc_free(a);
@@ -187,5 +199,5 @@ int main(int argc, char **argv)
     for (int kept = 1; kept >= 0; kept--)
         for (int i = 0; i < nk; i++)
             run(base, ks[i], kept);
-    return 0;
+    return missed;
 }
