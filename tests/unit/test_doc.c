@@ -1101,6 +1101,41 @@ START_TEST(alloc_failure_in_commit_rolls_back)
 }
 END_TEST
 
+START_TEST(receive_reports_first_error_and_applies_the_rest)
+{
+    cairn_doc *s = new_doc(1), *t = new_doc(2), *r = new_doc(3);
+    ck_assert_int_eq(cairn_doc_begin(s, 10), 0);
+    put_s(s, CAIRN_ROOT, "d", "D");
+    commit(s);
+    deliver(t, s); /* t's heads: [D] */
+    ck_assert_int_eq(cairn_doc_begin(s, 20), 0);
+    put_s(s, CAIRN_ROOT, "x", "X");
+    commit(s);
+    const cairn_dag *sd = cairn_doc_dag(s);
+    cairn_op ops[1];
+    ops[0] = set_op((cairn_opid){5, 0}, "bad", "b"); /* no object (5, author) */
+    cairn_change *h = hostile(t, 9, 1, 100, ops, 1, NULL, 0);
+    cairn_change *x, *dd;
+    ck_assert_int_eq(
+        cairn_change_decode(&x, cairn_dag_at(sd, 1)->bytes, cairn_dag_at(sd, 1)->len, NULL), 0);
+    ck_assert_int_eq(
+        cairn_change_decode(&dd, cairn_dag_at(sd, 0)->bytes, cairn_dag_at(sd, 0)->len, NULL), 0);
+    /* both wait for D; when it arrives, H is rejected and X still applies */
+    ck_assert_int_eq(cairn_doc_receive(r, h, NULL), 0);
+    ck_assert_int_eq(cairn_doc_receive(r, x, NULL), 0);
+    ck_assert_str_eq(get_s(r, CAIRN_ROOT, "d"), "");
+    ck_assert_int_eq(cairn_doc_receive(r, dd, NULL), CAIRN_ENOOBJ);
+    ck_assert_str_eq(get_s(r, CAIRN_ROOT, "d"), "D");
+    ck_assert_str_eq(get_s(r, CAIRN_ROOT, "x"), "X");
+    ck_assert_str_eq(get_s(r, CAIRN_ROOT, "bad"), "");
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(r)), 2);
+    assert_same(r, s);
+    cairn_doc_free(s);
+    cairn_doc_free(t);
+    cairn_doc_free(r);
+}
+END_TEST
+
 static Suite *doc_suite(void)
 {
     Suite *s = suite_create("doc");
@@ -1118,6 +1153,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, new_at_heads);
     tcase_add_test(tc, observer_patches);
     tcase_add_test(tc, hostile_changes_rejected);
+    tcase_add_test(tc, receive_reports_first_error_and_applies_the_rest);
     tcase_add_test(tc, alloc_failure_changes_nothing);
     tcase_add_test(tc, alloc_failure_in_commit_rolls_back);
     suite_add_tcase(s, tc);
