@@ -77,6 +77,8 @@
 #include "crdt/dag.h"
 #include "crdt/error.h"
 
+#define STATE_VERSION 0x01
+
 struct cairn_sync_state {
     cairn_sync_limits lim;
     cairn_hash *shared;
@@ -588,6 +590,54 @@ void cairn_sync_state_free(cairn_sync_state *s)
     free(s->last_need);
     free(s->sent);
     free(s);
+}
+
+int cairn_sync_state_save(uint8_t **out, size_t *len, const cairn_sync_state *s)
+{
+    *out = NULL;
+    *len = 0;
+    struct out o = {0};
+    put_u8(&o, STATE_VERSION);
+    put_hashes(&o, s->shared, s->nshared);
+    if (o.err) {
+        free(o.p);
+        return o.err;
+    }
+    *out = o.p;
+    *len = o.len;
+    return 0;
+}
+
+int cairn_sync_state_load(cairn_sync_state **out, const uint8_t *buf, size_t len,
+                          const cairn_sync_limits *limits)
+{
+    *out = NULL;
+    cairn_sync_state *s;
+    int rc = cairn_sync_state_new(&s, limits);
+    if (rc)
+        return rc;
+    struct in r = {buf, len};
+    const uint8_t *h;
+    size_t n;
+    if (r.left < 1)
+        rc = CAIRN_ETRUNCATED;
+    else if (buf[0] != STATE_VERSION)
+        rc = CAIRN_EBADVERSION;
+    if (!rc) {
+        r.p++;
+        r.left--;
+        rc = get_hashes(&r, &h, &n, s->lim.max_heads);
+    }
+    if (!rc && r.left)
+        rc = CAIRN_ENONCANON;
+    if (!rc && (rc = copy_hashes(&s->shared, h, n)) == 0)
+        s->nshared = n;
+    if (rc) {
+        cairn_sync_state_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
 }
 
 void cairn_sync_reset(cairn_sync_state *s)

@@ -77,6 +77,16 @@ typedef struct cairn_sync_state cairn_sync_state;
 int cairn_sync_state_new(cairn_sync_state **out, const cairn_sync_limits *limits);
 void cairn_sync_state_free(cairn_sync_state *s);
 
+/* Persisting a state across restarts: only the shared heads are kept (what
+ * was in flight is meaningless after a restart). Encoding: byte 0x01, then
+ * varint n (<= limits' max_heads) and n hashes strictly ascending; nothing
+ * after. save: new buffer, caller frees. load: a new state with |limits|
+ * (NULL = defaults); rejects bad bytes with ETRUNCATED, ELIMIT, ENONCANON,
+ * EUNSORTED or EBADVERSION. */
+int cairn_sync_state_save(uint8_t **out, size_t *len, const cairn_sync_state *s);
+int cairn_sync_state_load(cairn_sync_state **out, const uint8_t *buf, size_t len,
+                          const cairn_sync_limits *limits);
+
 /* Forget everything in flight (changes sent but not acknowledged, what was
  * last sent), so that the next generate sends a full message again. Call it
  * when a message may have been lost. The shared heads are kept. */

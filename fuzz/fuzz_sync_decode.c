@@ -1,8 +1,8 @@
 /*
  * Fuzz target: sync message decoding and receiving. Any input must either be
  * rejected with an error code or decode to a message whose re-encoding is
- * byte-identical (one canonical form). The input is then received by a small
- * document as if from a peer, and the reply it generates must decode.
+ * byte-identical (one canonical form); likewise as a saved sync state. The input is then received
+ * by a small document as if from a peer, and the reply it generates must decode.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,6 +61,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (m.nheads > 2 || m.nneed > 2 || m.nchanges > 2 || m.filter.nbytes > 8)
             abort();
         cairn_sync_msg_destroy(&m);
+    }
+
+    /* The same bytes as a saved per-peer state. */
+    cairn_sync_state *ls = NULL;
+    if (cairn_sync_state_load(&ls, data, size, NULL) == 0) {
+        uint8_t *re = NULL;
+        size_t relen = 0;
+        if (cairn_sync_state_save(&re, &relen, ls) != 0 || relen != size ||
+            memcmp(re, data, size) != 0)
+            abort();
+        free(re);
+        cairn_sync_state_free(ls);
+    } else if (ls) {
+        abort();
     }
 
     cairn_doc *d = small_doc();

@@ -5,10 +5,9 @@
  * local edits on either side (keys from the input, so writes conflict), optimistic pushes,
  * generating a message into the network, delivering any in-flight message
  * (reordering), dropping or duplicating one, a timer reset, a restart that
- * loses the sync state. Then the network becomes reliable: after one reset
- * on each side, ping-pong must go quiet within a bound and both replicas
- * must hold the same heads and the same state. Honest messages are never
- * rejected.
+ * loses the sync state or reloads its saved form. Then the network becomes reliable: after one
+ * reset on each side, ping-pong must go quiet within a bound and both replicas must hold the same
+ * heads and the same state. Honest messages are never rejected.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -213,8 +212,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 8:
             cairn_sync_reset(s.st[node]);
             break;
-        case 9:
-            new_state(&s, node);
+        case 9: /* restart: the state is lost, or reloaded from its saved form */
+            if (op & 0x40) {
+                uint8_t *buf = NULL;
+                size_t len = 0;
+                cairn_sync_state *t = NULL;
+                if (cairn_sync_state_save(&buf, &len, s.st[node]) ||
+                    cairn_sync_state_load(&t, buf, len, &s.lim))
+                    abort();
+                free(buf);
+                cairn_sync_state_free(s.st[node]);
+                s.st[node] = t;
+            } else {
+                new_state(&s, node);
+            }
             break;
         }
     }

@@ -744,6 +744,90 @@ START_TEST(restart_after_lost_message)
 }
 END_TEST
 
+static cairn_sync_state *save_load(cairn_sync_state *s)
+{
+    uint8_t *buf;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_state_save(&buf, &len, s), 0);
+    cairn_sync_state_free(s);
+    cairn_sync_state *t = NULL;
+    ck_assert_int_eq(cairn_sync_state_load(&t, buf, len, NULL), 0);
+    uint8_t *again;
+    size_t alen;
+    ck_assert_int_eq(cairn_sync_state_save(&again, &alen, t), 0);
+    ck_assert(alen == len && memcmp(again, buf, len) == 0);
+    free(again);
+    free(buf);
+    return t;
+}
+
+START_TEST(saved_state_restart)
+{
+    /* Both restart with their saved states: the first filters cover only
+     * the changes since the last sync, not the 600-change history. */
+    size_t bytes[2];
+    for (int saved = 0; saved < 2; saved++) {
+        cairn_doc *a = new_doc(1), *b = new_doc(2);
+        cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+        uint64_t rng = 31;
+        struct stats st;
+        size_t ideal = 0;
+        edit(a, "base", 600, NULL);
+        ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+        const cairn_hash *sh;
+        ck_assert_uint_ge(cairn_sync_shared_heads(sa, &sh), 1);
+        if (saved) {
+            sa = save_load(sa);
+            sb = save_load(sb);
+            ck_assert_uint_ge(cairn_sync_shared_heads(sa, &sh), 1);
+        } else {
+            cairn_sync_state_free(sa);
+            cairn_sync_state_free(sb);
+            sa = new_state(NULL);
+            sb = new_state(NULL);
+        }
+        edit(a, "a", 20, &ideal);
+        edit(b, "b", 20, &ideal);
+        ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+        assert_same_state(a, b);
+        ck_assert_uint_le(st.rounds_to_converge, 2);
+        bytes[saved] = st.bytes;
+        if (saved)
+            ck_assert_uint_le(st.bytes, ideal + 500);
+        cairn_sync_state_free(sa);
+        cairn_sync_state_free(sb);
+        cairn_doc_free(a);
+        cairn_doc_free(b);
+    }
+    ck_assert_uint_lt(bytes[1], bytes[0]);
+}
+END_TEST
+
+START_TEST(state_load_rejects)
+{
+    cairn_sync_state *s = NULL;
+    static const uint8_t empty_ok[] = {1, 0};
+    ck_assert_int_eq(cairn_sync_state_load(&s, empty_ok, sizeof empty_ok, NULL), 0);
+    cairn_sync_state_free(s);
+    ck_assert_int_eq(cairn_sync_state_load(&s, empty_ok, 0, NULL), CAIRN_ETRUNCATED);
+    ck_assert_ptr_null(s);
+    ck_assert_int_eq(cairn_sync_state_load(&s, empty_ok, 1, NULL), CAIRN_ETRUNCATED);
+    static const uint8_t badver[] = {2, 0};
+    ck_assert_int_eq(cairn_sync_state_load(&s, badver, sizeof badver, NULL), CAIRN_EBADVERSION);
+    static const uint8_t trailing[] = {1, 0, 0};
+    ck_assert_int_eq(cairn_sync_state_load(&s, trailing, sizeof trailing, NULL), CAIRN_ENONCANON);
+    static const uint8_t many[] = {1, 0xff, 0xff, 0x03};
+    ck_assert_int_eq(cairn_sync_state_load(&s, many, sizeof many, NULL), CAIRN_ELIMIT);
+    static const uint8_t shortb[] = {1, 1, 7, 7};
+    ck_assert_int_eq(cairn_sync_state_load(&s, shortb, sizeof shortb, NULL), CAIRN_ETRUNCATED);
+    uint8_t uns[2 + 64] = {1, 2};
+    memset(uns + 2, 5, 32);
+    memset(uns + 34, 4, 32);
+    ck_assert_int_eq(cairn_sync_state_load(&s, uns, sizeof uns, NULL), CAIRN_EUNSORTED);
+    ck_assert_ptr_null(s);
+}
+END_TEST
+
 /* ---- encoding ----------------------------------------------------------- */
 
 /* A message with heads, need, filter and two changes. */
@@ -965,6 +1049,8 @@ int main(void)
     tcase_add_test(tc, lossy_transport);
     tcase_add_test(tc, restart_from_scratch);
     tcase_add_test(tc, restart_after_lost_message);
+    tcase_add_test(tc, saved_state_restart);
+    tcase_add_test(tc, state_load_rejects);
     tcase_add_test(tc, decode_canonical_roundtrip);
     tcase_add_test(tc, decode_rejects);
     tcase_add_test(tc, hostile_need_and_heads);
