@@ -280,6 +280,18 @@ out:
     return rc;
 }
 
+static int find_root_map(cairn_doc *d, cairn_objid *out, const char *name)
+{
+    cairn_read r;
+    int rc = cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)name, strlen(name));
+    if (rc)
+        return rc;
+    if (r.kind != CAIRN_READ_MAP)
+        return CAIRN_ECORRUPT;
+    *out = r.obj;
+    return 0;
+}
+
 /* ---- the observer ----------------------------------------------------------------- */
 
 static void ev_clear(cairn_store *s)
@@ -294,7 +306,7 @@ static void ev_clear(cairn_store *s)
 static void on_patch(void *arg, const cairn_patch *p)
 {
     cairn_store *s = arg;
-    if (s->obs_rc)
+    if (s->obs_rc || !s->kvs_known)
         return;
     if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor)
         return; /* leases / members / cluster: no revision */
@@ -494,6 +506,12 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
         return;
     }
     s->last_change_rev = 0;
+    if (!s->kvs_known) {
+        /* the genesis made the root maps: learn their ids once */
+        if (find_root_map(s->doc, &s->kvs, "kvs") == 0 &&
+            find_root_map(s->doc, &s->leases, "leases") == 0)
+            s->kvs_known = 1;
+    }
     if (s->obs_rc)
         goto fail;
     int rc = ev_normalise(s);
@@ -721,18 +739,6 @@ static int make_genesis(cairn_change **out, const char *token)
     t.nops = 4;
     t.ops = ops;
     return cairn_change_new(out, &t);
-}
-
-static int find_root_map(cairn_doc *d, cairn_objid *out, const char *name)
-{
-    cairn_read r;
-    int rc = cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)name, strlen(name));
-    if (rc)
-        return rc;
-    if (r.kind != CAIRN_READ_MAP)
-        return CAIRN_ECORRUPT;
-    *out = r.obj;
-    return 0;
 }
 
 static int mkdir_p(const char *dir)
@@ -979,6 +985,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_cond_init(&s->dcv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
+    s->rev = 1; /* etcd: a fresh store is at revision 1; the first write is 2 */
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
     s->clock_arg = o->clock_arg;
@@ -1031,9 +1038,10 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     }
     if (rc)
         goto fail;
-    if ((rc = find_root_map(s->doc, &s->kvs, "kvs")) ||
-        (rc = find_root_map(s->doc, &s->leases, "leases")))
+    if (!s->kvs_known) {
+        rc = CAIRN_ECORRUPT;
         goto fail;
+    }
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
     if (pthread_create(&s->committer, NULL, committer_main, s)) {

@@ -137,6 +137,7 @@ struct cairn_store {
 
     cairn_doc *doc;
     cairn_objid kvs, leases;
+    int kvs_known; /* set once the genesis is applied */
     kindex idx;
 
     uint64_t member_id, cluster_id;
