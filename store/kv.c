@@ -178,8 +178,11 @@ static int kref_keycmp(const void *a, const void *b)
 }
 
 /* Every key live in |r| at revision |at|; with |t|, at the latest state as
- * modified by the transaction so far. */
-static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t)
+ * modified by the transaction so far. With |hist| (a read at an explicit
+ * revision inside a txn), |t| only marks the keys whose document value the
+ * txn has already replaced, which must then be read from disk. */
+static int gather_x(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t,
+                    int hist)
 {
     out->n = 0;
     if (!r->single && !r->unbounded &&
@@ -194,7 +197,14 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
             break;
         kref k = {kentry_key(e), e->key_len, e, NULL, 0, 0};
         ov_entry *o = t && t->nov ? ov_find(t, k.key, k.key_len, NULL) : NULL;
-        if (o) {
+        if (o && hist) {
+            uint32_t pos = 0;
+            uint64_t h = cairn_kindex_at(e, at, &pos);
+            if (!h || (h & CAIRN_IDX_TOMB))
+                continue;
+            k.mod_rev = (int64_t)(h & ~CAIRN_IDX_TOMB);
+            k.current = 0;
+        } else if (o) {
             o->seen = 1;
             if (!o->live)
                 continue;
@@ -212,7 +222,7 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
         if ((rc = kref_push(out, &k)))
             return rc;
     }
-    if (t && t->nov) {
+    if (t && t->nov && !hist) {
         size_t before = out->n;
         for (size_t i = 0; i < t->nov; i++) {
             ov_entry *o = t->ov[i];
@@ -226,6 +236,11 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
             qsort(out->v, out->n, sizeof *out->v, kref_keycmp);
     }
     return 0;
+}
+
+static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t)
+{
+    return gather_x(out, s, r, at, t, 0);
 }
 
 /* Fills |kv| for |k|; values only if |want_value|. */
@@ -357,11 +372,11 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     if (rc)
         return rc;
     int64_t at = req->revision > 0 ? req->revision : cur;
-    txctx *ov = req->revision > 0 ? NULL : t; /* history never sees the txn */
     krange r;
     krange_of(&r, req->key, req->key_len, req->range_end, req->range_end_len);
     kref_vec refs = {0};
-    rc = gather(&refs, s, &r, at, ov);
+    /* history never sees the txn's writes */
+    rc = gather_x(&refs, s, &r, at, t, req->revision > 0);
     if (rc)
         goto out;
     resp->count = (int64_t)refs.n;
