@@ -194,6 +194,13 @@ static int db_err(char *err)
     return rc;
 }
 
+/* Every corruption is reported with what was wrong, then returned. */
+static int corrupt(const char *what)
+{
+    fprintf(stderr, "cairn store: corrupt database: %s\n", what);
+    return CAIRN_ECORRUPT;
+}
+
 static void meta_key(uint8_t *k, size_t *kl, const char *name)
 {
     k[0] = 'M';
@@ -829,11 +836,11 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int req
         return rc;
     if (!v) {
         *out = 0;
-        return required ? CAIRN_ECORRUPT : 0;
+        return required ? corrupt(name) : 0;
     }
     if (vl != 8) {
         leveldb_free(v);
-        return CAIRN_ECORRUPT;
+        return corrupt(name);
     }
     *out = cairn_store_get_be64((const uint8_t *)v);
     leveldb_free(v);
@@ -895,7 +902,7 @@ static int recover(cairn_store *s)
         return rc;
     if (!v || vl != CAIRN_ACTOR_LEN) {
         leveldb_free(v);
-        return CAIRN_ECORRUPT;
+        return corrupt("actor id");
     }
     memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
     leveldb_free(v);
@@ -922,7 +929,11 @@ static int recover(cairn_store *s)
             break;
         const uint8_t *d = (const uint8_t *)leveldb_iter_value(it, &dl);
         if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
-            rc = CAIRN_ECORRUPT;
+            char *err = NULL;
+            leveldb_iter_get_error(it, &err); /* LevelDB skips a bad block */
+            rc = err ? db_err(err) : corrupt("apply order has a gap or a malformed record");
+            if (rc == CAIRN_EIO)
+                rc = CAIRN_ECORRUPT;
             break;
         }
         cairn_change *ch;
@@ -940,7 +951,7 @@ static int recover(cairn_store *s)
         if (!rc)
             rc = s->obs_rc ? s->obs_rc : s->rec_rc;
         if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
-            rc = CAIRN_ECORRUPT; /* buffered: its deps were not before it */
+            rc = corrupt("a change's dependencies are not before it");
         if (rc) {
             fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
                     (unsigned long long)want, cairn_strerror(rc));
@@ -961,7 +972,7 @@ static int recover(cairn_store *s)
     if (rc)
         return rc;
     if (want == 0)
-        return CAIRN_ECORRUPT; /* not even the genesis */
+        return corrupt("no genesis change");
     s->compacted = (int64_t)c;
     if (c) {
         uint64_t nd = 0;
@@ -1039,7 +1050,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (rc)
         goto fail;
     if (!s->kvs_known) {
-        rc = CAIRN_ECORRUPT;
+        rc = corrupt("no kvs map");
         goto fail;
     }
     atomic_store(&s->visible, s->rev);
