@@ -23,7 +23,9 @@
  * rwlock, so a writer may wait for it while holding the write side.
  */
 
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -990,7 +992,13 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (!s)
         return CAIRN_ENOMEM;
     int rc = CAIRN_ENOMEM;
-    pthread_rwlock_init(&s->rw, NULL);
+    /* glibc's rwlock prefers readers by default: a steady stream of reads
+     * would starve every writer. */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->rw, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
