@@ -1,0 +1,263 @@
+/*
+ * store_bench: the store's numbers, measured through its C API.
+ *
+ *   store_bench writers <dir> [seconds]   durable Put/s with 1 and 64 writer
+ *                                         threads (blocking puts, each one
+ *                                         acknowledged only after fsync)
+ *   store_bench load <dir> [keys]         loads N keys (18-byte keys, 32-byte
+ *                                         values, one Put = one change, 64
+ *                                         writers), then reports resident
+ *                                         memory, disk bytes, and the reopen
+ *                                         time and memory of a fresh process
+ *
+ * Every run starts from an empty <dir> it creates (and removes at the end
+ * unless CAIRN_BENCH_KEEP=1).
+ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crdt/error.h"
+#include "store/store.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            v = atol(line + 6);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static unsigned long long du_bytes(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "du -sb '%s' 2>/dev/null", dir);
+    FILE *p = popen(cmd, "r");
+    unsigned long long b = 0;
+    if (p) {
+        if (fscanf(p, "%llu", &b) != 1)
+            b = 0;
+        pclose(p);
+    }
+    return b;
+}
+
+static void rm_rf(const char *dir)
+{
+    if (getenv("CAIRN_BENCH_KEEP"))
+        return;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static cairn_store *open_or_die(const char *dir)
+{
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.dir = dir;
+    cairn_store *s;
+    int rc = cairn_store_open(&s, &o);
+    if (rc) {
+        fprintf(stderr, "open %s: %s\n", dir, cairn_strerror(rc));
+        exit(1);
+    }
+    return s;
+}
+
+typedef struct wctx {
+    cairn_store *s;
+    int id;
+    double until;
+    uint64_t from, to; /* load: key numbers [from, to) */
+    uint64_t ops;
+} wctx;
+
+static void fill_kv(char key[19], char val[33], uint64_t n)
+{
+    snprintf(key, 19, "key-%014llu", (unsigned long long)n);
+    uint64_t x = n * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < 32; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        val[i] = "0123456789abcdef"[x & 15];
+    }
+    val[32] = 0;
+}
+
+static int put1(cairn_store *s, const char *key, const char *val)
+{
+    cairn_put_req r = {0};
+    r.key = (const uint8_t *)key;
+    r.key_len = 18;
+    r.value = (const uint8_t *)val;
+    r.value_len = 32;
+    cairn_put_resp resp;
+    int rc = cairn_store_put(s, &resp, &r);
+    if (!rc)
+        cairn_put_resp_destroy(&resp);
+    return rc;
+}
+
+static void *timed_writer(void *arg)
+{
+    wctx *w = arg;
+    char key[19], val[33];
+    uint64_t n = (uint64_t)w->id << 32;
+    while (now_s() < w->until) {
+        fill_kv(key, val, n++);
+        if (put1(w->s, key, val)) {
+            fprintf(stderr, "put failed\n");
+            exit(1);
+        }
+        w->ops++;
+    }
+    return NULL;
+}
+
+static double run_writers(const char *base, int nthreads, double secs)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/writers-%d", base, nthreads);
+    rm_rf(dir);
+    cairn_store *s = open_or_die(dir);
+    wctx *w = calloc((size_t)nthreads, sizeof *w);
+    pthread_t *th = calloc((size_t)nthreads, sizeof *th);
+    double t0 = now_s();
+    for (int i = 0; i < nthreads; i++) {
+        w[i] = (wctx){s, i, t0 + secs, 0, 0, 0};
+        pthread_create(&th[i], NULL, timed_writer, &w[i]);
+    }
+    uint64_t ops = 0;
+    for (int i = 0; i < nthreads; i++) {
+        pthread_join(th[i], NULL);
+        ops += w[i].ops;
+    }
+    double el = now_s() - t0;
+    cairn_header h;
+    cairn_store_header(s, &h);
+    cairn_store_close(s);
+    rm_rf(dir);
+    free(w);
+    free(th);
+    double rate = (double)ops / el;
+    printf("writers=%d durable_puts=%llu seconds=%.2f puts_per_second=%.0f final_revision=%lld\n",
+           nthreads, (unsigned long long)ops, el, rate, (long long)h.revision);
+    return rate;
+}
+
+static void *load_writer(void *arg)
+{
+    wctx *w = arg;
+    char key[19], val[33];
+    for (uint64_t n = w->from; n < w->to; n++) {
+        fill_kv(key, val, n);
+        if (put1(w->s, key, val)) {
+            fprintf(stderr, "put failed\n");
+            exit(1);
+        }
+        w->ops++;
+    }
+    return NULL;
+}
+
+static int cmd_load(const char *base, uint64_t keys)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/load", base);
+    rm_rf(dir);
+    long rss0 = rss_kib();
+    cairn_store *s = open_or_die(dir);
+    enum { T = 64 };
+    wctx w[T];
+    pthread_t th[T];
+    double t0 = now_s();
+    for (int i = 0; i < T; i++) {
+        w[i] = (wctx){s, i, 0, keys * (uint64_t)i / T, keys * (uint64_t)(i + 1) / T, 0};
+        pthread_create(&th[i], NULL, load_writer, &w[i]);
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    double el = now_s() - t0;
+    long rss1 = rss_kib();
+    cairn_header h;
+    cairn_store_header(s, &h);
+    printf("load: keys=%llu seconds=%.1f puts_per_second=%.0f revision=%lld\n",
+           (unsigned long long)keys, el, (double)keys / el, (long long)h.revision);
+    printf("load: rss_kib=%ld (process before open %ld) leveldb_approx_bytes=%llu\n", rss1, rss0,
+           (unsigned long long)cairn_store_disk_bytes(s));
+    cairn_store_close(s);
+    printf("disk: du_bytes=%llu (%.1f bytes/key)\n", du_bytes(dir),
+           (double)du_bytes(dir) / (double)keys);
+
+    /* reopen in a fresh process: its RSS is what a restarted node holds */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        long r0 = rss_kib();
+        double a = now_s();
+        cairn_store *s2 = open_or_die(dir);
+        double b = now_s();
+        cairn_header h2;
+        cairn_store_header(s2, &h2);
+        cairn_range_req q = {0};
+        q.key = (const uint8_t *)"\0";
+        q.key_len = 1;
+        q.range_end = (const uint8_t *)"\0";
+        q.range_end_len = 1;
+        q.count_only = 1;
+        cairn_range_resp r;
+        int rc = cairn_store_range(s2, &r, &q);
+        printf("reopen: seconds=%.2f revision=%lld count=%lld rc=%d rss_kib=%ld (before open %ld)\n",
+               b - a, (long long)h2.revision, (long long)r.count, rc, rss_kib(), r0);
+        cairn_range_resp_destroy(&r);
+        cairn_store_close(s2);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    rm_rf(dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s writers <dir> [seconds] | load <dir> [keys]\n", argv[0]);
+        return 2;
+    }
+    mkdir(argv[2], 0700);
+    if (strcmp(argv[1], "writers") == 0) {
+        double secs = argc > 3 ? atof(argv[3]) : 5;
+        double r1 = run_writers(argv[2], 1, secs);
+        double r64 = run_writers(argv[2], 64, secs);
+        printf("group commit: 64 writers = %.1fx one writer\n", r64 / r1);
+        return 0;
+    }
+    if (strcmp(argv[1], "load") == 0)
+        return cmd_load(argv[2], argc > 3 ? strtoull(argv[3], NULL, 10) : 1000000);
+    fprintf(stderr, "unknown command %s\n", argv[1]);
+    return 2;
+}
