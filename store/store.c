@@ -1008,8 +1008,6 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
     s->clock_arg = o->clock_arg;
-    s->events_cb = o->events_cb;
-    s->events_arg = o->events_arg;
     if (cairn_kindex_init(&s->idx))
         goto fail;
     s->batch = leveldb_writebatch_create();
@@ -1063,6 +1061,9 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     }
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
+    /* listeners hear of changes from now on (not of the genesis or replay) */
+    s->events_cb = o->events_cb;
+    s->events_arg = o->events_arg;
     if (pthread_create(&s->committer, NULL, committer_main, s)) {
         rc = CAIRN_ENOMEM;
         goto fail;

@@ -53,21 +53,25 @@
  *   'M' "cluster"                     u64 BE cluster id
  *   'M' "token"                       the cluster token (genesis input)
  *   'M' "compact"                     u64 BE compacted revision (absent = 0)
- *   'C' hash[32]                      change bytes (canonical encoding)
- *   'O' index u64 BE                  hash[32] ++ rev u64 BE (0 = no revision):
- *                                     the local apply order, genesis = 0
+ *   'O' index u64 BE                  rev u64 BE (0 = took no revision) ++
+ *                                     the change's canonical bytes: the local
+ *                                     apply order (genesis = index 0), read
+ *                                     sequentially at reopen
+ *   'C' hash[32]                      index u64 BE (change by hash)
  *   'R' rev u64 BE                    hash[32] of the change that made rev
- *   'K' rev u64 BE ++ key bytes       one key's state at that revision:
- *                                     u8 flags (1 = tombstone) ++ varint
- *                                     create_rev ++ varint version ++ varint
- *                                     lease ++ value bytes (rest)
+ *   'K' rev u64 BE ++ key bytes       the key's state made by that revision:
+ *                                     u8 flags (0) ++ varint create_rev ++
+ *                                     varint version ++ varint lease ++ value
+ *                                     bytes (rest). Deletes have no record
+ *                                     (the index marks them).
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
- * (decoding each 'C' with its hash verified) through cairn_doc_receive; the
- * observer re-derives the index and must re-derive the same revision that
- * 'O' recorded (CAIRN_ECORRUPT otherwise). Compaction deletes the 'K'
- * records it no longer needs; 'C' bodies stay (peers and replay need them).
+ * (LevelDB block checksums verified, every change decoded and hashed)
+ * through cairn_doc_receive; the observer re-derives the index and must
+ * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
+ * Compaction deletes the 'K' records it no longer needs; change bodies stay
+ * (peers and replay need them: the document has no snapshot format yet).
  *
  * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
  * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),
@@ -101,7 +105,8 @@ typedef struct cairn_header {
     uint64_t cluster_id;
     uint64_t member_id;
     int64_t revision;
-    uint64_t raft_term; /* always 1: there is no raft (the ledger says so) */
+    uint64_t raft_term; /* always 2, what a fresh single-node etcd answers
+                           (there is no raft; the ledger says so) */
 } cairn_header;
 
 /* mvccpb.KeyValue. key/value point into the owning response. */
