@@ -10,6 +10,14 @@
  *                                         memory, disk bytes, and the reopen
  *                                         time and memory of a fresh process
  *
+ *   store_bench reopen <dir>              opens an existing store, reports the
+ *                                         time and resident memory
+ *   store_bench compact <dir> [keys] [rounds]
+ *                                         overwrites each key |rounds| times
+ *                                         (256-byte values), then compacts to
+ *                                         the current revision and reports the
+ *                                         disk bytes before and after
+ *
  * Every run starts from an empty <dir> it creates (and removes at the end
  * unless CAIRN_BENCH_KEEP=1).
  */
@@ -211,30 +219,13 @@ static int cmd_load(const char *base, uint64_t keys)
     printf("disk: du_bytes=%llu (%.1f bytes/key)\n", du_bytes(dir),
            (double)du_bytes(dir) / (double)keys);
 
-    /* reopen in a fresh process: its RSS is what a restarted node holds */
+    /* reopen in a fresh process (exec, not just fork: LevelDB's background
+     * thread does not survive a fork): its RSS is what a restarted node holds */
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        long r0 = rss_kib();
-        double a = now_s();
-        cairn_store *s2 = open_or_die(dir);
-        double b = now_s();
-        cairn_header h2;
-        cairn_store_header(s2, &h2);
-        cairn_range_req q = {0};
-        q.key = (const uint8_t *)"\0";
-        q.key_len = 1;
-        q.range_end = (const uint8_t *)"\0";
-        q.range_end_len = 1;
-        q.count_only = 1;
-        cairn_range_resp r;
-        int rc = cairn_store_range(s2, &r, &q);
-        printf("reopen: seconds=%.2f revision=%lld count=%lld rc=%d rss_kib=%ld (before open %ld)\n",
-               b - a, (long long)h2.revision, (long long)r.count, rc, rss_kib(), r0);
-        cairn_range_resp_destroy(&r);
-        cairn_store_close(s2);
-        fflush(stdout);
-        _exit(0);
+        execl("/proc/self/exe", "store_bench", "reopen", dir, (char *)NULL);
+        _exit(127);
     }
     int st;
     waitpid(pid, &st, 0);
@@ -242,13 +233,110 @@ static int cmd_load(const char *base, uint64_t keys)
     return 0;
 }
 
+typedef struct cctx {
+    cairn_store *s;
+    int id, nthreads;
+    uint64_t keys, rounds;
+} cctx;
+
+static void *compact_writer(void *arg)
+{
+    cctx *c = arg;
+    char key[32], val[257];
+    memset(val, 'v', 256);
+    val[256] = 0;
+    for (uint64_t r = 0; r < c->rounds; r++)
+        for (uint64_t k = (uint64_t)c->id; k < c->keys; k += (uint64_t)c->nthreads) {
+            snprintf(key, sizeof key, "key-%014llu", (unsigned long long)(k % 100000000000000ull));
+            char tag[64];
+            int tl = snprintf(tag, sizeof tag, "round %llu of key %llu", (unsigned long long)r,
+                              (unsigned long long)k);
+            memcpy(val, tag, (size_t)tl < sizeof tag ? (size_t)tl : sizeof tag - 1);
+            cairn_put_req q = {0};
+            q.key = (const uint8_t *)key;
+            q.key_len = 18;
+            q.value = (const uint8_t *)val;
+            q.value_len = 256;
+            cairn_put_resp resp;
+            if (cairn_store_put(c->s, &resp, &q)) {
+                fprintf(stderr, "put failed\n");
+                exit(1);
+            }
+            cairn_put_resp_destroy(&resp);
+        }
+    return NULL;
+}
+
+static int cmd_compact(const char *base, uint64_t keys, uint64_t rounds)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/compact", base);
+    rm_rf(dir);
+    cairn_store *s = open_or_die(dir);
+    enum { T = 32 };
+    cctx c[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        c[i] = (cctx){s, i, T, keys, rounds};
+        pthread_create(&th[i], NULL, compact_writer, &c[i]);
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    cairn_header h;
+    cairn_store_header(s, &h);
+    /* let LevelDB settle so both figures are compacted tables */
+    cairn_store_close(s);
+    s = open_or_die(dir);
+    unsigned long long before = du_bytes(dir);
+    unsigned long long approx0 = cairn_store_disk_bytes(s);
+    double t0 = now_s();
+    int rc = cairn_store_compact(s, &h, h.revision, 1);
+    double el = now_s() - t0;
+    unsigned long long approx1 = cairn_store_disk_bytes(s);
+    cairn_store_close(s);
+    unsigned long long after = du_bytes(dir);
+    printf("compact: keys=%llu rounds=%llu revision=%lld rc=%d seconds=%.2f\n",
+           (unsigned long long)keys, (unsigned long long)rounds, (long long)h.revision, rc, el);
+    printf("compact: du_bytes before=%llu after=%llu reclaimed=%llu (%.0f%%); "
+           "leveldb_approx before=%llu after=%llu\n",
+           before, after, before > after ? before - after : 0,
+           before ? 100.0 * (double)(before > after ? before - after : 0) / (double)before : 0.0,
+           approx0, approx1);
+    rm_rf(dir);
+    return rc ? 1 : 0;
+}
+
+static int cmd_reopen(const char *dir)
+{
+    long r0 = rss_kib();
+    double a = now_s();
+    cairn_store *s = open_or_die(dir);
+    double b = now_s();
+    cairn_header h;
+    cairn_store_header(s, &h);
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"\0";
+    q.key_len = 1;
+    q.range_end = (const uint8_t *)"\0";
+    q.range_end_len = 1;
+    q.count_only = 1;
+    cairn_range_resp r;
+    int rc = cairn_store_range(s, &r, &q);
+    printf("reopen: seconds=%.2f revision=%lld count=%lld rc=%d rss_kib=%ld (before open %ld)\n",
+           b - a, (long long)h.revision, (long long)r.count, rc, rss_kib(), r0);
+    cairn_range_resp_destroy(&r);
+    cairn_store_close(s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s writers <dir> [seconds] | load <dir> [keys]\n", argv[0]);
+        fprintf(stderr, "usage: %s writers <dir> [seconds] | load <dir> [keys] | compact <dir> [keys] [rounds]\n", argv[0]);
         return 2;
     }
-    mkdir(argv[2], 0700);
+    if (strcmp(argv[1], "reopen") != 0)
+        mkdir(argv[2], 0700);
     if (strcmp(argv[1], "writers") == 0) {
         double secs = argc > 3 ? atof(argv[3]) : 5;
         double r1 = run_writers(argv[2], 1, secs);
@@ -258,6 +346,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "load") == 0)
         return cmd_load(argv[2], argc > 3 ? strtoull(argv[3], NULL, 10) : 1000000);
+    if (strcmp(argv[1], "reopen") == 0)
+        return cmd_reopen(argv[2]);
+    if (strcmp(argv[1], "compact") == 0)
+        return cmd_compact(argv[2], argc > 3 ? strtoull(argv[3], NULL, 10) : 5000,
+                           argc > 4 ? strtoull(argv[4], NULL, 10) : 10);
     fprintf(stderr, "unknown command %s\n", argv[1]);
     return 2;
 }

@@ -35,7 +35,6 @@ typedef struct ack {
 #define WRITERS 8
 
 static int ack_fd;
-static const char *child_dir;
 
 static void *writer_main(void *arg)
 {
@@ -62,11 +61,13 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-static void child_run(void)
+static void child_run(const char *dir)
 {
     cairn_store_options o;
     cairn_store_options_init(&o);
-    o.dir = child_dir;
+    o.dir = dir;
+    o.write_buffer_bytes = 64 << 10; /* small memtable: flushes and table
+                                        compactions happen inside the window */
     cairn_store *s;
     if (cairn_store_open(&s, &o) != 0)
         _exit(2);
@@ -104,7 +105,6 @@ static size_t read_acks(int fd, ack **out)
 START_TEST(crash_keeps_every_acknowledged_write)
 {
     char *dir = make_tmpdir();
-    child_dir = dir;
     uint64_t seed = 12345;
     uint64_t member = 0;
     cairn_actor actor;
@@ -125,9 +125,13 @@ START_TEST(crash_keeps_every_acknowledged_write)
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
+            /* a fresh process (exec): LevelDB's background thread does not
+             * survive a fork of a process that has used it */
             close(p[0]);
-            ack_fd = p[1];
-            child_run();
+            char fd[16];
+            snprintf(fd, sizeof fd, "%d", p[1]);
+            execl("/proc/self/exe", "test_store_recovery", "--crash-child", dir, fd, (char *)NULL);
+            _exit(127);
         }
         close(p[1]);
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -257,6 +261,54 @@ START_TEST(reopen_same_state)
 }
 END_TEST
 
+static void full_child(const char *dir)
+{
+    /* the child fills its "disk": writes past the limit fail (EFBIG) */
+    signal(SIGXFSZ, SIG_IGN);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.dir = dir;
+    cairn_store *c;
+    if (cairn_store_open(&c, &o))
+        _exit(10);
+    /* LevelDB starts a new log at open, so 1 MiB per file runs out soon */
+    struct rlimit rl = {1 << 20, 1 << 20};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    char big[4096];
+    memset(big, 'x', sizeof big);
+    int rc = 0;
+    int i;
+    for (i = 0; i < 10000 && !rc; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "full%05d", i);
+        cairn_put_req r = {0};
+        r.key = (const uint8_t *)k;
+        r.key_len = strlen(k);
+        r.value = (const uint8_t *)big;
+        r.value_len = sizeof big;
+        cairn_put_resp resp;
+        rc = cairn_store_put(c, &resp, &r);
+        if (!rc)
+            cairn_put_resp_destroy(&resp);
+    }
+    if (rc != CAIRN_EIO)
+        _exit(11);
+    /* the store stays failed: reads and writes say so */
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"pre000";
+    q.key_len = 6;
+    cairn_range_resp rr;
+    if (cairn_store_range(c, &rr, &q) != CAIRN_EIO)
+        _exit(12);
+    cairn_put_req r = {0};
+    r.key = (const uint8_t *)"x";
+    r.key_len = 1;
+    cairn_put_resp resp;
+    if (cairn_store_put(c, &resp, &r) != CAIRN_EIO)
+        _exit(13);
+    _exit(0);
+}
+
 START_TEST(disk_full_is_an_error)
 {
     char *dir = make_tmpdir();
@@ -270,50 +322,8 @@ START_TEST(disk_full_is_an_error)
     cairn_store_close(s);
     pid_t pid = fork();
     if (pid == 0) {
-        /* the child fills its "disk": writes past the limit fail (EFBIG) */
-        signal(SIGXFSZ, SIG_IGN);
-        cairn_store_options o;
-        cairn_store_options_init(&o);
-        o.dir = dir;
-        cairn_store *c;
-        if (cairn_store_open(&c, &o))
-            _exit(10);
-        /* LevelDB starts a new log at open, so 1 MiB per file runs out soon */
-        struct rlimit rl = {1 << 20, 1 << 20};
-        setrlimit(RLIMIT_FSIZE, &rl);
-        char big[4096];
-        memset(big, 'x', sizeof big);
-        int rc = 0;
-        int i;
-        for (i = 0; i < 10000 && !rc; i++) {
-            char k[16];
-            snprintf(k, sizeof k, "full%05d", i);
-            cairn_put_req r = {0};
-            r.key = (const uint8_t *)k;
-            r.key_len = strlen(k);
-            r.value = (const uint8_t *)big;
-            r.value_len = sizeof big;
-            cairn_put_resp resp;
-            rc = cairn_store_put(c, &resp, &r);
-            if (!rc)
-                cairn_put_resp_destroy(&resp);
-        }
-        if (rc != CAIRN_EIO)
-            _exit(11);
-        /* the store stays failed: reads and writes say so */
-        cairn_range_req q = {0};
-        q.key = (const uint8_t *)"pre000";
-        q.key_len = 6;
-        cairn_range_resp rr;
-        if (cairn_store_range(c, &rr, &q) != CAIRN_EIO)
-            _exit(12);
-        cairn_put_req r = {0};
-        r.key = (const uint8_t *)"x";
-        r.key_len = 1;
-        cairn_put_resp resp;
-        if (cairn_store_put(c, &resp, &r) != CAIRN_EIO)
-            _exit(13);
-        _exit(0);
+        execl("/proc/self/exe", "test_store_recovery", "--full-child", dir, (char *)NULL);
+        _exit(127);
     }
     int status;
     waitpid(pid, &status, 0);
@@ -376,8 +386,14 @@ START_TEST(corruption_is_detected)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "--crash-child") == 0) {
+        ack_fd = atoi(argv[3]);
+        child_run(argv[2]);
+    }
+    if (argc == 3 && strcmp(argv[1], "--full-child") == 0)
+        full_child(argv[2]);
     Suite *su = suite_create("store_recovery");
     TCase *tc = tcase_create("recovery");
     tcase_set_timeout(tc, 120);
