@@ -161,7 +161,7 @@ int64_t cairn_store_compacted_rev(cairn_store *s)
     pthread_rwlock_rdlock(&s->rw);
     int64_t c = s->compacted;
     pthread_rwlock_unlock(&s->rw);
-    return c;
+    return c < 0 ? 0 : c;
 }
 
 void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
@@ -913,6 +913,12 @@ static int recover(cairn_store *s)
         (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
         (rc = get_meta_u64(s, "compact", &c, 0)))
         return rc;
+    char *cv;
+    size_t cvl;
+    if ((rc = meta_get(s, "compact", &cv, &cvl)))
+        return rc;
+    int have_c = cv != NULL;
+    leveldb_free(cv);
     rc = cairn_doc_new(&s->doc, &s->actor);
     if (rc)
         return rc;
@@ -975,8 +981,8 @@ static int recover(cairn_store *s)
         return rc;
     if (want == 0)
         return corrupt("no genesis change");
-    s->compacted = (int64_t)c;
-    if (c) {
+    s->compacted = have_c ? (int64_t)c : -1;
+    if (have_c && c) {
         uint64_t nd = 0;
         rc = compact_index(s, (int64_t)c, NULL, &nd);
     }
@@ -1005,6 +1011,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
     s->rev = 1; /* etcd: a fresh store is at revision 1; the first write is 2 */
+    s->compacted = -1; /* etcd: nothing compacted yet, so compact(0) succeeds */
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
     s->clock_arg = o->clock_arg;
@@ -1186,8 +1193,8 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
     int rc = cairn_store_failed_rc(s);
     if (rc)
         goto unlock;
-    /* etcd: compact(r) with r <= the compacted revision -> compacted;
-     * r > current -> future revision */
+    /* etcd: compact(r) with r <= the compacted revision -> compacted (on a
+     * fresh store compact(0) succeeds once); r > current -> future */
     if (revision <= s->compacted) {
         rc = CAIRN_ECOMPACTED;
         goto unlock;

@@ -198,6 +198,11 @@ START_TEST(sorting)
     expect_order(CAIRN_SORT_DESCEND, CAIRN_SORT_KEY, "d", 1, 1);
     /* etcd: ASCEND by version, limit 2 -> [d, a], more */
     expect_order(CAIRN_SORT_ASCEND, CAIRN_SORT_VERSION, "da", 2, 1);
+    /* etcd's odd corner: target MOD with order NONE and limit fetches
+     * limit+1 keys in key order, THEN sorts and truncates: limit 1 -> [b]
+     * (from a, b), more; limit 2 -> [b, d] (from a, b, d), more */
+    expect_order(CAIRN_SORT_NONE, CAIRN_SORT_MOD, "b", 1, 1);
+    expect_order(CAIRN_SORT_NONE, CAIRN_SORT_MOD, "bd", 2, 1);
 }
 END_TEST
 
@@ -446,6 +451,11 @@ END_TEST
 START_TEST(compaction)
 {
     cairn_header h;
+    /* etcd on this fixture: compact(0) and compact(1) succeed once each
+     * (nothing was compacted yet); compact(1) again -> compacted */
+    ck_assert_int_eq(cairn_store_compact(st, &h, 0, 0), 0);
+    ck_assert_int_eq(cairn_store_compact(st, &h, 1, 0), 0);
+    ck_assert_int_eq(cairn_store_compact(st, &h, 1, 0), CAIRN_ECOMPACTED);
     cairn_range_resp r;
     cairn_range_req q = from("a", NULL);
     /* etcd: compact 3 ok; again 3 or 2 -> compacted; 1000 -> future */
