@@ -243,15 +243,17 @@ static void *compact_writer(void *arg)
 {
     cctx *c = arg;
     char key[32], val[257];
-    memset(val, 'v', 256);
+    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(c->id + 1);
     val[256] = 0;
     for (uint64_t r = 0; r < c->rounds; r++)
         for (uint64_t k = (uint64_t)c->id; k < c->keys; k += (uint64_t)c->nthreads) {
             snprintf(key, sizeof key, "key-%014llu", (unsigned long long)(k % 100000000000000ull));
-            char tag[64];
-            int tl = snprintf(tag, sizeof tag, "round %llu of key %llu", (unsigned long long)r,
-                              (unsigned long long)k);
-            memcpy(val, tag, (size_t)tl < sizeof tag ? (size_t)tl : sizeof tag - 1);
+            for (int i = 0; i < 256; i++) { /* incompressible, like real data */
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                val[i] = (char)(x >> 24);
+            }
             cairn_put_req q = {0};
             q.key = (const uint8_t *)key;
             q.key_len = 18;
