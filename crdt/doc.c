@@ -305,8 +305,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
         }
         if (in_preds(&src[i], pred, npred))
             continue;
-        if (add && !added &&
-            opcmp(d, add->counter, add->actor, src[i].counter, src[i].actor) > 0) {
+        if (add && !added && opcmp(d, add->counter, add->actor, src[i].counter, src[i].actor) > 0) {
             dst[k++] = *add;
             added = 1;
         }
@@ -367,8 +366,7 @@ static void read_of(cairn_read *r, const vop *v)
     }
 }
 
-static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action,
-                     const cairn_value *v)
+static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v)
 {
     memset(o, 0, sizeof *o);
     o->counter = counter;
@@ -495,7 +493,8 @@ static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, ui
     uint32_t mask = o->keys.cap - 1;
     for (uint32_t i = h & mask; o->keys.slots[i]; i = (i + 1) & mask) {
         mkey *r = o->keys.slots[i];
-        if (r->hash == h && r->key_len == key_len && memcmp(r->key, key, key_len) == 0)
+        if (r->hash == h && r->key_len == key_len &&
+            (!key_len || memcmp(r->key, key, key_len) == 0))
             return r;
     }
     return NULL;
@@ -503,8 +502,8 @@ static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, ui
 
 /* Applies one map op with id (counter, actor); preds in document indices. */
 static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
-                     uint32_t actor, uint8_t action, const cairn_value *v,
-                     const cairn_opid *pred, uint32_t npred)
+                     uint32_t actor, uint8_t action, const cairn_value *v, const cairn_opid *pred,
+                     uint32_t npred)
 {
     uint32_t h = hash_bytes(d, key, key_len);
     mkey *rec = map_lookup(d, o, key, key_len, h);
@@ -531,7 +530,8 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         }
         nrec->hash = h;
         nrec->key_len = key_len;
-        memcpy(nrec->key, key, key_len);
+        if (key_len)
+            memcpy(nrec->key, key, key_len);
         nrec->vs.n = 0;
     }
     obj *no = NULL;
@@ -972,8 +972,7 @@ static int map_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, const uin
             return CAIRN_EINVAL;
     }
     pop p;
-    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs,
-                   action == CAIRN_OP_INC);
+    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs, action == CAIRN_OP_INC);
     if (rc)
         return rc;
     return pop_apply(d, &p, out);
@@ -1417,8 +1416,8 @@ static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *o
     return 0;
 }
 
-static int elem_exists(const cairn_change *c, size_t i, const obj *list,
-                       cairn_opid e, const uint32_t *amap)
+static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
+                       const uint32_t *amap)
 {
     ptrdiff_t own;
     int rc = check_ref(c, i, e, &own);
@@ -1440,8 +1439,7 @@ static int elem_exists(const cairn_change *c, size_t i, const obj *list,
 static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
 {
     if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
-        c->nops > COUNTER_LIMIT - c->start_op ||
-        cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
+        c->nops > COUNTER_LIMIT - c->start_op || cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
         return CAIRN_EBADOP;
     for (uint32_t k = 0; k < c->nactors; k++) {
         int rc = actor_intern(d, &c->actors[k], &amap[k]);

@@ -74,8 +74,8 @@ typedef struct obj {
     uint8_t type; /* CAIRN_OBJ_MAP / CAIRN_OBJ_LIST */
     uint32_t actor;
     uint64_t counter;
-    size_t nvis; /* visible keys / elements */
-    ptab keys;   /* maps: mkey* */
+    size_t nvis;  /* visible keys / elements */
+    ptab keys;    /* maps: mkey* */
     elem **items; /* lists: RGA order, tombstones included */
     size_t n, cap;
 } obj;

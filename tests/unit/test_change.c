@@ -138,8 +138,7 @@ static void check_equal(const cairn_change *a, const cairn_change *b)
         case CAIRN_V_STR:
             ck_assert_uint_eq(x->value.v.bytes.len, y->value.v.bytes.len);
             if (x->value.v.bytes.len)
-                ck_assert_mem_eq(x->value.v.bytes.ptr, y->value.v.bytes.ptr,
-                                 x->value.v.bytes.len);
+                ck_assert_mem_eq(x->value.v.bytes.ptr, y->value.v.bytes.ptr, x->value.v.bytes.len);
             break;
         }
         ck_assert_uint_eq(x->npred, y->npred);
@@ -194,13 +193,14 @@ static cairn_change rich_tmpl(void)
     /* 100: make a map at root["m"] overwriting two earlier ops */
     p1[0] = (cairn_opid){7, 1}; /* counter tie: actor bytes 2.. < 9.. */
     p1[1] = (cairn_opid){7, 2};
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP, .key = (const uint8_t *)"m", .key_len = 1,
-                          .npred = 2, .pred = p1};
+    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP,
+                          .key = (const uint8_t *)"m",
+                          .key_len = 1,
+                          .npred = 2,
+                          .pred = p1};
     /* 101: make a list at m["l"] (refers back to op 100) */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_LIST,
-                          .obj = {100, 0},
-                          .key = (const uint8_t *)"l",
-                          .key_len = 1};
+    ops[k++] = (cairn_op){
+        .action = CAIRN_OP_MAKE_LIST, .obj = {100, 0}, .key = (const uint8_t *)"l", .key_len = 1};
     /* 102..: inserts into the list, each value type */
     cairn_value vals[8];
     memset(vals, 0, sizeof vals);
@@ -223,15 +223,12 @@ static cairn_change rich_tmpl(void)
     vals[7].v.i = -3;
     for (int i = 0; i < 8; i++) {
         cairn_opid after = i == 0 ? (cairn_opid){0, 0} : (cairn_opid){(uint64_t)(101 + i), 0};
-        ops[k++] = (cairn_op){.action = CAIRN_OP_SET,
-                              .insert = 1,
-                              .obj = {101, 0},
-                              .elem = after,
-                              .value = vals[i]};
+        ops[k++] = (cairn_op){
+            .action = CAIRN_OP_SET, .insert = 1, .obj = {101, 0}, .elem = after, .value = vals[i]};
     }
     /* 110: insert an object as a list element */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP, .insert = 1, .obj = {101, 0},
-                          .elem = {109, 0}};
+    ops[k++] =
+        (cairn_op){.action = CAIRN_OP_MAKE_MAP, .insert = 1, .obj = {101, 0}, .elem = {109, 0}};
     /* 111: set an existing element of someone else's list */
     p2[0] = (cairn_opid){40, 2};
     ops[k++] = (cairn_op){.action = CAIRN_OP_SET,
@@ -241,8 +238,8 @@ static cairn_change rich_tmpl(void)
                           .npred = 1,
                           .pred = p2};
     /* 112: delete a list element; 113: increment a list counter */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL, .obj = {30, 1}, .elem = {41, 1}, .npred = 1,
-                          .pred = p2};
+    ops[k++] =
+        (cairn_op){.action = CAIRN_OP_DEL, .obj = {30, 1}, .elem = {41, 1}, .npred = 1, .pred = p2};
     ops[k++] = (cairn_op){.action = CAIRN_OP_INC,
                           .obj = {30, 1},
                           .elem = {42, 2},
@@ -253,8 +250,11 @@ static cairn_change rich_tmpl(void)
     p3[0] = (cairn_opid){3, 1}; /* actor_n(2) sorts before the author actor_n(5) */
     p3[1] = (cairn_opid){3, 0};
     p3[2] = (cairn_opid){113, 0};
-    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL, .key = (const uint8_t *)"a\0b", .key_len = 3,
-                          .npred = 3, .pred = p3};
+    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL,
+                          .key = (const uint8_t *)"a\0b",
+                          .key_len = 3,
+                          .npred = 3,
+                          .pred = p3};
     /* 115: increment a map counter at an empty key */
     ops[k++] = (cairn_op){.action = CAIRN_OP_INC,
                           .obj = {100, 0},
@@ -404,21 +404,21 @@ START_TEST(layout_matches_table)
     struct raw r = {.n = 0};
     r_byte(&r, 0xC1);
     r_bytes(&r, a[0].b, 16);
-    r_byte(&r, 2);                  /* seq */
+    r_byte(&r, 2);                   /* seq */
     r_byte(&r, 0xAC), r_byte(&r, 2); /* start_op 300 */
-    r_byte(&r, 1);                  /* time */
-    r_byte(&r, 1);                  /* ndeps */
+    r_byte(&r, 1);                   /* time */
+    r_byte(&r, 1);                   /* ndeps */
     r_bytes(&r, dep.b, 32);
     r_byte(&r, 1); /* one other actor */
     r_bytes(&r, a[1].b, 16);
-    r_byte(&r, 1);                        /* nops */
-    r_byte(&r, 3), r_byte(&r, 0);         /* SET, flags */
-    r_byte(&r, 0);                        /* obj root */
-    r_byte(&r, 2), r_bytes(&r, "ab", 2);  /* key */
-    r_byte(&r, 2), r_byte(&r, 3);         /* INT, zigzag(-2) = 3 */
-    r_byte(&r, 1);                        /* npred */
-    r_byte(&r, 0xAC), r_byte(&r, 2);      /* pred counter 300 */
-    r_byte(&r, 1);                        /* actor index 1 */
+    r_byte(&r, 1);                       /* nops */
+    r_byte(&r, 3), r_byte(&r, 0);        /* SET, flags */
+    r_byte(&r, 0);                       /* obj root */
+    r_byte(&r, 2), r_bytes(&r, "ab", 2); /* key */
+    r_byte(&r, 2), r_byte(&r, 3);        /* INT, zigzag(-2) = 3 */
+    r_byte(&r, 1);                       /* npred */
+    r_byte(&r, 0xAC), r_byte(&r, 2);     /* pred counter 300 */
+    r_byte(&r, 1);                       /* actor index 1 */
     ck_assert_uint_eq(c->len, r.n);
     ck_assert_mem_eq(c->bytes, r.b, r.n);
     cairn_change_free(c);
@@ -727,8 +727,7 @@ static int dec_op(const uint8_t *op, size_t n)
     return dec(&r);
 }
 
-#define OP(...)                                                                                    \
-    dec_op((const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
+#define OP(...) dec_op((const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
 
 START_TEST(reject_ops)
 {

@@ -265,6 +265,28 @@ START_TEST(seq_gap_and_fork)
     ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
 
+    /* A rejected fork that others depend on is remembered, not asked for. */
+    cairn_change *fork = mk(1, 1, NULL, 0, 2);
+    cairn_change *child = mk(4, 1, &fork->hash, 1, 0);
+    ck_assert_int_eq(add(d, child), CAIRN_DAG_PENDING);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 1);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_int_eq(cairn_dag_has(d, &fork->hash), 2);
+    ck_assert_int_eq(cairn_dag_has(d, &child->hash), 2);
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 0);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_KNOWN);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+    cairn_change_free(fork);
+    cairn_change_free(child);
+
     /* a1 reached only through another actor's change: allowed. */
     cairn_change *b2 = mk(2, 2, (cairn_hash[]){a1->hash, b1->hash}, 2, 0);
     cairn_change *b3 = mk(2, 3, &b2->hash, 1, 0);
@@ -538,8 +560,8 @@ START_TEST(random_permutations_converge)
         ck_assert_rc(cairn_dag_ancestors(&w, &nw, ref, &mid->hash, 1), 0);
         ck_assert_uint_eq(nv, nw);
         for (size_t i = 0; i < nv; i++)
-            ck_assert_int_eq(cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1),
-                             1);
+            ck_assert_int_eq(
+                cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1), 1);
         free(v);
         free(w);
         cairn_dag_free(d);
@@ -547,6 +569,45 @@ START_TEST(random_permutations_converge)
     free(perm);
     cairn_dag_free(ref);
     free_history(h, n);
+}
+END_TEST
+
+/* not_ancestors (a bounded two-sided walk) against the complement of
+ * ancestors (a full walk), for random head sets of random histories. */
+START_TEST(not_ancestors_matches_complement)
+{
+    const size_t n = 400;
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        cairn_change **h = history(n, 5, seed * 77);
+        cairn_dag *d;
+        ck_assert_rc(cairn_dag_new(&d), 0);
+        for (size_t i = 0; i < n; i++)
+            add(d, h[i]);
+        ck_assert_uint_eq(drain(d), n);
+        uint64_t s = seed;
+        for (int round = 0; round < 50; round++) {
+            cairn_hash pick[6];
+            size_t np = (size_t)(rng_next(&s) % 6);
+            for (size_t i = 0; i < np; i++)
+                pick[i] = h[rng_next(&s) % n]->hash;
+            uint64_t *anc, *not ;
+            size_t na, nn;
+            ck_assert_rc(cairn_dag_ancestors(&anc, &na, d, pick, np), 0);
+            ck_assert_rc(cairn_dag_not_ancestors(&not, &nn, d, pick, np), 0);
+            ck_assert_uint_eq(na + nn, n);
+            size_t ia = 0, in = 0;
+            for (uint64_t i = 0; i < n; i++) {
+                if (ia < na && anc[ia] == i)
+                    ia++;
+                else
+                    ck_assert_uint_eq(not [in++], i);
+            }
+            free(anc);
+            free(not );
+        }
+        cairn_dag_free(d);
+        free_history(h, n);
+    }
 }
 END_TEST
 
@@ -572,6 +633,54 @@ START_TEST(pending_limit)
     cairn_change *ok = mk(CAIRN_DAG_MAX_PENDING + 2, 1, NULL, 0, 0);
     ck_assert_int_eq(add(d, ok), CAIRN_DAG_READY);
     cairn_change_free(ok);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(pending_edge_limit)
+{
+    /* Changes that each wait for 1024 unknown hashes: the buffer holds at
+     * most 8 * CAIRN_DAG_MAX_PENDING such edges, far fewer than
+     * CAIRN_DAG_MAX_PENDING changes. */
+    static cairn_hash deps[CAIRN_CHANGE_MAX_DEPS];
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    const uint32_t per = CAIRN_CHANGE_MAX_DEPS, fits = 8u * CAIRN_DAG_MAX_PENDING / per;
+    for (uint32_t i = 0; i <= fits; i++) {
+        for (uint32_t j = 0; j < per; j++) {
+            /* Ascending in j (bytes 0-1), distinct per change (bytes 4-7). */
+            memset(deps[j].b, 0, 32);
+            deps[j].b[0] = (uint8_t)(j >> 8);
+            deps[j].b[1] = (uint8_t)j;
+            memcpy(deps[j].b + 4, &i, sizeof i);
+        }
+        cairn_actor a = actor_n(i + 1);
+        cairn_change t = {0};
+        t.actor = a;
+        t.seq = 1;
+        t.start_op = 1;
+        t.ndeps = per;
+        t.deps = deps;
+        t.nactors = 1;
+        t.actors = &a;
+        cairn_change *c;
+        ck_assert_rc(cairn_change_new(&c, &t), 0);
+        cairn_hash h = c->hash;
+        int state;
+        int rc = cairn_dag_add(d, c, &state);
+        if (i < fits) {
+            ck_assert_rc(rc, 0);
+            ck_assert_int_eq(state, CAIRN_DAG_PENDING);
+        } else {
+            ck_assert_rc(rc, CAIRN_ELIMIT);
+            ck_assert_int_eq(cairn_dag_has(d, &h), 0);
+        }
+    }
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, (size_t)fits * per); /* no stubs left by the refused one */
+    free(miss);
     cairn_dag_free(d);
 }
 END_TEST
@@ -692,7 +801,9 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, diamond_ancestry);
     tcase_add_test(tc, missing_lists_unknown_deps);
     tcase_add_test(tc, random_permutations_converge);
+    tcase_add_test(tc, not_ancestors_matches_complement);
     tcase_add_test(tc, pending_limit);
+    tcase_add_test(tc, pending_edge_limit);
     tcase_add_test(tc, long_chain_linear_time);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);

@@ -341,9 +341,8 @@ START_TEST(nested_objects)
     cairn_doc *a = new_doc(1), *b = new_doc(2);
     cairn_objid m, l, m2;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &m, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &m, CAIRN_ROOT, (const uint8_t *)"cfg", 3, CAIRN_OBJ_MAP), 0);
     put_s(a, m, "name", "x");
     ck_assert_int_eq(cairn_doc_put_object(a, &l, m, (const uint8_t *)"items", 5, CAIRN_OBJ_LIST),
                      0);
@@ -375,9 +374,8 @@ START_TEST(nested_objects)
     /* concurrent: a replaces cfg with a new map while b edits the old one */
     ck_assert_int_eq(cairn_doc_begin(a, 50), 0);
     cairn_objid m3;
-    ck_assert_int_eq(cairn_doc_put_object(a, &m3, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &m3, CAIRN_ROOT, (const uint8_t *)"cfg", 3, CAIRN_OBJ_MAP), 0);
     put_s(a, m3, "name", "new");
     commit(a);
     ck_assert_int_eq(cairn_doc_begin(b, 40), 0);
@@ -401,9 +399,8 @@ START_TEST(list_ops)
     cairn_doc *a = new_doc(1), *b = new_doc(2);
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     const char *vals[] = {"a", "b", "c", "d"};
     for (size_t i = 0; i < 4; i++) {
         cairn_value v = str_v(vals[i]);
@@ -439,9 +436,8 @@ START_TEST(list_concurrent_inserts)
     cairn_doc *a = new_doc(1), *b = new_doc(2), *c = new_doc(3);
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("base");
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
     commit(a);
@@ -509,9 +505,8 @@ START_TEST(counters_concurrent_increments)
     ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"q", 1, 1),
                      CAIRN_ENOTFOUND);
     cairn_objid l;
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &cv), 0);
     commit(a);
     exchange(a, b);
@@ -560,13 +555,11 @@ START_TEST(rollback_restores_exactly)
     ck_assert_int_eq(cairn_doc_begin(d, 1), 0);
     put_s(d, CAIRN_ROOT, "keep", "k");
     put_s(d, CAIRN_ROOT, "del", "d");
-    ck_assert_int_eq(cairn_doc_put_object(d, &m, CAIRN_ROOT, (const uint8_t *)"m", 1,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &m, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP), 0);
     put_s(d, m, "inner", "i");
-    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("e0"), cv = int_v(1, CAIRN_V_COUNTER);
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &cv), 0);
@@ -594,9 +587,8 @@ START_TEST(rollback_restores_exactly)
     put_s(d, m, "inner", "i2");
     ck_assert_int_eq(cairn_doc_delete(d, m, (const uint8_t *)"inner", 5), 0);
     cairn_objid m2;
-    ck_assert_int_eq(cairn_doc_put_object(d, &m2, CAIRN_ROOT, (const uint8_t *)"m", 1,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &m2, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP), 0);
     put_s(d, m2, "x", "y");
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &v), 0);
     ck_assert_int_eq(cairn_doc_list_delete(d, l, 0), 0);
@@ -725,13 +717,13 @@ static void log_patch(void *arg, const cairn_patch *p)
     }
     if (p->action == CAIRN_PATCH_PUT || p->action == CAIRN_PATCH_DEL ||
         (p->action == CAIRN_PATCH_INC && p->key_len))
-        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s %.*s%s n%u;",
-                                 names[p->action], (int)p->key_len, (const char *)p->key, val,
-                                 p->nconflicts);
+        l->n +=
+            (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s %.*s%s n%u;", names[p->action],
+                             (int)p->key_len, (const char *)p->key, val, p->nconflicts);
     else
-        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s @%llu%s n%u;",
-                                 names[p->action], (unsigned long long)p->index, val,
-                                 p->nconflicts);
+        l->n +=
+            (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s @%llu%s n%u;", names[p->action],
+                             (unsigned long long)p->index, val, p->nconflicts);
 }
 
 /* Delivers |from|'s changes to |to| with a logging observer. */
@@ -760,9 +752,8 @@ START_TEST(observer_patches)
     put_s(a, CAIRN_ROOT, "k1", "v1");
     put_s(a, CAIRN_ROOT, "k2", "v2");
     put_s(a, CAIRN_ROOT, "k1", "v1b");
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("x"), cv = int_v(5, CAIRN_V_COUNTER);
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
     v = str_v("y");
@@ -883,9 +874,8 @@ START_TEST(hostile_changes_rejected)
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(d, 100), 0);
     put_s(d, CAIRN_ROOT, "k", "v");
-    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("e");
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
     commit(d); /* ops 100 (k), 101 (list), 102 (element) by actor 1 */
