@@ -334,7 +334,10 @@ static int cmd_reopen(const char *dir)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s writers <dir> [seconds] | load <dir> [keys] | compact <dir> [keys] [rounds]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s writers <dir> [seconds] | load <dir> [keys] | compact <dir> [keys] "
+                "[rounds]\n",
+                argv[0]);
         return 2;
     }
     if (strcmp(argv[1], "reopen") != 0)

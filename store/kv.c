@@ -85,9 +85,9 @@ typedef struct ov_entry {
 typedef struct txctx {
     cairn_store *s;
     store_arena *arena;
-    int64_t pre;  /* revision before the transaction */
-    int64_t rev;  /* the transaction's revision once it wrote, else 0 */
-    int begun;    /* cairn_doc_begin called */
+    int64_t pre;   /* revision before the transaction */
+    int64_t rev;   /* the transaction's revision once it wrote, else 0 */
+    int begun;     /* cairn_doc_begin called */
     ov_entry **ov; /* sorted by key */
     size_t nov, ovcap;
 } txctx;
@@ -181,8 +181,7 @@ static int kref_keycmp(const void *a, const void *b)
  * modified by the transaction so far. With |hist| (a read at an explicit
  * revision inside a txn), |t| only marks the keys whose document value the
  * txn has already replaced, which must then be read from disk. */
-static int gather_x(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t,
-                    int hist)
+static int gather_x(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t, int hist)
 {
     out->n = 0;
     if (!r->single && !r->unbounded &&
@@ -419,7 +418,8 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     }
     if (order != CAIRN_SORT_NONE && n > 1) {
         static const kv_cmp_fn fns[5] = {by_key, by_version, by_create, by_mod, by_value};
-        kv_cmp_fn f = req->sort_target >= 0 && req->sort_target < 5 ? fns[req->sort_target] : by_key;
+        kv_cmp_fn f =
+            req->sort_target >= 0 && req->sort_target < 5 ? fns[req->sort_target] : by_key;
         int desc = order == CAIRN_SORT_DESCEND;
         if (f != by_key || desc) {
             cairn_kv *tmp = malloc(n * sizeof *tmp);
@@ -725,8 +725,8 @@ int cairn_store_put_async(cairn_store *s, cairn_put_resp *resp, const cairn_put_
     return rc;
 }
 
-int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp,
-                             const cairn_delete_req *req, cairn_store_done_cb cb, void *arg)
+int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req,
+                             cairn_store_done_cb cb, void *arg)
 {
     memset(resp, 0, sizeof *resp);
     if (req->key_len == 0)
@@ -1024,8 +1024,7 @@ static int path_build(cairn_store *s, store_arena *a, const cairn_txn_req *r, tp
 }
 
 /* etcd checkRequests over the path: |what| 0 = puts, 1 = ranges. */
-static int path_check(cairn_store *s, const cairn_txn_req *r, const tpath *p, size_t *at,
-                      int what)
+static int path_check(cairn_store *s, const cairn_txn_req *r, const tpath *p, size_t *at, int what)
 {
     int ok = p->v[(*at)++];
     const cairn_request_op *ops = ok ? r->success : r->failure;

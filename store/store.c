@@ -1010,7 +1010,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_cond_init(&s->dcv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
-    s->rev = 1; /* etcd: a fresh store is at revision 1; the first write is 2 */
+    s->rev = 1;        /* etcd: a fresh store is at revision 1; the first write is 2 */
     s->compacted = -1; /* etcd: nothing compacted yet, so compact(0) succeeds */
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
@@ -1035,8 +1035,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     leveldb_options_set_paranoid_checks(s->dbopt, 1);
     leveldb_options_set_cache(s->dbopt, s->cache);
     leveldb_options_set_filter_policy(s->dbopt, s->bloom);
-    leveldb_options_set_write_buffer_size(
-        s->dbopt, o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20));
+    leveldb_options_set_write_buffer_size(s->dbopt, o->write_buffer_bytes ? o->write_buffer_bytes
+                                                                          : (16u << 20));
     leveldb_options_set_compression(s->dbopt, leveldb_snappy_compression);
     s->ropt = leveldb_readoptions_create();
     leveldb_readoptions_set_verify_checksums(s->ropt, 1);

@@ -274,7 +274,7 @@ void cairn_txn_resp_destroy(cairn_txn_resp *r);
 enum { CAIRN_EVENT_PUT = 0, CAIRN_EVENT_DELETE = 1 }; /* mvccpb.Event.EventType */
 
 typedef struct cairn_event {
-    int type;   /* CAIRN_EVENT_* */
+    int type;    /* CAIRN_EVENT_* */
     cairn_kv kv; /* DELETE: key and mod_revision only */
 } cairn_event;
 
@@ -296,8 +296,8 @@ typedef struct cairn_store_member {
 } cairn_store_member;
 
 typedef struct cairn_store_options {
-    const char *dir; /* data dir; created if missing */
-    const char *name; /* this member's name; "default" */
+    const char *dir;           /* data dir; created if missing */
+    const char *name;          /* this member's name; "default" */
     const char *cluster_token; /* "etcd-cluster" */
     /* The initial cluster, this member included (matched by |name|). Empty:
      * this member alone with peer URL "http://localhost:2380" (etcd's
@@ -354,8 +354,8 @@ typedef void (*cairn_store_done_cb)(void *arg, int rc);
  * (Txn range at a revision), CAIRN_ENOMEM, CAIRN_EIO (failed store). */
 int cairn_store_put_async(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req,
                           cairn_store_done_cb cb, void *arg);
-int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp,
-                             const cairn_delete_req *req, cairn_store_done_cb cb, void *arg);
+int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req,
+                             cairn_store_done_cb cb, void *arg);
 int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req,
                           cairn_store_done_cb cb, void *arg);
 

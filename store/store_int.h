@@ -63,13 +63,16 @@ typedef struct kentry {
     struct kentry *next[]; /* |level| pointers, then the key bytes */
 } kentry;
 
-static inline const uint8_t *kentry_key(const kentry *e) {
+static inline const uint8_t *kentry_key(const kentry *e)
+{
     return (const uint8_t *)&e->next[e->level];
 }
-static inline int kentry_live(const kentry *e) {
+static inline int kentry_live(const kentry *e)
+{
     return e->nhist > 0 && !(e->hist[e->nhist - 1] & CAIRN_IDX_TOMB);
 }
-static inline int64_t kentry_mod(const kentry *e) {
+static inline int64_t kentry_mod(const kentry *e)
+{
     return e->nhist ? (int64_t)(e->hist[e->nhist - 1] & ~CAIRN_IDX_TOMB) : 0;
 }
 
@@ -150,10 +153,10 @@ struct cairn_store {
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
-    int64_t rev;           /* latest applied revision (under rw) */
-    int64_t compacted;     /* under rw */
+    int64_t rev;             /* latest applied revision (under rw) */
+    int64_t compacted;       /* under rw */
     _Atomic int64_t visible; /* durable, readable revision */
-    _Atomic int failed;    /* CAIRN_EIO / ECORRUPT once the store broke */
+    _Atomic int failed;      /* CAIRN_EIO / ECORRUPT once the store broke */
 
     /* Observer state (under rw write). */
     int recovering;
@@ -167,8 +170,8 @@ struct cairn_store {
 
     /* Committer queue (under qmu). */
     pthread_mutex_t qmu;
-    pthread_cond_t qcv;   /* committer: work arrived */
-    pthread_cond_t dcv;   /* waiters: visible advanced */
+    pthread_cond_t qcv; /* committer: work arrived */
+    pthread_cond_t dcv; /* waiters: visible advanced */
     leveldb_writebatch_t *batch;
     size_t batch_n;
     pend_change *ch_head, **ch_tail;

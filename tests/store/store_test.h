@@ -98,8 +98,8 @@ static inline int64_t cur_rev(cairn_store *s)
     return h.revision;
 }
 
-static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_t create, int64_t mod,
-                 int64_t ver)
+static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_t create,
+                        int64_t mod, int64_t ver)
 {
     return kv->key_len == strlen(k) && memcmp(kv->key, k, kv->key_len) == 0 &&
            (!v || (kv->value_len == strlen(v) && memcmp(kv->value, v, kv->value_len) == 0)) &&
@@ -107,7 +107,7 @@ static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_
 }
 
 #define ck_kv(kv, k, v, c, m, ver)                                                                 \
-    ck_assert_msg(kv_is((kv), (k), (v), (c), (m), (ver)),                                         \
+    ck_assert_msg(kv_is((kv), (k), (v), (c), (m), (ver)),                                          \
                   "kv %.*s=%.*s c%lld m%lld v%lld, want %s=%s c%d m%d v%d", (int)(kv)->key_len,    \
                   (const char *)(kv)->key, (int)(kv)->value_len,                                   \
                   (kv)->value ? (const char *)(kv)->value : "", (long long)(kv)->create_revision,  \

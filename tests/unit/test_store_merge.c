@@ -56,8 +56,7 @@ static cairn_store *open_peer(const char *dir, uint8_t actor_byte, captured *cap
     return open_store_opts(dir, &o);
 }
 
-static void expect(cairn_store *s, const char *k, const char *v, int64_t c, int64_t m,
-                   int64_t ver)
+static void expect(cairn_store *s, const char *k, const char *v, int64_t c, int64_t m, int64_t ver)
 {
     cairn_range_req q = {0};
     q.key = (const uint8_t *)k;

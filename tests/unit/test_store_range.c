@@ -170,8 +170,8 @@ static void expect_order(int order, int target, const char *want, int64_t limit,
     char got[8] = {0};
     for (size_t i = 0; i < r.nkvs && i < 7; i++)
         got[i] = (char)r.kvs[i].key[0];
-    ck_assert_msg(strcmp(got, want) == 0, "order %d target %d: got %s want %s", order, target,
-                  got, want);
+    ck_assert_msg(strcmp(got, want) == 0, "order %d target %d: got %s want %s", order, target, got,
+                  want);
     ck_assert_int_eq(r.more, more);
     ck_assert_int_eq(r.count, 3);
     cairn_range_resp_destroy(&r);
