@@ -615,6 +615,7 @@ static void *committer_main(void *arg)
         if (s->stop && s->batch_n == 0 && !s->w_head)
             break;
         leveldb_writebatch_t *b = NULL;
+        size_t nb = s->batch_n;
         if (s->batch_n) {
             b = s->batch;
             s->batch = leveldb_writebatch_create();
@@ -630,6 +631,11 @@ static void *committer_main(void *arg)
         pthread_mutex_unlock(&s->qmu);
 
         int rc = atomic_load(&s->failed);
+        if (b && !rc && s->before_write_cb && s->before_write_cb(s->before_write_arg, nb)) {
+            fprintf(stderr, "cairn store: write of %zu changes failed (injected)\n", nb);
+            rc = CAIRN_EIO;
+            atomic_store(&s->failed, CAIRN_EIO);
+        }
         if (b && !rc) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
@@ -1015,6 +1021,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
     s->clock_arg = o->clock_arg;
+    s->before_write_cb = o->before_write_cb;
+    s->before_write_arg = o->before_write_arg;
     if (cairn_kindex_init(&s->idx))
         goto fail;
     s->batch = leveldb_writebatch_create();

@@ -312,6 +312,11 @@ typedef struct cairn_store_options {
     const cairn_actor *actor;
     cairn_store_events_cb events_cb; /* may be NULL */
     void *events_arg;
+    /* Test hook: called on the committer thread before each group is
+     * written, with the number of changes in it; a non-zero return fails
+     * the group as an I/O error would. NULL in production. */
+    int (*before_write_cb)(void *arg, size_t nchanges);
+    void *before_write_arg;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
 } cairn_store_options;

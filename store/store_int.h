@@ -150,6 +150,8 @@ struct cairn_store {
     void *clock_arg;
     cairn_store_events_cb events_cb;
     void *events_arg;
+    int (*before_write_cb)(void *arg, size_t nchanges);
+    void *before_write_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;

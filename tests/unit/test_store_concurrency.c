@@ -272,6 +272,176 @@ START_TEST(events_follow_durability)
 }
 END_TEST
 
+/* ---- durability gate: the committer blocks before writing --------------- */
+
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_armed, gate_entered, gate_fail;
+
+static int gate_hook(void *arg, size_t n)
+{
+    (void)arg;
+    (void)n;
+    pthread_mutex_lock(&gate_mu);
+    if (gate_armed) {
+        gate_entered = 1;
+        pthread_cond_broadcast(&gate_cv);
+        while (gate_armed)
+            pthread_cond_wait(&gate_cv, &gate_mu);
+    }
+    int fail = gate_fail;
+    pthread_mutex_unlock(&gate_mu);
+    return fail;
+}
+
+static _Atomic int done_count;
+static _Atomic int done_rc;
+static void count_done(void *arg, int rc)
+{
+    (void)arg;
+    if (rc)
+        atomic_store(&done_rc, rc);
+    atomic_fetch_add(&done_count, 1);
+}
+
+static int visible(cairn_store *s, const char *k)
+{
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)k;
+    q.key_len = strlen(k);
+    cairn_range_resp r;
+    ck_assert_int_eq(cairn_store_range(s, &r, &q), 0);
+    int n = (int)r.nkvs;
+    cairn_range_resp_destroy(&r);
+    return n;
+}
+
+START_TEST(nothing_visible_before_durable)
+{
+    char *dir = make_tmpdir();
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.before_write_cb = gate_hook;
+    st = open_store_opts(dir, &o);
+    ck_assert_int_eq(put_kv(st, "k0", "v0"), 2);
+
+    pthread_mutex_lock(&gate_mu);
+    gate_armed = 1;
+    gate_entered = 0;
+    pthread_mutex_unlock(&gate_mu);
+    cairn_put_req p = {0};
+    p.key = (const uint8_t *)"k1";
+    p.key_len = 2;
+    p.value = (const uint8_t *)"v1";
+    p.value_len = 2;
+    cairn_put_resp pr;
+    ck_assert_int_eq(cairn_store_put_async(st, &pr, &p, count_done, NULL), 0);
+    ck_assert_int_eq(pr.header.revision, 3); /* its revision is known already */
+    pthread_mutex_lock(&gate_mu);
+    while (!gate_entered)
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+
+    /* the write is applied in memory but not durable: readers do not see it */
+    ck_assert_int_eq(visible(st, "k1"), 0);
+    ck_assert_int_eq(cur_rev(st), 2);
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"k1";
+    q.key_len = 2;
+    q.revision = 3;
+    cairn_range_resp rr;
+    ck_assert_int_eq(cairn_store_range(st, &rr, &q), CAIRN_EFUTUREREV);
+    /* a writer sees the pending state (compares must), but its completion
+     * waits for the fsync: a CAS on k1's version 1 succeeds at rev 4 */
+    cairn_compare c = {0};
+    c.key = (const uint8_t *)"k1";
+    c.key_len = 2;
+    c.target = CAIRN_CMP_VERSION;
+    c.result = CAIRN_CMP_EQUAL;
+    c.version = 1;
+    cairn_request_op op = {0};
+    op.type = CAIRN_REQ_PUT;
+    op.u.put = p;
+    op.u.put.value = (const uint8_t *)"v2";
+    cairn_txn_req t = {&c, 1, &op, 1, NULL, 0};
+    cairn_txn_resp tr;
+    ck_assert_int_eq(cairn_store_txn_async(st, &tr, &t, count_done, NULL), 0);
+    ck_assert_int_eq(tr.succeeded, 1);
+    ck_assert_int_eq(tr.header.revision, 4);
+    /* a read-only txn that read the pending state completes only after it */
+    cairn_request_op g = {0};
+    g.type = CAIRN_REQ_RANGE;
+    g.u.range.key = (const uint8_t *)"k1";
+    g.u.range.key_len = 2;
+    cairn_txn_req tg = {NULL, 0, &g, 1, NULL, 0};
+    cairn_txn_resp tgr;
+    ck_assert_int_eq(cairn_store_txn_async(st, &tgr, &tg, count_done, NULL), 0);
+    usleep(50000);
+    ck_assert_int_eq(atomic_load(&done_count), 0); /* nothing acknowledged */
+    ck_assert_int_eq(visible(st, "k1"), 0);
+
+    pthread_mutex_lock(&gate_mu);
+    gate_armed = 0;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    while (atomic_load(&done_count) < 3)
+        usleep(1000);
+    ck_assert_int_eq(atomic_load(&done_rc), 0);
+    ck_assert_int_eq(visible(st, "k1"), 1);
+    ck_assert_int_eq(cur_rev(st), 4);
+    cairn_put_resp_destroy(&pr);
+    cairn_txn_resp_destroy(&tr);
+    cairn_txn_resp_destroy(&tgr);
+    cairn_store_close(st);
+    rm_rf(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(failed_write_fails_the_store)
+{
+    char *dir = make_tmpdir();
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.before_write_cb = gate_hook;
+    gate_armed = 0;
+    gate_fail = 0;
+    st = open_store_opts(dir, &o);
+    ck_assert_int_eq(put_kv(st, "ok", "1"), 2);
+    gate_fail = 1; /* the next group's write fails, as a full disk would */
+    cairn_put_req p = {0};
+    p.key = (const uint8_t *)"lost";
+    p.key_len = 4;
+    p.value = (const uint8_t *)"x";
+    p.value_len = 1;
+    cairn_put_resp pr;
+    ck_assert_int_eq(cairn_store_put(st, &pr, &p), CAIRN_EIO);
+    /* from now on every call says so; nothing unwritten is ever served */
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"ok";
+    q.key_len = 2;
+    cairn_range_resp rr;
+    ck_assert_int_eq(cairn_store_range(st, &rr, &q), CAIRN_EIO);
+    ck_assert_int_eq(cairn_store_put(st, &pr, &p), CAIRN_EIO);
+    cairn_txn_req t = {NULL, 0, NULL, 0, NULL, 0};
+    cairn_txn_resp tr;
+    ck_assert_int_eq(cairn_store_txn(st, &tr, &t), CAIRN_EIO);
+    cairn_header h;
+    ck_assert_int_eq(cairn_store_compact(st, &h, 1, 0), CAIRN_EIO);
+    cairn_store_close(st);
+    gate_fail = 0;
+    /* after a restart the acknowledged write is there, the failed one not */
+    st = open_store_opts(dir, &o);
+    ck_assert_int_eq(cur_rev(st), 2);
+    ck_assert_int_eq(visible(st, "ok"), 1);
+    ck_assert_int_eq(visible(st, "lost"), 0);
+    ck_assert_int_eq(put_kv(st, "again", "1"), 3);
+    cairn_store_close(st);
+    rm_rf(dir);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_concurrency");
@@ -280,6 +450,8 @@ int main(void)
     tcase_add_test(tc, cas_has_no_lost_update);
     tcase_add_test(tc, async_writes_complete_in_order);
     tcase_add_test(tc, events_follow_durability);
+    tcase_add_test(tc, nothing_visible_before_durable);
+    tcase_add_test(tc, failed_write_fails_the_store);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
