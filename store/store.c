@@ -1163,33 +1163,39 @@ static int sync_wait_for(sync_wait *w)
     return w->rc;
 }
 
-#define SYNC_CALL(call_async)                                                                      \
+/* Blocking = async + wait. On failure the response is destroyed here, so a
+ * failed blocking call leaves nothing to free. */
+#define SYNC_CALL(call_async, destroy)                                                             \
     do {                                                                                           \
         sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};                \
         int rc_ = (call_async);                                                                    \
         if (rc_)                                                                                   \
             return rc_;                                                                            \
-        return sync_wait_for(&w_);                                                                 \
+        rc_ = sync_wait_for(&w_);                                                                  \
+        if (rc_)                                                                                   \
+            destroy;                                                                               \
+        return rc_;                                                                                \
     } while (0)
 
 int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
 {
-    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_), cairn_put_resp_destroy(resp));
 }
 
 int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
 {
-    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_),
+              cairn_delete_resp_destroy(resp));
 }
 
 int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
 {
-    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_), cairn_txn_resp_destroy(resp));
 }
 
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
 {
-    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_));
+    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_), (void)0);
 }
 
 /* ---- compaction ------------------------------------------------------------------- */

@@ -346,8 +346,9 @@ void cairn_store_header(cairn_store *s, cairn_header *h);
 /* ---- writes -------------------------------------------------------------- */
 
 /* Completion of an async write: called exactly once, on the committer
- * thread, when the write is durable (rc == 0, the response filled) or failed
- * (rc < 0, the response empty). */
+ * thread, when the write is durable (rc == 0) or failed (rc < 0). The
+ * response was filled when the async call returned 0; the caller destroys
+ * it after the callback in both cases (destroy is always safe). */
 typedef void (*cairn_store_done_cb)(void *arg, int rc);
 
 /* The async writes validate and apply under the write lock, then queue the
@@ -364,7 +365,8 @@ int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp, const cair
 int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req,
                           cairn_store_done_cb cb, void *arg);
 
-/* Blocking wrappers: return when durable. */
+/* Blocking wrappers: return when durable. On an error return the response
+ * holds nothing (no destroy needed; it is still safe). */
 int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req);
 int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req);
 int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req);
