@@ -191,7 +191,9 @@ static int gather_x(kref_vec *out, cairn_store *s, const krange *r, int64_t at, 
         for (size_t i = 0; i < t->nov; i++)
             t->ov[i]->seen = 0;
     int rc = 0;
-    for (kentry *e = cairn_kindex_seek(&s->idx, r->key, r->key_len); e; e = e->next[0]) {
+    kiter it;
+    for (kentry *e = cairn_kindex_seek(&it, &s->idx, r->key, r->key_len); e;
+         e = cairn_kindex_next(&it)) {
         if (krange_past(r, kentry_key(e), e->key_len))
             break;
         kref k = {kentry_key(e), e->key_len, e, NULL, 0, 0};

@@ -859,44 +859,38 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int req
  * deletes of the 'K' records it no longer needs. */
 static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uint64_t *ndel)
 {
-    kentry *e = s->idx.head->next[0];
     store_buf kb = {0};
     int rc = 0;
-    while (e) {
-        kentry *next = e->next[0];
+    kiter it;
+    for (kentry *e = cairn_kindex_first(&it, &s->idx); e; e = cairn_kindex_next(&it)) {
         uint32_t pos;
         uint64_t h = cairn_kindex_at(e, c, &pos);
-        if (h) {
-            /* keep hist[pos] if live, drop everything before it */
-            uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
-            for (uint32_t i = 0; i < drop && b; i++) {
-                if (e->hist[i] & CAIRN_IDX_TOMB)
-                    continue;
-                uint8_t k[9];
-                k[0] = 'K';
-                cairn_store_be64(k + 1, e->hist[i]);
-                kb.len = 0;
-                rc = cairn_store_buf_put(&kb, k, 9);
-                if (!rc)
-                    rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
-                if (rc)
-                    goto out;
-                leveldb_writebatch_delete(b, (const char *)kb.p, kb.len);
-                (*ndel)++;
-            }
-            if (drop) {
-                memmove(e->hist, e->hist + drop, (e->nhist - drop) * sizeof *e->hist);
-                e->nhist -= drop;
-            }
-            if (e->nhist == 0) {
-                rc = cairn_kindex_remove(&s->idx, kentry_key(e), e->key_len);
-                if (rc)
-                    goto out;
-            }
+        if (!h)
+            continue;
+        /* keep hist[pos] if live, drop everything before it */
+        uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
+        for (uint32_t i = 0; i < drop && b; i++) {
+            if (e->hist[i] & CAIRN_IDX_TOMB)
+                continue;
+            uint8_t k[9];
+            k[0] = 'K';
+            cairn_store_be64(k + 1, e->hist[i]);
+            kb.len = 0;
+            rc = cairn_store_buf_put(&kb, k, 9);
+            if (!rc)
+                rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
+            if (rc)
+                goto out;
+            leveldb_writebatch_delete(b, (const char *)kb.p, kb.len);
+            (*ndel)++;
         }
-        e = next;
+        if (drop) {
+            memmove(e->hist, e->hist + drop, (e->nhist - drop) * sizeof *e->hist);
+            e->nhist -= drop;
+        }
     }
 out:
+    cairn_kindex_sweep(&s->idx); /* keys with no history left */
     cairn_store_buf_free(&kb);
     return rc;
 }
@@ -1320,7 +1314,8 @@ int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
     if (!rc) {
         /* O(keys): fine for the minimal version; the lease module keeps a
          * per-lease key set. */
-        for (kentry *e = s->idx.head->next[0]; e && !rc; e = e->next[0])
+        kiter it;
+        for (kentry *e = cairn_kindex_first(&it, &s->idx); e && !rc; e = cairn_kindex_next(&it))
             if (kentry_live(e) && e->lease == id)
                 rc = cairn_doc_delete(s->doc, s->kvs, kentry_key(e), e->key_len);
         if (!rc)

@@ -43,14 +43,16 @@ int cairn_store_buf_put(store_buf *b, const void *p, size_t n);
 void cairn_store_buf_free(store_buf *b);
 
 /* ---- the key index (index.c) ---------------------------------------------
- * A skip list of every key that has history, ordered by bytes. Each entry
- * holds the key's current metadata and its revision history: ascending
- * revisions, TOMB set on the ones that deleted the key. Values are not
- * here: the current value is read from the document, older ones from the
- * 'K' records on disk. */
+ * Every key that has history, in byte order: a sorted array of chunks, each
+ * a sorted array of up to CAIRN_IDX_CHUNK entry pointers (two levels, so a
+ * lookup is two binary searches and an insert a memmove inside one chunk).
+ * Each entry holds the key's current metadata and its revision history:
+ * ascending revisions, TOMB set on the ones that deleted the key. Values are
+ * not here: the current value is read from the document, older ones from
+ * the 'K' records on disk. */
 
 #define CAIRN_IDX_TOMB (1ull << 63)
-#define CAIRN_IDX_MAXLVL 24
+#define CAIRN_IDX_CHUNK 128
 
 typedef struct kentry {
     uint64_t *hist; /* ascending; rev | TOMB */
@@ -59,13 +61,12 @@ typedef struct kentry {
     int64_t version;
     int64_t lease;
     uint32_t key_len;
-    uint8_t level;
-    struct kentry *next[]; /* |level| pointers, then the key bytes */
+    uint8_t key[];
 } kentry;
 
 static inline const uint8_t *kentry_key(const kentry *e)
 {
-    return (const uint8_t *)&e->next[e->level];
+    return e->key;
 }
 static inline int kentry_live(const kentry *e)
 {
@@ -76,21 +77,37 @@ static inline int64_t kentry_mod(const kentry *e)
     return e->nhist ? (int64_t)(e->hist[e->nhist - 1] & ~CAIRN_IDX_TOMB) : 0;
 }
 
+typedef struct kchunk {
+    uint32_t n;
+    kentry *e[CAIRN_IDX_CHUNK];
+} kchunk;
+
 typedef struct kindex {
-    kentry *head;
-    int level;
+    kchunk **c;
+    kentry **first; /* first[i] = c[i]->e[0]: the top search touches one line */
+    size_t nc, cap;
     uint64_t nkeys;
-    uint64_t rng;
 } kindex;
+
+/* A position in the index; valid until the index changes. */
+typedef struct kiter {
+    const kindex *x;
+    size_t ci;
+    uint32_t pos;
+} kiter;
 
 int cairn_kindex_init(kindex *x);
 void cairn_kindex_destroy(kindex *x);
-/* First entry with key >= |key| (NULL = none). */
-kentry *cairn_kindex_seek(const kindex *x, const uint8_t *key, size_t len);
+/* Positions |it| at the first entry with key >= |key| and returns it (NULL
+ * = none). */
+kentry *cairn_kindex_seek(kiter *it, const kindex *x, const uint8_t *key, size_t len);
+kentry *cairn_kindex_first(kiter *it, const kindex *x);
+kentry *cairn_kindex_next(kiter *it);
 kentry *cairn_kindex_find(const kindex *x, const uint8_t *key, size_t len);
 /* Finds or inserts (with empty history). NULL on ENOMEM. */
 kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len);
-int cairn_kindex_remove(kindex *x, const uint8_t *key, size_t len);
+/* Frees every entry whose history is empty (after compaction). */
+void cairn_kindex_sweep(kindex *x);
 int cairn_kindex_push(kentry *e, uint64_t h);
 /* The history entry in effect at |rev| (0 if none), and its position. */
 uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
