@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -40,6 +41,16 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU seconds (user + system) of this process so far: the machine may be
+ * shared, so wall time alone overstates what the store costs. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
 static long rss_kib(void)
@@ -200,7 +211,7 @@ static int cmd_load(const char *base, uint64_t keys)
     enum { T = 64 };
     wctx w[T];
     pthread_t th[T];
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     for (int i = 0; i < T; i++) {
         w[i] = (wctx){s, i, 0, keys * (uint64_t)i / T, keys * (uint64_t)(i + 1) / T, 0};
         pthread_create(&th[i], NULL, load_writer, &w[i]);
@@ -211,8 +222,8 @@ static int cmd_load(const char *base, uint64_t keys)
     long rss1 = rss_kib();
     cairn_header h;
     cairn_store_header(s, &h);
-    printf("load: keys=%llu seconds=%.1f puts_per_second=%.0f revision=%lld\n",
-           (unsigned long long)keys, el, (double)keys / el, (long long)h.revision);
+    printf("load: keys=%llu seconds=%.1f cpu_seconds=%.1f puts_per_second=%.0f revision=%lld\n",
+           (unsigned long long)keys, el, cpu_s() - c0, (double)keys / el, (long long)h.revision);
     printf("load: rss_kib=%ld (process before open %ld) leveldb_approx_bytes=%llu\n", rss1, rss0,
            (unsigned long long)cairn_store_disk_bytes(s));
     cairn_store_close(s);
@@ -311,9 +322,9 @@ static int cmd_compact(const char *base, uint64_t keys, uint64_t rounds)
 static int cmd_reopen(const char *dir)
 {
     long r0 = rss_kib();
-    double a = now_s();
+    double a = now_s(), ca = cpu_s();
     cairn_store *s = open_or_die(dir);
-    double b = now_s();
+    double b = now_s(), cb = cpu_s();
     cairn_header h;
     cairn_store_header(s, &h);
     cairn_range_req q = {0};
@@ -324,10 +335,13 @@ static int cmd_reopen(const char *dir)
     q.count_only = 1;
     cairn_range_resp r;
     int rc = cairn_store_range(s, &r, &q);
-    printf("reopen: seconds=%.2f revision=%lld count=%lld rc=%d rss_kib=%ld (before open %ld)\n",
-           b - a, (long long)h.revision, (long long)r.count, rc, rss_kib(), r0);
+    printf("reopen: seconds=%.2f cpu_seconds=%.2f revision=%lld count=%lld rc=%d rss_kib=%ld "
+           "(before open %ld)\n",
+           b - a, cb - ca, (long long)h.revision, (long long)r.count, rc, rss_kib(), r0);
     cairn_range_resp_destroy(&r);
+    double c0 = now_s(), cc = cpu_s();
     cairn_store_close(s);
+    printf("close: seconds=%.2f cpu_seconds=%.2f\n", now_s() - c0, cpu_s() - cc);
     return 0;
 }
 
