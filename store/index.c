@@ -51,7 +51,8 @@ void cairn_kindex_destroy(kindex *x)
     for (size_t i = 0; i < x->nc; i++) {
         kchunk *c = x->c[i];
         for (uint32_t j = 0; j < c->n; j++) {
-            free(c->e[j]->hist);
+            if (c->e[j]->hist != &c->e[j]->h1)
+                free(c->e[j]->hist);
             free(c->e[j]);
         }
         free(c);
@@ -189,6 +190,8 @@ kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len)
     if (!e)
         return NULL;
     e->key_len = (uint32_t)len;
+    e->hist = &e->h1;
+    e->cap = 1;
     if (len)
         memcpy(e->key, key, len);
     if (!x->nc) {
@@ -239,7 +242,8 @@ void cairn_kindex_sweep(kindex *x)
         for (uint32_t j = 0; j < c->n; j++) {
             kentry *e = c->e[j];
             if (e->nhist == 0) {
-                free(e->hist);
+                if (e->hist != &e->h1)
+                    free(e->hist);
                 free(e);
                 x->nkeys--;
             } else {
@@ -261,10 +265,13 @@ void cairn_kindex_sweep(kindex *x)
 int cairn_kindex_push(kentry *e, uint64_t h)
 {
     if (e->nhist == e->cap) {
-        uint32_t cap = e->cap ? e->cap * 2 : 1;
-        uint64_t *n = realloc(e->hist, cap * sizeof *n);
+        uint32_t cap = e->cap * 2;
+        int inl = e->hist == &e->h1;
+        uint64_t *n = realloc(inl ? NULL : e->hist, cap * sizeof *n);
         if (!n)
             return CAIRN_ENOMEM;
+        if (inl)
+            memcpy(n, &e->h1, e->nhist * sizeof *n);
         e->hist = n;
         e->cap = cap;
     }

@@ -55,8 +55,10 @@ void cairn_store_buf_free(store_buf *b);
 #define CAIRN_IDX_CHUNK 128
 
 typedef struct kentry {
-    uint64_t *hist; /* ascending; rev | TOMB */
+    uint64_t *hist; /* ascending; rev | TOMB. Points at |h1| until a key
+                       has a second revision: most keys need no allocation */
     uint32_t nhist, cap;
+    uint64_t h1;
     int64_t create_rev; /* current generation (when the last entry is live) */
     int64_t version;
     int64_t lease;
