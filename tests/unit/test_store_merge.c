@@ -163,12 +163,125 @@ START_TEST(merge_through_the_observer)
 }
 END_TEST
 
+/* The genesis as every node builds it (store.h: DOCUMENT LAYOUT). */
+static cairn_change *genesis(const char *token, cairn_actor *ga)
+{
+    uint8_t buf[128];
+    size_t n = strlen("cairn-genesis");
+    memcpy(buf, "cairn-genesis", n);
+    memcpy(buf + n, token, strlen(token));
+    cairn_hash h;
+    cairn_hash_bytes(&h, buf, n + strlen(token));
+    memcpy(ga->b, h.b, CAIRN_ACTOR_LEN);
+    static const char *names[4] = {"kvs", "leases", "members", "cluster"};
+    cairn_op ops[4];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < 4; i++) {
+        ops[i].action = CAIRN_OP_MAKE_MAP;
+        ops[i].key = (const uint8_t *)names[i];
+        ops[i].key_len = (uint32_t)strlen(names[i]);
+    }
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = *ga;
+    t.seq = 1;
+    t.start_op = 1;
+    t.nactors = 1;
+    t.actors = ga;
+    t.nops = 4;
+    t.ops = ops;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
+/* A peer's change setting kvs[key] to |v| (kvs = op 1 of the genesis). */
+static cairn_change *remote_set(const cairn_change *g, const cairn_actor *ga, uint64_t seq,
+                                const cairn_hash *dep, const char *key, cairn_value v)
+{
+    cairn_actor actors[2];
+    memset(actors[0].b, 0x99, CAIRN_ACTOR_LEN);
+    actors[1] = *ga;
+    (void)g;
+    cairn_op op;
+    memset(&op, 0, sizeof op);
+    op.action = CAIRN_OP_SET;
+    op.obj.counter = 1;
+    op.obj.actor = 1;
+    op.key = (const uint8_t *)key;
+    op.key_len = (uint32_t)strlen(key);
+    op.value = v;
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = actors[0];
+    t.seq = seq;
+    t.start_op = 1000 + seq;
+    t.time_ms = 5;
+    t.ndeps = 1;
+    t.deps = (cairn_hash *)dep;
+    t.nactors = 2;
+    t.actors = actors;
+    t.nops = 1;
+    t.ops = &op;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
+START_TEST(hostile_values_from_peers)
+{
+    char *d = make_tmpdir();
+    captured cap = {0};
+    cairn_store *s = open_peer(d, 0x11, &cap);
+    cairn_actor ga;
+    cairn_change *g = genesis("etcd-cluster", &ga);
+    /* a value that is not bytes, and bytes whose lease varint never ends */
+    cairn_value vi = {.type = CAIRN_V_INT, .v.i = 5};
+    static const uint8_t bad[12] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                    0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    cairn_value vb = {.type = CAIRN_V_BYTES};
+    vb.v.bytes.ptr = bad;
+    vb.v.bytes.len = sizeof bad;
+    cairn_change *c1 = remote_set(g, &ga, 1, &g->hash, "int", vi);
+    cairn_change *c2 = remote_set(g, &ga, 2, &c1->hash, "bad", vb);
+    ck_assert_int_eq(cairn_store_receive(s, c1->bytes, c1->len), 0);
+    ck_assert_int_eq(cairn_store_receive(s, c2->bytes, c2->len), 0);
+    /* deterministic readings: a non-bytes value reads as empty with no
+     * lease; a record whose varint is malformed reads as its raw bytes */
+    expect(s, "int", "", 2, 2, 1);
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"bad";
+    q.key_len = 3;
+    cairn_range_resp r;
+    ck_assert_int_eq(cairn_store_range(s, &r, &q), 0);
+    ck_assert_int_eq(r.nkvs, 1);
+    ck_assert_int_eq(r.kvs[0].lease, 0);
+    ck_assert_int_eq(r.kvs[0].value_len, sizeof bad);
+    ck_assert_mem_eq(r.kvs[0].value, bad, sizeof bad);
+    ck_assert_int_eq(r.kvs[0].mod_revision, 3);
+    cairn_range_resp_destroy(&r);
+    /* and the same after a replay */
+    cairn_store_close(s);
+    s = open_peer(d, 0x11, &cap);
+    expect(s, "int", "", 2, 2, 1);
+    ck_assert_int_eq(cur_rev(s), 3);
+    cairn_change_free(c1);
+    cairn_change_free(c2);
+    cairn_change_free(g);
+    captured_free(&cap);
+    cairn_store_close(s);
+    rm_rf(d);
+    free(d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_merge");
     TCase *tc = tcase_create("merge");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, merge_through_the_observer);
+    tcase_add_test(tc, hostile_values_from_peers);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
