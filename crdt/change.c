@@ -81,6 +81,7 @@
  */
 #include "crdt/change.h"
 
+#include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +96,19 @@
 
 /* ---- helpers ---------------------------------------------------------- */
 
+/* libsodium wants sodium_init() before use (it picks the fastest BLAKE2b
+ * code for this CPU); once per process, whoever hashes first. */
+static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
+
+static void init_sodium(void)
+{
+    if (sodium_init() < 0)
+        return; /* no entropy source: hashing still works, unaccelerated */
+}
+
 void cairn_hash_bytes(cairn_hash *out, const uint8_t *buf, size_t len)
 {
+    pthread_once(&sodium_once, init_sodium);
     crypto_generichash(out->b, CAIRN_HASH_LEN, buf, len, NULL, 0);
 }
 
@@ -490,8 +502,6 @@ int cairn_change_decode(cairn_change **out, const uint8_t *buf, size_t len,
         free(mem);
         return rc; /* cannot happen: the same bytes passed above */
     }
-    if (n.nops == 0)
-        c->ops = NULL;
     if (n.ndeps == 0)
         c->deps = NULL;
     *out = c;

@@ -131,6 +131,9 @@ struct cairn_doc {
     size_t tpred_cap;
 };
 
+/* Test hook: fail the n-th allocation of doc.c from now (0 = off). */
+extern long cairn_doc_fail_alloc_;
+
 /* Op id order: counter, then actor bytes. */
 int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, uint32_t a2);
 const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t actor);

@@ -21,12 +21,19 @@
  * A session without any common base (new peer, lost state) would have to
  * put the whole history in its first filter. Instead, when that history is
  * longer than sample_min_changes (512: below it a filter, 1.25 bytes per
- * change, is cheaper than a sample, 32 bytes per step), the first message carries a sample: the
- * changes 1, 2, 4, 8, ... back from the end of our apply order (and the
- * first one), about log2(n) hashes. Every sampled change the peer knows is
- * common, so the peer's answer already has a small filter (its base: the
- * known sample), whose base we adopt in turn. This costs half a round trip
- * once per session and saves 1.25 bytes per change of history each way.
+ * change, is cheaper than a sample, 32 bytes per step), the first message
+ * carries a sample: the changes 1, 2, 4, 8, ... back from the end of our
+ * apply order (and the first one), about log2(n) hashes. Every sampled
+ * change the peer knows is common, so the peer's answer already has a small
+ * filter (its base: the known sample), whose base we adopt in turn. This
+ * costs half a round trip once per session and saves 1.25 bytes per change
+ * of history each way.
+ *
+ * Loss. A change is sent once and then counted as in flight until the
+ * peer's heads show it; nothing is retransmitted on a timer of our own.
+ * Requests by hash (need) are always answered, so a lost change the peer
+ * knows of comes back; anything else waits for cairn_sync_reset (the
+ * caller's timer) or the peer's hello after it restarts.
  *
  * WIRE FORMAT (version 1). varint = unsigned LEB128, minimal (no trailing
  * 0x80 groups), at most 10 bytes, value < 2^64. hash = 32 raw bytes.

@@ -7,8 +7,10 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "crdt/change.h"
 #include "crdt/error.h"
@@ -458,6 +460,62 @@ START_TEST(size_one_key_put)
 }
 END_TEST
 
+/* CPU time of this process: the rate printed below is not diluted by other
+ * processes sharing the machine. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Decode + hash check of the one-key change, and of the 16-op rich one,
+ * many times over; prints the rate (informational, no time assertion). */
+START_TEST(decode_throughput)
+{
+    cairn_actor a = actor_n(1);
+    cairn_hash dep = hash_n(1);
+    uint8_t key[18], val[32];
+    memset(key, 'k', sizeof key);
+    memset(val, 'v', sizeof val);
+    cairn_op op = {.action = CAIRN_OP_SET,
+                   .key = key,
+                   .key_len = 18,
+                   .value = {.type = CAIRN_V_BYTES, .v.bytes = {val, 32}}};
+    cairn_change t = {0};
+    t.actor = a;
+    t.seq = 100;
+    t.start_op = 1764440000000ull;
+    t.time_ms = 1764440000000ull;
+    t.ndeps = 1;
+    t.deps = &dep;
+    t.nactors = 1;
+    t.actors = &a;
+    t.nops = 1;
+    t.ops = &op;
+    cairn_change rich = rich_tmpl();
+    const cairn_change *tmpls[2] = {&t, &rich};
+    const char *names[2] = {"one-key", "16-op"};
+    for (int k = 0; k < 2; k++) {
+        cairn_change *c;
+        ck_assert_rc(cairn_change_new(&c, tmpls[k]), 0);
+        const int rounds = 100000;
+        int bad = 0; /* ck_assert in the loop would cost a syscall per round */
+        double t0 = now_s();
+        for (int i = 0; i < rounds; i++) {
+            cairn_change *d;
+            bad |= cairn_change_decode(&d, c->bytes, c->len, &c->hash);
+            cairn_change_free(d);
+        }
+        double dt = now_s() - t0;
+        ck_assert_int_eq(bad, 0);
+        fprintf(stderr, "change: decode+hash %s (%zu B): %.0f changes/s, %.1f MB/s (CPU time)\n",
+                names[k], c->len, rounds / dt, rounds * (double)c->len / dt / 1e6);
+        cairn_change_free(c);
+    }
+}
+END_TEST
+
 /* ---- helpers ---------------------------------------------------------- */
 
 START_TEST(hash_and_hex)
@@ -883,6 +941,25 @@ START_TEST(encode_rejects_noncanonical)
     op.action = 9;
     ck_assert_rc(cairn_change_new(&c, &u), CAIRN_EINVAL);
 
+    /* Larger than CAIRN_CHANGE_MAX_BYTES once encoded. */
+    size_t big = CAIRN_CHANGE_MAX_BYTES;
+    uint8_t *blob = calloc(1, big);
+    ck_assert_ptr_nonnull(blob);
+    cairn_op bigop = {.action = CAIRN_OP_SET,
+                      .key = (const uint8_t *)"k",
+                      .key_len = 1,
+                      .value = {.type = CAIRN_V_BYTES, .v.bytes = {blob, big}}};
+    u = t;
+    u.nops = 1;
+    u.ops = &bigop;
+    ck_assert_rc(cairn_change_new(&c, &u), CAIRN_ELIMIT);
+    ck_assert_ptr_null(c);
+    bigop.value.v.bytes.len = big - 100; /* just fits */
+    ck_assert_rc(cairn_change_new(&c, &u), 0);
+    ck_assert_uint_le(c->len, CAIRN_CHANGE_MAX_BYTES);
+    cairn_change_free(c);
+    free(blob);
+
     /* encode on a caller-built change owns its bytes (freed by free()). */
     u = t;
     ck_assert_rc(cairn_change_encode(&u), 0);
@@ -903,6 +980,7 @@ static Suite *change_suite(void)
     tcase_add_test(tc, roundtrip_values);
     tcase_add_test(tc, layout_matches_table);
     tcase_add_test(tc, size_one_key_put);
+    tcase_add_test(tc, decode_throughput);
     tcase_add_test(tc, hash_and_hex);
     tcase_add_test(tc, reject_every_prefix);
     tcase_add_test(tc, flip_every_byte);

@@ -6,7 +6,8 @@
  * than once, always as bytes (encode -> decode). After full delivery every
  * replica, and one fresh replica fed every change in yet another order, must
  * have byte-identical heads and cairn_doc_dump. Honest changes must never be
- * rejected.
+ * rejected. cairn_doc_new_at, on another replica, must rebuild exactly the
+ * state replica 0 had at a random earlier step.
  */
 #include <check.h>
 #include <stdint.h>
@@ -263,7 +264,21 @@ static size_t run_once(uint64_t seed, int nrep, int steps)
         skew[r] = (int64_t)below(40) - 20;
     }
     uint64_t now = 1000;
+    /* replica 0's state at one step, to be rebuilt with new_at at the end */
+    int snap_step = (int)below((uint32_t)steps);
+    uint8_t *snap_dump = NULL;
+    size_t snap_len = 0, snap_nheads = 0;
+    cairn_hash *snap_heads = NULL;
     for (int s = 0; s < steps; s++) {
+        if (s == snap_step) {
+            const cairn_hash *h;
+            snap_nheads = cairn_dag_heads(cairn_doc_dag(docs[0]), &h);
+            snap_heads = malloc((snap_nheads + 1) * sizeof *h);
+            ck_assert_ptr_nonnull(snap_heads);
+            if (snap_nheads)
+                memcpy(snap_heads, h, snap_nheads * sizeof *h);
+            ck_assert_int_eq(cairn_doc_dump(&snap_dump, &snap_len, docs[0]), 0);
+        }
         now += below(4);
         int r = (int)below((uint32_t)nrep);
         if (below(5) < 2) {
@@ -301,6 +316,23 @@ static size_t run_once(uint64_t seed, int nrep, int steps)
         deliver_msg(fresh, &net.all[i]);
     assert_same(docs[0], fresh);
     cairn_doc_free(fresh);
+    /* reads at past heads: the snapshot, and the present */
+    cairn_doc *past;
+    ck_assert_int_eq(cairn_doc_new_at(&past, docs[1], snap_heads, snap_nheads), 0);
+    uint8_t *pd;
+    size_t pl;
+    ck_assert_int_eq(cairn_doc_dump(&pd, &pl, past), 0);
+    ck_assert_uint_eq(pl, snap_len);
+    ck_assert_mem_eq(pd, snap_dump, pl);
+    free(pd);
+    cairn_doc_free(past);
+    const cairn_hash *now_heads;
+    size_t nnow = cairn_dag_heads(cairn_doc_dag(docs[0]), &now_heads);
+    ck_assert_int_eq(cairn_doc_new_at(&past, docs[nrep - 1], now_heads, nnow), 0);
+    assert_same(docs[0], past);
+    cairn_doc_free(past);
+    free(snap_dump);
+    free(snap_heads);
 
     size_t made = net.n;
     for (size_t i = 0; i < net.n; i++)
