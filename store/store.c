@@ -37,6 +37,7 @@
 #include "store/store_int.h"
 
 #define FORMAT_VERSION 1u
+#define KREC_TOMB 1 /* 'K' record flag: the key was deleted at this revision */
 
 static const char GENESIS_SALT[] = "cairn-genesis";
 
@@ -263,11 +264,12 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     const uint8_t *p = (const uint8_t *)v, *end = p + vl;
     uint64_t cr, ver, lease;
     rc = CAIRN_ECORRUPT;
-    if (vl < 1 || p[0] != 0)
+    uint64_t sub;
+    if (vl < 1 || p[0] != 0) /* a tombstone is never read as a value */
         goto out;
     p++;
-    if (cairn_store_get_varint(&p, end, &cr) || cairn_store_get_varint(&p, end, &ver) ||
-        cairn_store_get_varint(&p, end, &lease))
+    if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
+        cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease))
         goto out;
     out->create_revision = (int64_t)cr;
     out->version = (int64_t)ver;
@@ -480,15 +482,15 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
     int rc = 0;
     for (size_t i = 0; i < s->cur_nev && !rc; i++) {
         const pend_event *e = &s->cur_ev[i];
-        if (e->type != CAIRN_EVENT_PUT)
-            continue; /* a delete is a TOMB in the index; nothing to read back */
+        int del = e->type != CAIRN_EVENT_PUT;
         kb.len = vb.len = 0;
-        uint8_t hdr[1 + 30];
+        uint8_t hdr[1 + 40];
         size_t hl = 0;
-        hdr[hl++] = 0;
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->create_rev);
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->version);
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->lease);
+        hdr[hl++] = del ? KREC_TOMB : 0;
+        hl += cairn_store_put_varint(hdr + hl, (uint64_t)i); /* order in the change */
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->create_rev);
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->version);
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
         k[0] = 'K';
         cairn_store_be64(k + 1, (uint64_t)rev);
         rc = cairn_store_buf_put(&kb, k, 9);
@@ -496,7 +498,7 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
             rc = cairn_store_buf_put(&kb, e->key, e->key_len);
         if (!rc)
             rc = cairn_store_buf_put(&vb, hdr, hl);
-        if (!rc)
+        if (!rc && !del)
             rc = cairn_store_buf_put(&vb, e->value, e->value_len);
         if (!rc)
             leveldb_writebatch_put(b, (const char *)kb.p, kb.len, (const char *)vb.p, vb.len);
@@ -869,14 +871,14 @@ static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uin
         uint64_t h = cairn_kindex_at(e, c, &pos);
         if (!h)
             continue;
-        /* keep hist[pos] if live, drop everything before it */
+        /* keep hist[pos] if live, drop everything before it; a delete at or
+         * below the compaction revision goes too (etcd: a watch from the
+         * compaction revision does not see a delete made at it) */
         uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
         for (uint32_t i = 0; i < drop && b; i++) {
-            if (e->hist[i] & CAIRN_IDX_TOMB)
-                continue;
             uint8_t k[9];
             k[0] = 'K';
-            cairn_store_be64(k + 1, e->hist[i]);
+            cairn_store_be64(k + 1, e->hist[i] & ~CAIRN_IDX_TOMB);
             kb.len = 0;
             rc = cairn_store_buf_put(&kb, k, 9);
             if (!rc)
@@ -1391,6 +1393,157 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
     return 0;
 unlock:
     pthread_rwlock_unlock(&s->rw);
+    return rc;
+}
+
+/* ---- history (watch catch-up) ------------------------------------------------------ */
+
+typedef struct hist_ev {
+    uint64_t sub;
+    cairn_event ev;
+} hist_ev;
+
+static int hist_ev_cmp(const void *a, const void *b)
+{
+    const hist_ev *x = a, *y = b;
+    return x->sub < y->sub ? -1 : x->sub > y->sub;
+}
+
+static int in_range(const uint8_t *k, size_t kl, const uint8_t *key, size_t key_len,
+                    const uint8_t *end, size_t end_len)
+{
+    int c = cairn_store_keycmp(k, kl, key, key_len);
+    if (end_len == 0)
+        return c == 0;
+    if (c < 0)
+        return 0;
+    if (end_len == 1 && end[0] == 0)
+        return 1;
+    return cairn_store_keycmp(k, kl, end, end_len) < 0;
+}
+
+/* Emits the collected events of one revision in their original order. */
+static int hist_flush(hist_ev *v, size_t n, int64_t rev, cairn_store_history_cb cb, void *arg)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, hist_ev_cmp);
+    cairn_event *ev = malloc(n * sizeof *ev);
+    if (!ev)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        ev[i] = v[i].ev;
+    int rc = cb(arg, rev, ev, n);
+    free(ev);
+    return rc;
+}
+
+int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
+                        size_t key_len, const uint8_t *range_end, size_t range_end_len,
+                        cairn_store_history_cb cb, void *arg)
+{
+    if (last)
+        *last = 0;
+    pthread_rwlock_rdlock(&s->rw);
+    int rc = cairn_store_failed_rc(s);
+    int64_t upto = atomic_load(&s->visible);
+    if (!rc && from > 0 && from < s->compacted)
+        rc = CAIRN_ECOMPACTED;
+    /* the snapshot pins what compaction may delete once the lock is gone */
+    const leveldb_snapshot_t *snap = rc ? NULL : leveldb_create_snapshot(s->db);
+    pthread_rwlock_unlock(&s->rw);
+    if (rc)
+        return rc;
+    if (from < 1)
+        from = 1;
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    leveldb_readoptions_set_verify_checksums(ro, 1);
+    leveldb_readoptions_set_fill_cache(ro, 0);
+    leveldb_readoptions_set_snapshot(ro, snap);
+    leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+    uint8_t start[9];
+    start[0] = 'K';
+    cairn_store_be64(start + 1, (uint64_t)from);
+    hist_ev *v = NULL;
+    size_t n = 0, cap = 0;
+    store_arena a = {0};
+    int64_t cur = 0;
+    for (leveldb_iter_seek(it, (const char *)start, 9); leveldb_iter_valid(it) && !rc;
+         leveldb_iter_next(it)) {
+        size_t kl, vl;
+        const uint8_t *k = (const uint8_t *)leveldb_iter_key(it, &kl);
+        if (kl < 9 || k[0] != 'K')
+            break;
+        int64_t rev = (int64_t)cairn_store_get_be64(k + 1);
+        if (rev > upto)
+            break;
+        if (rev != cur) {
+            rc = hist_flush(v, n, cur, cb, arg);
+            n = 0;
+            cairn_store_arena_free(&a);
+            cur = rev;
+            if (rc)
+                break;
+        }
+        if (!in_range(k + 9, kl - 9, key, key_len, range_end, range_end_len))
+            continue;
+        const uint8_t *p = (const uint8_t *)leveldb_iter_value(it, &vl), *end = p + vl;
+        uint64_t sub, cr, ver, lease;
+        if (vl < 1 || p[0] > KREC_TOMB) {
+            rc = corrupt("history record flags");
+            break;
+        }
+        int del = p[0] == KREC_TOMB;
+        p++;
+        if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
+            cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease)) {
+            rc = corrupt("history record");
+            break;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            hist_ev *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = CAIRN_ENOMEM;
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        hist_ev *h = &v[n];
+        memset(h, 0, sizeof *h);
+        h->sub = sub;
+        h->ev.type = del ? CAIRN_EVENT_DELETE : CAIRN_EVENT_PUT;
+        h->ev.kv.key = cairn_store_arena_dup(&a, k + 9, kl - 9);
+        h->ev.kv.key_len = kl - 9;
+        h->ev.kv.mod_revision = rev;
+        if (!del) {
+            h->ev.kv.create_revision = (int64_t)cr;
+            h->ev.kv.version = (int64_t)ver;
+            h->ev.kv.lease = (int64_t)lease;
+            h->ev.kv.value_len = (size_t)(end - p);
+            h->ev.kv.value = cairn_store_arena_dup(&a, p, h->ev.kv.value_len);
+        }
+        if (!h->ev.kv.key || (!del && !h->ev.kv.value)) {
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+        n++;
+    }
+    if (!rc)
+        rc = hist_flush(v, n, cur, cb, arg);
+    if (!rc) {
+        char *err = NULL;
+        leveldb_iter_get_error(it, &err);
+        rc = db_err(err);
+    }
+    free(v);
+    cairn_store_arena_free(&a);
+    leveldb_iter_destroy(it);
+    leveldb_readoptions_destroy(ro);
+    leveldb_release_snapshot(s->db, snap);
+    if (!rc && last)
+        *last = upto;
     return rc;
 }
 

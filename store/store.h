@@ -60,10 +60,12 @@
  *   'C' hash[32]                      index u64 BE (change by hash)
  *   'R' rev u64 BE                    hash[32] of the change that made rev
  *   'K' rev u64 BE ++ key bytes       the key's state made by that revision:
- *                                     u8 flags (0) ++ varint create_rev ++
- *                                     varint version ++ varint lease ++ value
- *                                     bytes (rest). Deletes have no record
- *                                     (the index marks them).
+ *                                     u8 flags (1 = deleted) ++ varint sub
+ *                                     (position among the change's events)
+ *                                     ++ varint create_rev ++ varint version
+ *                                     ++ varint lease ++ value bytes (rest;
+ *                                     empty for a delete). A scan of 'K' in
+ *                                     order is the event history.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
@@ -286,6 +288,22 @@ typedef struct cairn_event {
 typedef void (*cairn_store_events_cb)(void *arg, int64_t rev, const cairn_hash *hash,
                                       const uint8_t *change, size_t change_len,
                                       const cairn_event *ev, size_t nev);
+
+/* Called once per revision with its events (etcd's order: as the change
+ * made them), borrowed for the call. Non-zero stops the scan and is
+ * returned. */
+typedef int (*cairn_store_history_cb)(void *arg, int64_t rev, const cairn_event *ev, size_t nev);
+
+/* The history a watcher catching up needs: every revision in [from, the
+ * visible revision at the call] with at least one event on a key in the
+ * range (etcd range rules; key "\0" with range_end "\0" = all keys), from
+ * disk, through a LevelDB snapshot (no lock is held while |cb| runs).
+ * CAIRN_ECOMPACTED if from < the compacted revision (etcd: watching from a
+ * compacted revision). *last (may be NULL) = the last revision covered, so
+ * a watcher joins the live stream (events_cb) after it. */
+int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
+                        size_t key_len, const uint8_t *range_end, size_t range_end_len,
+                        cairn_store_history_cb cb, void *arg);
 
 /* ---- opening ------------------------------------------------------------- */
 
