@@ -52,7 +52,7 @@
  *   'M' "member"                      u64 BE member id
  *   'M' "cluster"                     u64 BE cluster id
  *   'M' "token"                       the cluster token (genesis input)
- *   'M' "compact"                     u64 BE compacted revision (absent = 0)
+ *   'M' "compact"                     u64 BE compacted revision (absent: none)
  *   'O' index u64 BE                  rev u64 BE (0 = took no revision) ++
  *                                     the change's canonical bytes: the local
  *                                     apply order (genesis = index 0), read
