@@ -163,7 +163,7 @@ static double run_writers(const char *base, int nthreads, double secs)
     cairn_store *s = open_or_die(dir);
     wctx *w = calloc((size_t)nthreads, sizeof *w);
     pthread_t *th = calloc((size_t)nthreads, sizeof *th);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     for (int i = 0; i < nthreads; i++) {
         w[i] = (wctx){s, i, t0 + secs, 0, 0, 0};
         pthread_create(&th[i], NULL, timed_writer, &w[i]);
@@ -173,16 +173,20 @@ static double run_writers(const char *base, int nthreads, double secs)
         pthread_join(th[i], NULL);
         ops += w[i].ops;
     }
-    double el = now_s() - t0;
+    double el = now_s() - t0, cpu = cpu_s() - c0;
     cairn_header h;
     cairn_store_header(s, &h);
+    cairn_store_stats st;
+    cairn_store_get_stats(s, &st);
     cairn_store_close(s);
     rm_rf(dir);
     free(w);
     free(th);
     double rate = (double)ops / el;
-    printf("writers=%d durable_puts=%llu seconds=%.2f puts_per_second=%.0f final_revision=%lld\n",
-           nthreads, (unsigned long long)ops, el, rate, (long long)h.revision);
+    printf("writers=%d durable_puts=%llu seconds=%.2f puts_per_second=%.0f cpu_seconds=%.2f "
+           "fsyncs=%llu puts_per_fsync=%.1f final_revision=%lld\n",
+           nthreads, (unsigned long long)ops, el, rate, cpu, (unsigned long long)st.syncs,
+           st.syncs ? (double)st.changes / (double)st.syncs : 0.0, (long long)h.revision);
     return rate;
 }
 

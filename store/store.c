@@ -644,6 +644,10 @@ static void *committer_main(void *arg)
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
             rc = db_err(err);
+            if (!rc) {
+                atomic_fetch_add(&s->n_syncs, 1);
+                atomic_fetch_add(&s->n_changes, nb);
+            }
             if (rc)
                 atomic_store(&s->failed, CAIRN_EIO);
         }
@@ -1545,6 +1549,12 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     if (!rc && last)
         *last = upto;
     return rc;
+}
+
+void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
+{
+    out->syncs = atomic_load(&s->n_syncs);
+    out->changes = atomic_load(&s->n_changes);
 }
 
 uint64_t cairn_store_disk_bytes(cairn_store *s)

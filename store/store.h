@@ -432,6 +432,14 @@ int64_t cairn_store_compacted_rev(cairn_store *s);
 uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token);
 uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n);
 
+/* Counters since open, for metrics: group writes (one fsync each) and the
+ * changes they carried; changes / syncs is the group-commit factor. */
+typedef struct cairn_store_stats {
+    uint64_t syncs;
+    uint64_t changes;
+} cairn_store_stats;
+void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
+
 /* Approximate bytes LevelDB uses on disk for the whole database. */
 uint64_t cairn_store_disk_bytes(cairn_store *s);
 

@@ -199,6 +199,7 @@ struct cairn_store {
     pend_wait *w_head, **w_tail;
     int64_t queued_rev; /* highest revision whose records are queued */
     int stop;
+    _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
     int committer_started;
 };
