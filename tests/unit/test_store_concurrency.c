@@ -398,6 +398,58 @@ START_TEST(nothing_visible_before_durable)
 }
 END_TEST
 
+START_TEST(group_commit_shares_fsyncs)
+{
+    /* while the committer is held in its first write, 63 more writers
+     * queue up: they all go out in the next group, one fsync */
+    char *dir = make_tmpdir();
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.before_write_cb = gate_hook;
+    gate_fail = 0;
+    st = open_store_opts(dir, &o);
+    pthread_mutex_lock(&gate_mu);
+    gate_armed = 1;
+    gate_entered = 0;
+    pthread_mutex_unlock(&gate_mu);
+    atomic_store(&done_count, 0);
+    atomic_store(&done_rc, 0);
+    static cairn_put_resp resp[64];
+    static char keys[64][8];
+    for (int i = 0; i < 64; i++) {
+        snprintf(keys[i], sizeof keys[i], "g%02d", i);
+        cairn_put_req p = {0};
+        p.key = (const uint8_t *)keys[i];
+        p.key_len = strlen(keys[i]);
+        p.value = (const uint8_t *)"v";
+        p.value_len = 1;
+        ck_assert_int_eq(cairn_store_put_async(st, &resp[i], &p, count_done, NULL), 0);
+        if (i == 0) {
+            pthread_mutex_lock(&gate_mu);
+            while (!gate_entered)
+                pthread_cond_wait(&gate_cv, &gate_mu);
+            pthread_mutex_unlock(&gate_mu);
+        }
+    }
+    pthread_mutex_lock(&gate_mu);
+    gate_armed = 0;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    while (atomic_load(&done_count) < 64)
+        usleep(1000);
+    ck_assert_int_eq(atomic_load(&done_rc), 0);
+    cairn_store_stats stats;
+    cairn_store_get_stats(st, &stats);
+    ck_assert_uint_eq(stats.changes, 64);
+    ck_assert_uint_eq(stats.syncs, 2);
+    for (int i = 0; i < 64; i++)
+        cairn_put_resp_destroy(&resp[i]);
+    cairn_store_close(st);
+    rm_rf(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(failed_write_fails_the_store)
 {
     char *dir = make_tmpdir();
@@ -451,6 +503,7 @@ int main(void)
     tcase_add_test(tc, async_writes_complete_in_order);
     tcase_add_test(tc, events_follow_durability);
     tcase_add_test(tc, nothing_visible_before_durable);
+    tcase_add_test(tc, group_commit_shares_fsyncs);
     tcase_add_test(tc, failed_write_fails_the_store);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
