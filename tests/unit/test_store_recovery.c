@@ -27,9 +27,13 @@
 
 #include "../store/store_test.h"
 
+enum { ACK_PUT = 0, ACK_DEL_INTENT = 1, ACK_DEL = 2 };
+
 typedef struct ack {
     uint32_t thread, seq;
     int64_t rev;
+    int32_t op; /* ACK_* */
+    int32_t pad;
 } ack;
 
 #define WRITERS 8
@@ -43,6 +47,26 @@ static void *writer_main(void *arg)
     uint32_t t = atomic_fetch_add(&next_thread, 1);
     char k[32], v[48];
     for (uint32_t i = 0;; i++) {
+        if (i % 4 == 3) {
+            /* every fourth op deletes the key put two ops ago; the intent is
+             * reported first, since the kill may land between the delete
+             * becoming durable and its acknowledgement */
+            snprintf(k, sizeof k, "t%u-%u", t, i - 2);
+            ack in = {t, i - 2, 0, ACK_DEL_INTENT, 0};
+            if (write(ack_fd, &in, sizeof in) != sizeof in)
+                _exit(4);
+            cairn_delete_req d = {0};
+            d.key = (const uint8_t *)k;
+            d.key_len = strlen(k);
+            cairn_delete_resp dr;
+            if (cairn_store_delete(s, &dr, &d) != 0 || dr.deleted != 1)
+                _exit(5);
+            ack a = {t, i - 2, dr.header.revision, ACK_DEL, 0};
+            cairn_delete_resp_destroy(&dr);
+            if (write(ack_fd, &a, sizeof a) != sizeof a)
+                _exit(4);
+            continue;
+        }
         snprintf(k, sizeof k, "t%u-%u", t, i);
         snprintf(v, sizeof v, "value-%u-%u", t, i);
         cairn_put_req r = {0};
@@ -53,7 +77,7 @@ static void *writer_main(void *arg)
         cairn_put_resp resp;
         if (cairn_store_put(s, &resp, &r) != 0)
             _exit(3);
-        ack a = {t, i, resp.header.revision};
+        ack a = {t, i, resp.header.revision, ACK_PUT, 0};
         cairn_put_resp_destroy(&resp);
         if (write(ack_fd, &a, sizeof a) != sizeof a)
             _exit(4);
@@ -110,7 +134,7 @@ START_TEST(crash_keeps_every_acknowledged_write)
     cairn_actor actor;
     memset(&actor, 0, sizeof actor);
     int64_t last_rev = 1;
-    size_t total = 0;
+    size_t total = 0, ndel = 0;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rounds = 0;
@@ -159,6 +183,18 @@ START_TEST(crash_keeps_every_acknowledged_write)
         ck_assert_mem_eq(a.b, actor.b, CAIRN_ACTOR_LEN);
         ck_assert_int_ge(h.revision, last_rev);
         for (size_t i = 0; i < n; i++) {
+            if (acks[i].op != ACK_PUT) {
+                if (acks[i].op == ACK_DEL)
+                    ck_assert_int_le(acks[i].rev, h.revision);
+                continue;
+            }
+            /* the fate of this key: deleted (acknowledged), maybe deleted
+             * (only the intent arrived), or still there */
+            int fate = ACK_PUT;
+            for (size_t j = i + 1; j < n; j++)
+                if (acks[j].thread == acks[i].thread && acks[j].seq == acks[i].seq &&
+                    acks[j].op > fate)
+                    fate = acks[j].op;
             char k[32], v[48];
             snprintf(k, sizeof k, "t%u-%u", acks[i].thread, acks[i].seq);
             snprintf(v, sizeof v, "value-%u-%u", acks[i].thread, acks[i].seq);
@@ -168,11 +204,16 @@ START_TEST(crash_keeps_every_acknowledged_write)
             q.key_len = strlen(k);
             cairn_range_resp r;
             ck_assert_int_eq(cairn_store_range(s, &r, &q), 0);
-            ck_assert_msg(r.nkvs == 1, "round %d: acknowledged %s (rev %lld) lost", round, k,
-                          (long long)acks[i].rev);
-            ck_assert_int_eq(r.kvs[0].mod_revision, acks[i].rev);
-            ck_assert_int_eq(r.kvs[0].value_len, strlen(v));
-            ck_assert_mem_eq(r.kvs[0].value, v, strlen(v));
+            if (fate == ACK_DEL) {
+                ck_assert_msg(r.nkvs == 0, "round %d: acknowledged delete of %s lost", round, k);
+                ndel++;
+            } else if (fate == ACK_PUT || r.nkvs == 1) {
+                ck_assert_msg(r.nkvs == 1, "round %d: acknowledged %s (rev %lld) lost", round, k,
+                              (long long)acks[i].rev);
+                ck_assert_int_eq(r.kvs[0].mod_revision, acks[i].rev);
+                ck_assert_int_eq(r.kvs[0].value_len, strlen(v));
+                ck_assert_mem_eq(r.kvs[0].value, v, strlen(v));
+            }
             cairn_range_resp_destroy(&r);
         }
         /* numbering continues after the recovered revision */
@@ -185,8 +226,11 @@ START_TEST(crash_keeps_every_acknowledged_write)
     }
     ck_assert_int_ge(rounds, 5);
     ck_assert_uint_gt(total, 0);
-    fprintf(stderr, "crash test: %d rounds, %zu acknowledged writes checked, final revision %lld\n",
-            rounds, total, (long long)last_rev);
+    ck_assert_uint_gt(ndel, 0);
+    fprintf(stderr,
+            "crash test: %d rounds, %zu acknowledgements checked (%zu deletes), final revision "
+            "%lld\n",
+            rounds, total, ndel, (long long)last_rev);
     rm_rf(dir);
     free(dir);
 }
