@@ -26,8 +26,11 @@
  * all their descendants, in apply order; once the peer's heads are all
  * known, what it lacks is computed exactly and no filter is needed. False
  * positives surface as a missing dependency or an unknown head and are
- * asked for by hash in the next message. Usually two round trips converge
- * two diverged replicas (the data arrives after one and a half).
+ * asked for by hash in the next message. Two diverged replicas converge in
+ * one round trip when each still knows the other's heads from the last sync,
+ * else in two (the data arrives after one and a half; a fresh session over a
+ * long history trades log-size history samples first, see sync.c).
+ * Transitive: changes received from one peer are offered to the others.
  *
  * Messages from a peer are untrusted: decoding bounds every count and
  * length by cairn_sync_limits and the input length before allocating, and a
