@@ -1,0 +1,408 @@
+#ifndef CAIRN_STORE_H
+#define CAIRN_STORE_H
+
+/*
+ * The node's database underneath the etcd API: a durable view of the CRDT
+ * document. Every write becomes one change in the cairn_doc (begin / put /
+ * delete / commit); the key index, revisions and history are derived from
+ * the document's observer callbacks, on the same path that changes from
+ * peers take (cairn_store_receive). No path writes a key without a change.
+ *
+ * Request and response types mirror etcd's v3 messages (RangeRequest,
+ * PutRequest, DeleteRangeRequest, TxnRequest, Compare, RequestOp,
+ * ResponseOp, KeyValue, ResponseHeader) field for field, so the server maps
+ * them 1:1. Enum values are etcd's wire numbers.
+ *
+ * REVISIONS. Exactly as etcd numbers them on one node: 1 on a fresh store,
+ * +1 per change that makes at least one visible change to a key (a Put, a
+ * Txn with writes, a DeleteRange that deleted something, or a merged remote
+ * change that changed a visible key). Reads, failed requests, deletes of
+ * nothing and changes that touch only leases/members take no revision. A
+ * merged remote change that changes no visible key (e.g. a concurrent write
+ * that lost to the current winner) takes NO revision either: a revision with
+ * no event would be a revision no watcher can see.
+ *
+ * DURABILITY. A write completes (callback / blocking return) only after its
+ * change is in LevelDB, written with sync=true; concurrent writers share one
+ * fsync (group commit by one committer thread). Reads are served at the
+ * visible revision = the highest durable one, so no read and no event ever
+ * shows a change before it is durable. A Txn that writes nothing still
+ * completes only once everything it read is durable.
+ *
+ * THREADS. Every function may be called from any thread. Writers are
+ * serialised by one write lock, held only for in-memory work (compares,
+ * building the change, applying it to the doc and the index), never across
+ * an fsync. Readers run beside the writer. Completion callbacks run on the
+ * committer thread: they must not block and must not call the blocking
+ * write functions (the async ones are fine).
+ *
+ * FAILURE. A LevelDB error on the write path (disk full, read-only dir, I/O
+ * error) fails every write of that group with CAIRN_EIO and puts the store
+ * in a failed state: from then on every call returns CAIRN_EIO (reads too —
+ * memory already holds the unwritten changes). A record that fails its
+ * checksum or hash gives CAIRN_ECORRUPT; corrupted data is never served.
+ *
+ * ON-DISK LAYOUT (one LevelDB database in <dir>/db; keys start with a tag
+ * byte; integers in keys are big-endian so that LevelDB order = numeric):
+ *
+ *   key                               value
+ *   'M' "format"                      u32 BE format version (1)
+ *   'M' "actor"                       16 bytes: this node's actor id (random,
+ *                                     made once per data dir)
+ *   'M' "member"                      u64 BE member id
+ *   'M' "cluster"                     u64 BE cluster id
+ *   'M' "token"                       the cluster token (genesis input)
+ *   'M' "compact"                     u64 BE compacted revision (absent = 0)
+ *   'C' hash[32]                      change bytes (canonical encoding)
+ *   'O' index u64 BE                  hash[32] ++ rev u64 BE (0 = no revision):
+ *                                     the local apply order, genesis = 0
+ *   'R' rev u64 BE                    hash[32] of the change that made rev
+ *   'K' rev u64 BE ++ key bytes       one key's state at that revision:
+ *                                     u8 flags (1 = tombstone) ++ varint
+ *                                     create_rev ++ varint version ++ varint
+ *                                     lease ++ value bytes (rest)
+ *
+ * Every record of one group commit is in one WriteBatch, so after a crash
+ * the database holds a prefix of the apply order. Reopen replays 'O' in order
+ * (decoding each 'C' with its hash verified) through cairn_doc_receive; the
+ * observer re-derives the index and must re-derive the same revision that
+ * 'O' recorded (CAIRN_ECORRUPT otherwise). Compaction deletes the 'K'
+ * records it no longer needs; 'C' bodies stay (peers and replay need them).
+ *
+ * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
+ * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),
+ * seq 1, start_op 1, time 0, no deps, four ops making root maps "kvs",
+ * "leases", "members", "cluster". It takes no revision. kvs[key] is one
+ * CAIRN_V_BYTES scalar: varint lease id ++ value bytes; a delete is a DEL op
+ * on kvs[key]. leases[u64 BE id] exists while the lease does (any scalar).
+ *
+ * IDENTITY. member id = first 8 bytes (BE) of SHA-1(sorted peer URLs
+ * concatenated ++ cluster token); cluster id = first 8 bytes of SHA-1(the
+ * sorted member ids, 8 bytes BE each) — etcd's rule, so a default cairn has
+ * etcd's default ids. Both are persisted at creation; a reopened store keeps
+ * its stored identity whatever the options say (like etcd's data dir).
+ *
+ * OWNERSHIP. Request structs are borrowed for the duration of the call (the
+ * async calls copy what they need before returning). Response structs are
+ * caller-embedded: the store fills them and they own their memory until
+ * cairn_*_resp_destroy; a zeroed response is safe to destroy.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crdt/change.h"
+
+typedef struct cairn_store cairn_store;
+
+/* ---- etcd message mirrors ------------------------------------------------ */
+
+typedef struct cairn_header {
+    uint64_t cluster_id;
+    uint64_t member_id;
+    int64_t revision;
+    uint64_t raft_term; /* always 1: there is no raft (the ledger says so) */
+} cairn_header;
+
+/* mvccpb.KeyValue. key/value point into the owning response. */
+typedef struct cairn_kv {
+    const uint8_t *key;
+    size_t key_len;
+    int64_t create_revision;
+    int64_t mod_revision;
+    int64_t version;
+    const uint8_t *value;
+    size_t value_len;
+    int64_t lease;
+} cairn_kv;
+
+/* etcd RangeRequest.SortOrder / SortTarget (wire numbers). */
+enum { CAIRN_SORT_NONE = 0, CAIRN_SORT_ASCEND = 1, CAIRN_SORT_DESCEND = 2 };
+enum {
+    CAIRN_SORT_KEY = 0,
+    CAIRN_SORT_VERSION = 1,
+    CAIRN_SORT_CREATE = 2,
+    CAIRN_SORT_MOD = 3,
+    CAIRN_SORT_VALUE = 4
+};
+
+/* A key range as etcd gives it: range_end empty = the single key; range_end
+ * "\0" (one zero byte) = every key >= key; otherwise [key, range_end). */
+typedef struct cairn_range_req {
+    const uint8_t *key;
+    size_t key_len;
+    const uint8_t *range_end;
+    size_t range_end_len;
+    int64_t limit;    /* 0 = no limit */
+    int64_t revision; /* 0 = current */
+    int sort_order;   /* CAIRN_SORT_NONE.. */
+    int sort_target;  /* CAIRN_SORT_KEY.. */
+    int serializable; /* accepted and ignored: every read is local */
+    int keys_only;
+    int count_only;
+    int64_t min_mod_revision;
+    int64_t max_mod_revision;
+    int64_t min_create_revision;
+    int64_t max_create_revision;
+} cairn_range_req;
+
+typedef struct cairn_range_resp {
+    cairn_header header;
+    cairn_kv *kvs;
+    size_t nkvs;
+    int more;
+    int64_t count;
+    void *mem_; /* private */
+} cairn_range_resp;
+
+typedef struct cairn_put_req {
+    const uint8_t *key;
+    size_t key_len;
+    const uint8_t *value;
+    size_t value_len;
+    int64_t lease;
+    int prev_kv;
+    int ignore_value;
+    int ignore_lease;
+} cairn_put_req;
+
+typedef struct cairn_put_resp {
+    cairn_header header;
+    cairn_kv *prev_kv; /* NULL when not asked or the key did not exist */
+    void *mem_;
+} cairn_put_resp;
+
+typedef struct cairn_delete_req {
+    const uint8_t *key;
+    size_t key_len;
+    const uint8_t *range_end;
+    size_t range_end_len;
+    int prev_kv;
+} cairn_delete_req;
+
+typedef struct cairn_delete_resp {
+    cairn_header header;
+    int64_t deleted;
+    cairn_kv *prev_kvs;
+    size_t nprev_kvs;
+    void *mem_;
+} cairn_delete_resp;
+
+/* etcd Compare.CompareResult / CompareTarget (wire numbers). */
+enum { CAIRN_CMP_EQUAL = 0, CAIRN_CMP_GREATER = 1, CAIRN_CMP_LESS = 2, CAIRN_CMP_NOT_EQUAL = 3 };
+enum {
+    CAIRN_CMP_VERSION = 0,
+    CAIRN_CMP_CREATE = 1,
+    CAIRN_CMP_MOD = 2,
+    CAIRN_CMP_VALUE = 3,
+    CAIRN_CMP_LEASE = 4
+};
+
+/* etcd Compare. Only the field named by |target| is read. */
+typedef struct cairn_compare {
+    int result; /* CAIRN_CMP_EQUAL.. */
+    int target; /* CAIRN_CMP_VERSION.. */
+    const uint8_t *key;
+    size_t key_len;
+    const uint8_t *range_end;
+    size_t range_end_len;
+    int64_t version;
+    int64_t create_revision;
+    int64_t mod_revision;
+    int64_t lease;
+    const uint8_t *value;
+    size_t value_len;
+} cairn_compare;
+
+/* RequestOp / ResponseOp kinds (the oneof's field numbers). */
+enum { CAIRN_REQ_RANGE = 1, CAIRN_REQ_PUT = 2, CAIRN_REQ_DELETE = 3, CAIRN_REQ_TXN = 4 };
+
+struct cairn_txn_req;
+struct cairn_txn_resp;
+
+typedef struct cairn_request_op {
+    int type; /* CAIRN_REQ_* */
+    union {
+        cairn_range_req range;
+        cairn_put_req put;
+        cairn_delete_req del;
+        const struct cairn_txn_req *txn;
+    } u;
+} cairn_request_op;
+
+typedef struct cairn_txn_req {
+    const cairn_compare *compare;
+    size_t ncompare;
+    const cairn_request_op *success;
+    size_t nsuccess;
+    const cairn_request_op *failure;
+    size_t nfailure;
+} cairn_txn_req;
+
+/* Inner responses are owned by the outermost cairn_txn_resp (their own mem_
+ * is NULL); destroy only the outermost. */
+typedef struct cairn_response_op {
+    int type; /* CAIRN_REQ_* */
+    union {
+        cairn_range_resp range;
+        cairn_put_resp put;
+        cairn_delete_resp del;
+        struct cairn_txn_resp *txn;
+    } u;
+} cairn_response_op;
+
+typedef struct cairn_txn_resp {
+    cairn_header header;
+    int succeeded;
+    cairn_response_op *responses;
+    size_t nresponses;
+    void *mem_;
+} cairn_txn_resp;
+
+void cairn_range_resp_destroy(cairn_range_resp *r);
+void cairn_put_resp_destroy(cairn_put_resp *r);
+void cairn_delete_resp_destroy(cairn_delete_resp *r);
+void cairn_txn_resp_destroy(cairn_txn_resp *r);
+
+/* ---- events (for the watch hub and the peer broadcaster) ----------------- */
+
+enum { CAIRN_EVENT_PUT = 0, CAIRN_EVENT_DELETE = 1 }; /* mvccpb.Event.EventType */
+
+typedef struct cairn_event {
+    int type;   /* CAIRN_EVENT_* */
+    cairn_kv kv; /* DELETE: key and mod_revision only */
+} cairn_event;
+
+/* Called on the committer thread, in apply order, for every change once it
+ * is durable (local or merged), before the writers of its group complete.
+ * |rev| is 0 for a change that took no revision (then nev == 0). Everything
+ * is borrowed for the call. Must not block and must not call back into the
+ * store except async writes. */
+typedef void (*cairn_store_events_cb)(void *arg, int64_t rev, const cairn_hash *hash,
+                                      const uint8_t *change, size_t change_len,
+                                      const cairn_event *ev, size_t nev);
+
+/* ---- opening ------------------------------------------------------------- */
+
+typedef struct cairn_store_member {
+    const char *name;
+    const char *const *peer_urls;
+    size_t npeer_urls;
+} cairn_store_member;
+
+typedef struct cairn_store_options {
+    const char *dir; /* data dir; created if missing */
+    const char *name; /* this member's name; "default" */
+    const char *cluster_token; /* "etcd-cluster" */
+    /* The initial cluster, this member included (matched by |name|). Empty:
+     * this member alone with peer URL "http://localhost:2380" (etcd's
+     * default). Only read when the data dir is new. */
+    const cairn_store_member *initial_cluster;
+    size_t ninitial_cluster;
+    uint32_t max_txn_ops; /* etcd's --max-txn-ops; 128 */
+    /* Wall clock in ms for new changes (injectable for tests); NULL = real. */
+    uint64_t (*clock_ms)(void *arg);
+    void *clock_arg;
+    /* Actor for a new data dir (tests); NULL = 16 random bytes. */
+    const cairn_actor *actor;
+    cairn_store_events_cb events_cb; /* may be NULL */
+    void *events_arg;
+    size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
+    size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
+} cairn_store_options;
+
+/* Fills |o| with the defaults above (dir = NULL: the caller must set it). */
+void cairn_store_options_init(cairn_store_options *o);
+
+/* Opens (creating or recovering) the store in o->dir. The options are
+ * borrowed for the call. Recovery replays every stored change: time linear
+ * in the history. Fails with CAIRN_EIO (cannot open / lock the database),
+ * CAIRN_ECORRUPT (a record fails its checksum, hash or replay check), or
+ * CAIRN_EINVAL (|name| not in the initial cluster). */
+int cairn_store_open(cairn_store **out, const cairn_store_options *o);
+
+/* Waits for pending writes to complete, stops the committer, closes. */
+void cairn_store_close(cairn_store *s);
+
+/* ---- reads --------------------------------------------------------------- */
+
+/* Range at the visible revision (or req->revision). Errors: CAIRN_EEMPTYKEY,
+ * CAIRN_ECOMPACTED, CAIRN_EFUTUREREV, CAIRN_EIO / ECORRUPT (history read). */
+int cairn_store_range(cairn_store *s, cairn_range_resp *resp, const cairn_range_req *req);
+
+/* The header at the visible revision. */
+void cairn_store_header(cairn_store *s, cairn_header *h);
+
+/* ---- writes -------------------------------------------------------------- */
+
+/* Completion of an async write: called exactly once, on the committer
+ * thread, when the write is durable (rc == 0, the response filled) or failed
+ * (rc < 0, the response empty). */
+typedef void (*cairn_store_done_cb)(void *arg, int rc);
+
+/* The async writes validate and apply under the write lock, then queue the
+ * change for the committer. Return 0 if queued (|cb| will be called; |resp|
+ * must stay alive until then), or a negative code with |cb| never called:
+ * CAIRN_EEMPTYKEY, CAIRN_EKEYNOTFOUND (ignore_value/ignore_lease on a missing
+ * key), CAIRN_EVALUEPROVIDED, CAIRN_ELEASEPROVIDED, CAIRN_ELEASENOTFOUND,
+ * CAIRN_ETOOMANYOPS, CAIRN_EDUPKEY, CAIRN_ECOMPACTED / CAIRN_EFUTUREREV
+ * (Txn range at a revision), CAIRN_ENOMEM, CAIRN_EIO (failed store). */
+int cairn_store_put_async(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req,
+                          cairn_store_done_cb cb, void *arg);
+int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp,
+                             const cairn_delete_req *req, cairn_store_done_cb cb, void *arg);
+int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req,
+                          cairn_store_done_cb cb, void *arg);
+
+/* Blocking wrappers: return when durable. */
+int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req);
+int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req);
+int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req);
+
+/* etcd Compact: reads below |revision| then fail with CAIRN_ECOMPACTED;
+ * the history below it is deleted from disk (and, with |physical|, LevelDB
+ * compacts the freed range before returning). Errors: CAIRN_ECOMPACTED
+ * (revision <= the compacted one), CAIRN_EFUTUREREV (> current). *h gets the
+ * header. */
+int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
+
+/* ---- leases (minimal: existence only; TTLs belong to the lease module) --- */
+
+/* One change adding leases[id] (no revision). CAIRN_ELEASEEXIST if present. */
+int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
+/* One change deleting leases[id] and every key attached to it (a revision
+ * if a key was deleted). CAIRN_ELEASENOTFOUND if absent. */
+int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
+
+/* ---- replication --------------------------------------------------------- */
+
+/* Feeds a change from a peer (canonical bytes, borrowed) through the same
+ * observer path as local writes. |cb| is called once it and every change it
+ * unblocked are durable (or with the error). A change whose dependencies are
+ * missing is buffered (not durable; *not* an error). Returns a negative code
+ * for bytes that do not decode, with |cb| never called. */
+int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
+                              cairn_store_done_cb cb, void *arg);
+int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
+
+/* The hash of the change that made |rev| (CAIRN_ENOTFOUND if none, or
+ * CAIRN_EFUTUREREV above the visible revision). */
+int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev);
+
+/* ---- identity and stats -------------------------------------------------- */
+
+uint64_t cairn_store_member_id(const cairn_store *s);
+uint64_t cairn_store_cluster_id(const cairn_store *s);
+void cairn_store_actor(const cairn_store *s, cairn_actor *out);
+int64_t cairn_store_compacted_rev(cairn_store *s);
+
+/* etcd's id rules, exposed for the server and tests: the member id of a
+ * member with |peer_urls| (sorted internally) in a cluster named |token|,
+ * and the cluster id of |n| member ids. */
+uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token);
+uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n);
+
+/* Approximate bytes LevelDB uses on disk for the whole database. */
+uint64_t cairn_store_disk_bytes(cairn_store *s);
+
+#endif
