@@ -63,6 +63,7 @@ typedef struct lg_config {
   lg_dist dist;
   double theta;
   int serializable;
+  int verify;            /* check read replies (assumes every key exists) */
   uint64_t seed;
 } lg_config;
 
@@ -78,6 +79,8 @@ typedef struct lg_result {
   uint64_t unsent;                /* open loop: slots in the window never sent */
   uint64_t abandoned;             /* CAS ops cut short by the end of the run */
   uint64_t inserted;              /* load: keys inserted */
+  uint64_t verify_failures;       /* --verify: reads with the wrong keys */
+  char first_verify_failure[160];
   int load_done;                  /* load: every key inserted before the end */
   int drain_timed_out;
   double window_s;                /* measured window actually used */

@@ -384,6 +384,36 @@ static int cas_advance(op_ctx *c, poller *p, int *code) {
   return 1;
 }
 
+/* --verify: a single-key read must return exactly that key; a prefix read
+ * the 100 keys of the prefix (fewer in the last, partial group). */
+static void verify_read(op_ctx *c, poller *p) {
+  const lg_config *cfg = c->eng->cfg;
+  grpc_slice s = reply_bytes(c);
+  Etcdserverpb__RangeResponse *rr =
+      etcdserverpb__range_response__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  grpc_slice_unref(s);
+  uint64_t want = 1;
+  if (c->prefix) want = cfg->keys - c->key < 100 ? cfg->keys - c->key : 100;
+  const char *why = NULL;
+  if (rr == NULL)
+    why = "reply does not decode";
+  else if (rr->n_kvs != want || rr->count != (int64_t)want)
+    why = "wrong number of keys";
+  else if (!c->prefix && (rr->kvs[0]->key.len != cfg->key_size ||
+                          memcmp(rr->kvs[0]->key.data, c->keybuf, cfg->key_size) != 0))
+    why = "wrong key";
+  else if (rr->kvs[0]->value.len != cfg->value_size && cfg->workload != LG_WL_RANGE_PREFIX)
+    why = "wrong value size";
+  if (why && in_window(c->eng, c->sched_ns)) {
+    p->stats.verify_failures++;
+    if (p->stats.first_verify_failure[0] == '\0')
+      snprintf(p->stats.first_verify_failure, sizeof p->stats.first_verify_failure,
+               "%s: key %.*s, want %llu keys, got %lld (%zu kvs)", why, (int)cfg->key_size, c->keybuf,
+               (unsigned long long)want, rr ? (long long)rr->count : -1LL, rr ? rr->n_kvs : (size_t)0);
+  }
+  if (rr) etcdserverpb__range_response__free_unpacked(rr, NULL);
+}
+
 static void record(op_ctx *c, poller *p, int code, uint64_t done) {
   engine *e = c->eng;
   lg_result *st = &p->stats;
@@ -443,6 +473,7 @@ static void on_complete(op_ctx *c, poller *p, int batch_ok) {
     if (cas_advance(c, p, &code)) return; /* next step under way; reply dropped there */
   }
   uint64_t done = now_ns();
+  if (code == 0 && c->kind == LG_KIND_READ && e->cfg->verify) verify_read(c, p);
   record(c, p, code, done);
   drop_reply(c);
   if (!e->cfg->open_loop && !atomic_load(&e->stop) && begin_op(c, now_ns()) == 0) return;
@@ -710,6 +741,9 @@ int lg_run(lg_result *res, const lg_config *cfg) {
     res->cas_exhausted += s->cas_exhausted;
     res->abandoned += s->abandoned;
     res->inserted += s->inserted;
+    res->verify_failures += s->verify_failures;
+    if (res->first_verify_failure[0] == '\0')
+      memcpy(res->first_verify_failure, s->first_verify_failure, sizeof s->first_verify_failure);
     for (int t = 0; t < LG_TIMELINE_MAX; t++) res->timeline[t] += s->timeline[t];
   }
   res->unsent = unsent;
