@@ -33,59 +33,59 @@
 #define LG_TIMELINE_MAX 600
 
 typedef enum lg_workload {
-  LG_WL_A,            /* YCSB A: 50% read, 50% update */
-  LG_WL_B,            /* YCSB B: 95% read, 5% update */
-  LG_WL_C,            /* YCSB C: read only */
-  LG_WL_LOAD,         /* insert keys 0..keys-1 once each, in order */
-  LG_WL_PUT,          /* put only */
-  LG_WL_RANGE,        /* range of one key */
-  LG_WL_RANGE_PREFIX, /* range over a 100-key prefix */
-  LG_WL_TXN_CAS,      /* read, Txn(mod_revision == seen ? put : get), retry */
-  LG_WL_COUNT
+    LG_WL_A,            /* YCSB A: 50% read, 50% update */
+    LG_WL_B,            /* YCSB B: 95% read, 5% update */
+    LG_WL_C,            /* YCSB C: read only */
+    LG_WL_LOAD,         /* insert keys 0..keys-1 once each, in order */
+    LG_WL_PUT,          /* put only */
+    LG_WL_RANGE,        /* range of one key */
+    LG_WL_RANGE_PREFIX, /* range over a 100-key prefix */
+    LG_WL_TXN_CAS,      /* read, Txn(mod_revision == seen ? put : get), retry */
+    LG_WL_COUNT
 } lg_workload;
 
 /* What one operation is, for per-kind latency. */
 typedef enum lg_kind { LG_KIND_READ, LG_KIND_WRITE, LG_KIND_CAS, LG_KIND_COUNT } lg_kind;
 
 typedef struct lg_config {
-  char target[300];      /* gRPC target built from the endpoint */
-  char endpoint[256];    /* as given, for the report */
-  lg_workload workload;
-  int open_loop;         /* 1: fixed --rate; 0: --clients as fast as possible */
-  double rate;           /* ops/s, open loop */
-  int clients;           /* closed loop */
-  int max_inflight;      /* open loop: request contexts */
-  int conns;             /* gRPC channels, each its own TCP connection */
-  int threads;           /* completion-queue threads */
-  double duration_s, warmup_s, timeout_s;
-  uint64_t keys;
-  size_t key_size, value_size;
-  lg_dist dist;
-  double theta;
-  int serializable;
-  int verify;            /* check read replies (assumes every key exists) */
-  uint64_t seed;
+    char target[300];   /* gRPC target built from the endpoint */
+    char endpoint[256]; /* as given, for the report */
+    lg_workload workload;
+    int open_loop;    /* 1: fixed --rate; 0: --clients as fast as possible */
+    double rate;      /* ops/s, open loop */
+    int clients;      /* closed loop */
+    int max_inflight; /* open loop: request contexts */
+    int conns;        /* gRPC channels, each its own TCP connection */
+    int threads;      /* completion-queue threads */
+    double duration_s, warmup_s, timeout_s;
+    uint64_t keys;
+    size_t key_size, value_size;
+    lg_dist dist;
+    double theta;
+    int serializable;
+    int verify; /* check read replies (assumes every key exists) */
+    uint64_t seed;
 } lg_config;
 
 typedef struct lg_result {
-  lg_hist all;
-  lg_hist by_kind[LG_KIND_COUNT];
-  uint64_t ok;                    /* successful ops scheduled in the window */
-  uint64_t errors[LG_NCODES];     /* failed ops by gRPC status code */
-  char first_error[LG_NCODES][160];
-  uint64_t cas_conflicts;         /* Txn attempts whose compare failed */
-  uint64_t cas_exhausted;         /* CAS ops that gave up */
-  uint64_t late;                  /* open loop: sent >1 ms after their slot */
-  uint64_t unsent;                /* open loop: slots in the window never sent */
-  uint64_t abandoned;             /* CAS ops cut short by the end of the run */
-  uint64_t inserted;              /* load: keys inserted */
-  uint64_t verify_failures;       /* --verify: reads with the wrong keys */
-  char first_verify_failure[160];
-  int load_done;                  /* load: every key inserted before the end */
-  int drain_timed_out;
-  double window_s;                /* measured window actually used */
-  uint64_t timeline[LG_TIMELINE_MAX]; /* ok ops per second of the window */
-  int timeline_len;
+    lg_hist all;
+    lg_hist by_kind[LG_KIND_COUNT];
+    uint64_t ok;                /* successful ops scheduled in the window */
+    uint64_t errors[LG_NCODES]; /* failed ops by gRPC status code */
+    char first_error[LG_NCODES][160];
+    uint64_t cas_conflicts;   /* Txn attempts whose compare failed */
+    uint64_t cas_exhausted;   /* CAS ops that gave up */
+    uint64_t late;            /* open loop: sent >1 ms after their slot */
+    uint64_t unsent;          /* open loop: slots in the window never sent */
+    uint64_t abandoned;       /* CAS ops cut short by the end of the run */
+    uint64_t inserted;        /* load: keys inserted */
+    uint64_t verify_failures; /* --verify: reads with the wrong keys */
+    char first_verify_failure[160];
+    int load_done; /* load: every key inserted before the end */
+    int drain_timed_out;
+    double window_s;                    /* measured window actually used */
+    uint64_t timeline[LG_TIMELINE_MAX]; /* ok ops per second of the window */
+    int timeline_len;
 } lg_result;
 
 const char *lg_workload_name(lg_workload w);

@@ -16,11 +16,11 @@
 #define LG_HIST_BUCKETS ((64 - LG_HIST_SUB_BITS + 1) << LG_HIST_SUB_BITS)
 
 typedef struct lg_hist {
-  uint64_t count;
-  uint64_t sum; /* saturates instead of wrapping */
-  uint64_t min;
-  uint64_t max;
-  uint64_t buckets[LG_HIST_BUCKETS];
+    uint64_t count;
+    uint64_t sum; /* saturates instead of wrapping */
+    uint64_t min;
+    uint64_t max;
+    uint64_t buckets[LG_HIST_BUCKETS];
 } lg_hist;
 
 void lg_hist_init(lg_hist *h);

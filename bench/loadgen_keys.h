@@ -22,9 +22,9 @@ uint64_t lg_rng_below(uint64_t *state, uint64_t n);
 typedef enum lg_dist { LG_DIST_UNIFORM = 0, LG_DIST_ZIPFIAN = 1 } lg_dist;
 
 typedef struct lg_keygen {
-  uint64_t n;
-  lg_dist dist;
-  double theta, alpha, zetan, eta, half_pow_theta;
+    uint64_t n;
+    lg_dist dist;
+    double theta, alpha, zetan, eta, half_pow_theta;
 } lg_keygen;
 
 /* Prepares a generator of ids in [0, n). For zipfian, 0 < theta < 1 (YCSB
