@@ -16,6 +16,8 @@
 # Usage: bench/scripts/kv-compare.sh [--reps N] [--duration S] [--clients N]
 #          [--conns N] [--keys N] [--workloads "put range"] [--build DIR]
 #          [--out FILE] [--no-pin] [-- extra cairn-loadgen flags]
+# Data dirs go under $TMPDIR (default /tmp): set it to put both servers on
+# another filesystem.
 # Needs: <build>/cairn-loadgen (cmake --build build --target cairn-loadgen),
 #        etcd and etcdctl 3.4 on PATH; <build>/cairn optional.
 set -euo pipefail
@@ -43,12 +45,13 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --no-pin) PIN=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "kv-compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
 cd "$(dirname "$0")/../.."
+. bench/scripts/lib-servers.sh
 LOADGEN=$BUILD/cairn-loadgen
 CAIRN=$BUILD/cairn
 if [ ! -x "$LOADGEN" ]; then
@@ -69,70 +72,15 @@ else
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kv-compare.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null || true
-      wait "$pid" 2>/dev/null || true
-    fi
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap 'lib_cleanup; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 19999))
-    if port_free "$p" && port_free $((p + 1)); then echo "$p"; return 0; fi
-  done
-  echo "kv-compare: no free port found" >&2
-  return 1
-}
-
-# start_server NAME BINARY -> sets global ENDPOINT and appends to PIDS
-start_server() {
-  local name=$1 bin=$2 cport pport dir
-  cport=$(pick_port)
-  pport=$((cport + 1))
-  dir=$WORK/$name.data
-  "${SERVER_PIN[@]}" "$bin" --name default --data-dir "$dir" \
-    --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
-    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-    --initial-cluster "default=http://127.0.0.1:$pport" >"$WORK/$name.log" 2>&1 &
-  local pid=$!
-  PIDS+=("$pid")
-  ENDPOINT=127.0.0.1:$cport
-  for _ in $(seq 60); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "kv-compare: $name exited during start-up; log:" >&2
-      tail -n 20 "$WORK/$name.log" >&2
-      return 1
-    fi
-    if ETCDCTL_API=3 timeout 3 etcdctl --endpoints "$ENDPOINT" --dial-timeout=1s --command-timeout=1s \
-      get kv-compare-probe >/dev/null 2>&1; then
-      echo "kv-compare: $name (pid $pid) ready on $ENDPOINT, data in $dir"
-      return 0
-    fi
-    sleep 0.5
-  done
-  echo "kv-compare: $name not ready after 30 s; log:" >&2
-  tail -n 20 "$WORK/$name.log" >&2
-  return 1
-}
 
 SYSTEMS=(etcd)
 declare -A EP
-start_server etcd "$(command -v etcd)"
+lib_start_server etcd "$(command -v etcd)"
 EP[etcd]=$ENDPOINT
 if [ -x "$CAIRN" ]; then
-  start_server cairn "$CAIRN"
+  lib_start_server cairn "$CAIRN"
   EP[cairn]=$ENDPOINT
   SYSTEMS+=(cairn)
 else
