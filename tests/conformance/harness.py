@@ -1,0 +1,655 @@
+#!/usr/bin/python3
+"""Differential conformance harness: etcd 3.4 beside cairn.
+
+The same scripted KV operations (Range, Put, DeleteRange, Txn, Compact and
+the lease field) run against a fresh etcd and a fresh cairn, each started by
+this script on 127.0.0.1 with random free ports and a temporary data dir.
+Every check yields a normalised, JSON-able result: revisions relative to the
+revision the check started at (or to zero for the checks on a fresh store),
+response headers without cluster/member ids and raft term, lease ids replaced
+by symbols, errors as (gRPC status code name, message). The two results of a
+check are compared; a difference fails the run unless the ledger
+(ledger.json beside this file) accepts it with a reason, and a ledger entry
+whose check no longer differs fails the run too, so the ledger stays honest.
+
+The expected behaviour is never written here: it is whatever etcd answers.
+The checks were written by running them against etcd first (--target etcd
+--record FILE) and reading what it said; ETCD-MEASURED.md is the summary.
+
+Message classes are generated at run time from the repository's proto/ with
+protoc into a temporary directory; RPCs are made with grpc's generic
+unary_unary, so no service stubs are needed.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+try:
+    import grpc
+except ImportError:  # pyenv or venv python without Debian's python3-grpcio
+    if (not os.environ.get("CAIRN_HARNESS_REEXEC")
+            and os.path.exists("/usr/bin/python3")
+            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
+        os.environ["CAIRN_HARNESS_REEXEC"] = "1"
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+RPC_TIMEOUT = 10.0          # seconds, every single RPC
+START_TIMEOUT = 20.0        # seconds for a server to answer its first Range
+HARD_TIMEOUT = 170          # seconds for the whole run (ctest allows 180)
+
+ETCD_PROTO_ROOT = "/usr/share/gocode/src/go.etcd.io/etcd"
+
+
+class HarnessError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------
+# Protobuf modules, generated at run time
+
+def _strip_gogo(text):
+    text = re.sub(r'import "gogoproto/gogo.proto";', "", text)
+    text = re.sub(r'import "google/api/annotations.proto";', "", text)
+    text = re.sub(r"option \(gogoproto\.[^;]*;", "", text)
+    text = re.sub(r"option \(google\.api\.http\) = \{(?:[^{}]|\{[^{}]*\})*\};", "", text)
+    text = re.sub(r"\[\(gogoproto[^\]]*\]", "", text)
+    return text
+
+
+def etcd_proto_copy(dst):
+    """A stripped temporary copy of etcd's own protos (probing only)."""
+    for rel in ("etcdserver/etcdserverpb/rpc.proto", "mvcc/mvccpb/kv.proto",
+                "auth/authpb/auth.proto"):
+        src = os.path.join(ETCD_PROTO_ROOT, rel)
+        out = os.path.join(dst, "etcd", rel)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(src) as f:
+            text = _strip_gogo(f.read())
+        with open(out, "w") as f:
+            f.write(text)
+    return dst
+
+
+def load_messages(proto_dir, workdir):
+    """protoc every .proto under proto_dir; return {full name: class}."""
+    files = []
+    for root, _dirs, names in os.walk(proto_dir):
+        for n in names:
+            if n.endswith(".proto"):
+                files.append(os.path.relpath(os.path.join(root, n), proto_dir))
+    if not files:
+        raise HarnessError("no .proto files under %s" % proto_dir)
+    out = os.path.join(workdir, "pb")
+    os.makedirs(out, exist_ok=True)
+    cmd = ["protoc", "--python_out=" + out, "-I", proto_dir,
+           "-I", "/usr/include"] + sorted(files)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError("protoc failed: %s\n%s" % (" ".join(cmd), r.stderr))
+    sys.path.insert(0, out)
+    import importlib
+    classes = {}
+    for f in sorted(files):
+        mod_name = f[:-len(".proto")].replace("/", ".").replace("-", "_") + "_pb2"
+        mod = importlib.import_module(mod_name)
+        for name in mod.DESCRIPTOR.message_types_by_name:
+            cls = getattr(mod, name)
+            classes[cls.DESCRIPTOR.full_name] = cls
+    for need in ("etcdserverpb.RangeRequest", "etcdserverpb.TxnRequest",
+                 "etcdserverpb.CompactionRequest", "mvccpb.KeyValue"):
+        if need not in classes:
+            raise HarnessError("proto files in %s lack %s" % (proto_dir, need))
+    return classes
+
+
+# --------------------------------------------------------------------------
+# Servers
+
+def free_port(taken):
+    rnd = random.SystemRandom()
+    for _ in range(200):
+        p = rnd.randint(20000, 40000)
+        if p in taken:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        taken.add(p)
+        return p
+    raise HarnessError("no free port")
+
+
+class Server:
+    """One etcd or cairn process, started with etcd's flag names."""
+
+    def __init__(self, kind, binary, workdir, extra_args=()):
+        self.kind = kind
+        self.binary = binary
+        self.extra_args = list(extra_args)
+        self.dir = tempfile.mkdtemp(prefix=kind + "-", dir=workdir)
+        self.proc = None
+        self.channel = None
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.log = None
+
+    def start(self, msgs):
+        ports = set()
+        cport, pport = free_port(ports), free_port(ports)
+        curl = "http://127.0.0.1:%d" % cport
+        purl = "http://127.0.0.1:%d" % pport
+        self.target = "127.0.0.1:%d" % cport
+        args = [self.binary, "--name", "default",
+                "--data-dir", os.path.join(self.dir, "data"),
+                "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                "--initial-cluster", "default=" + purl] + self.extra_args
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=self.dir)
+        # Wait for the port first: a gRPC channel that meets a refused
+        # connection backs off for seconds before it tries again.
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                raise HarnessError("%s exited with %s at start; log:\n%s"
+                                   % (self.kind, self.proc.returncode, self.log_tail()))
+            try:
+                socket.create_connection(("127.0.0.1", cport), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise HarnessError("%s did not listen on %s within %.0fs; log:\n%s"
+                                       % (self.kind, self.target, START_TIMEOUT,
+                                          self.log_tail()))
+                time.sleep(0.05)
+        self.channel = grpc.insecure_channel(self.target, options=[
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500)])
+        rng = self.channel.unary_unary(
+            "/etcdserverpb.KV/Range",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=msgs["etcdserverpb.RangeResponse"].FromString)
+        deadline = time.monotonic() + START_TIMEOUT
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise HarnessError("%s exited with %s at start; log:\n%s"
+                                   % (self.kind, self.proc.returncode, self.log_tail()))
+            try:
+                rng(msgs["etcdserverpb.RangeRequest"](key=b"\x00"), timeout=1.0)
+                return
+            except grpc.RpcError as e:
+                last = e
+                time.sleep(0.1)
+        raise HarnessError("%s did not answer Range within %.0fs (%s); log:\n%s"
+                           % (self.kind, START_TIMEOUT, last, self.log_tail()))
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n=30):
+        try:
+            with open(self.log_path, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+            return "\n".join(lines[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+# --------------------------------------------------------------------------
+# The check context: builds requests, calls RPCs, normalises answers
+
+REV_FIELDS = {"revision", "create_revision", "mod_revision", "compact_revision"}
+HEADER_DROP = {"cluster_id", "member_id", "raft_term"}
+from checks_kv import PREFIX, Abs  # noqa: E402  (range_end marker; absolute revision)
+
+
+def prefix_end(key):
+    b = bytearray(key)
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] < 0xFF:
+            b[i] += 1
+            return bytes(b[:i + 1])
+    return b"\x00"
+
+
+class Ctx:
+    def __init__(self, server, msgs, check_name, base):
+        self.server = server
+        self.msgs = msgs
+        self.ns = ("/" + check_name + "/").encode()
+        self.base = base
+        self.leases = {}
+        self._stubs = {}
+
+    # ---- plumbing
+    def M(self, name):
+        return self.msgs[name if "." in name else "etcdserverpb." + name]
+
+    def _call(self, path, req, resp_name):
+        stub = self._stubs.get(path)
+        if stub is None:
+            stub = self.server.channel.unary_unary(
+                path, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=self.M(resp_name).FromString)
+            self._stubs[path] = stub
+        return stub(req, timeout=RPC_TIMEOUT)
+
+    def call(self, path, req, resp_name):
+        """The normalised answer, or {'error': [code, message]}."""
+        try:
+            return self.norm(self._call(path, req, resp_name))
+        except grpc.RpcError as e:
+            return err(e)
+
+    def raw(self, path, req, resp_name):
+        return self._call(path, req, resp_name)
+
+    def key(self, k):
+        if isinstance(k, bytes):
+            return k
+        return self.ns + k.encode()
+
+    def end(self, key, end):
+        if end is None:
+            return b""
+        if end is PREFIX:
+            return prefix_end(key)
+        return self.key(end)
+
+    def absrev(self, rel):
+        return 0 if rel is None else self.base + rel
+
+    # ---- normalisation
+    def norm(self, m):
+        out = {}
+        for fd, v in m.ListFields():
+            name = fd.name
+            if m.DESCRIPTOR.name == "ResponseHeader" and name in HEADER_DROP:
+                continue
+            out[name] = self._norm_field(fd, name, v)
+        if m.DESCRIPTOR.name == "TxnResponse":
+            out["succeeded"] = bool(m.succeeded)
+        return out
+
+    def _norm_field(self, fd, name, v):
+        if fd.label == fd.LABEL_REPEATED:
+            return [self._norm_value(fd, name, x) for x in v]
+        return self._norm_value(fd, name, v)
+
+    def _norm_value(self, fd, name, v):
+        if fd.type == fd.TYPE_MESSAGE:
+            return self.norm(v)
+        if fd.type == fd.TYPE_BYTES:
+            return self.show(v)
+        if fd.type == fd.TYPE_ENUM:
+            ev = fd.enum_type.values_by_number.get(v)
+            return ev.name if ev else v
+        if name in REV_FIELDS and isinstance(v, int):
+            return "r%+d" % (v - self.base)
+        if name in ("lease", "ID") and isinstance(v, int):
+            return self.leases.get(v, "lease?%s" % ("0" if v == 0 else "unknown"))
+        return v
+
+    def show(self, b):
+        if len(b) > 64:
+            return "<%d bytes sha256:%s>" % (len(b), hashlib.sha256(b).hexdigest()[:16])
+        if b.startswith(self.ns):
+            b = b[len(self.ns):]
+            prefix = "~"
+        else:
+            prefix = ""
+        return prefix + b.decode("utf-8", "backslashreplace").replace("\x00", "\\0")
+
+    # ---- requests
+    def range_req(self, key, end=None, rev=None, limit=0, sort_order=None,
+                  sort_target=None, serializable=False, keys_only=False,
+                  count_only=False, min_mod=None, max_mod=None, min_create=None,
+                  max_create=None, absrev=None):
+        k = self.key(key)
+        R = self.M("RangeRequest")
+        r = R(key=k, range_end=self.end(k, end), limit=limit,
+              serializable=serializable, keys_only=keys_only, count_only=count_only)
+        if absrev is not None:
+            r.revision = absrev
+        elif rev is not None:
+            r.revision = self.absrev(rev)
+        if sort_order is not None:
+            r.sort_order = R.SortOrder.Value(sort_order)
+        if sort_target is not None:
+            r.sort_target = R.SortTarget.Value(sort_target)
+        for field, rel in (("min_mod_revision", min_mod), ("max_mod_revision", max_mod),
+                           ("min_create_revision", min_create),
+                           ("max_create_revision", max_create)):
+            if rel is not None:
+                setattr(r, field, self.absrev(rel))
+        return r
+
+    def put_req(self, key, value="", lease=None, prev_kv=False, ignore_value=False,
+                ignore_lease=False):
+        v = value.encode() if isinstance(value, str) else value
+        r = self.M("PutRequest")(key=self.key(key), value=v, prev_kv=prev_kv,
+                                 ignore_value=ignore_value, ignore_lease=ignore_lease)
+        if lease is not None:
+            r.lease = lease
+        return r
+
+    def del_req(self, key, end=None, prev_kv=False):
+        k = self.key(key)
+        return self.M("DeleteRangeRequest")(key=k, range_end=self.end(k, end),
+                                            prev_kv=prev_kv)
+
+    def txn_req(self, compare=(), success=(), failure=()):
+        return self.M("TxnRequest")(compare=list(compare), success=list(success),
+                                    failure=list(failure))
+
+    # ---- ops inside a txn
+    def op_range(self, key, **kw):
+        return self.M("RequestOp")(request_range=self.range_req(key, **kw))
+
+    def op_put(self, key, value="", **kw):
+        return self.M("RequestOp")(request_put=self.put_req(key, value, **kw))
+
+    def op_del(self, key, **kw):
+        return self.M("RequestOp")(request_delete_range=self.del_req(key, **kw))
+
+    def op_txn(self, compare=(), success=(), failure=()):
+        return self.M("RequestOp")(request_txn=self.txn_req(compare, success, failure))
+
+    def cmp(self, key, target, result, value, end=None):
+        """value: version int, relative revision for CREATE/MOD (Abs(n) for an
+        absolute one), str for VALUE, lease id for LEASE."""
+        C = self.M("Compare")
+        k = self.key(key)
+        c = C(key=k, range_end=self.end(k, end),
+              target=C.CompareTarget.Value(target),
+              result=C.CompareResult.Value(result))
+        if isinstance(value, Abs):
+            setattr(c, {"VERSION": "version", "CREATE": "create_revision",
+                        "MOD": "mod_revision", "LEASE": "lease"}[target], int(value))
+        elif target == "VERSION":
+            c.version = value
+        elif target == "CREATE":
+            c.create_revision = self.absrev(value)
+        elif target == "MOD":
+            c.mod_revision = self.absrev(value)
+        elif target == "VALUE":
+            c.value = value.encode() if isinstance(value, str) else value
+        elif target == "LEASE":
+            c.lease = value
+        return c
+
+    # ---- RPCs
+    def range(self, key, **kw):
+        return self.call("/etcdserverpb.KV/Range", self.range_req(key, **kw), "RangeResponse")
+
+    def put(self, key, value="", **kw):
+        return self.call("/etcdserverpb.KV/Put", self.put_req(key, value, **kw), "PutResponse")
+
+    def delete(self, key, **kw):
+        return self.call("/etcdserverpb.KV/DeleteRange", self.del_req(key, **kw),
+                         "DeleteRangeResponse")
+
+    def txn(self, compare=(), success=(), failure=()):
+        return self.call("/etcdserverpb.KV/Txn", self.txn_req(compare, success, failure),
+                         "TxnResponse")
+
+    def compact(self, rel=None, physical=False, absrev=None):
+        rev = absrev if absrev is not None else self.absrev(rel)
+        return self.call("/etcdserverpb.KV/Compact",
+                         self.M("CompactionRequest")(revision=rev, physical=physical),
+                         "CompactionResponse")
+
+    def rev(self):
+        """Current revision, relative ('r+N'), by a Range of a missing key."""
+        return self.range(b"\x00rev-probe")["header"]["revision"]
+
+    def absrev_now(self):
+        r = self.raw("/etcdserverpb.KV/Range",
+                     self.M("RangeRequest")(key=b"\x00rev-probe"), "RangeResponse")
+        return r.header.revision
+
+    def grant(self, ttl=600):
+        """Grant a lease; it is shown as L1, L2, ... in results."""
+        r = self.raw("/etcdserverpb.Lease/LeaseGrant",
+                     self.M("LeaseGrantRequest")(TTL=ttl), "LeaseGrantResponse")
+        if r.error:
+            raise HarnessError("LeaseGrant: %s" % r.error)
+        self.leases[r.ID] = "L%d" % (len(self.leases) + 1)
+        return r.ID
+
+    def revoke(self, lease_id):
+        return self.call("/etcdserverpb.Lease/LeaseRevoke",
+                         self.M("LeaseRevokeRequest")(ID=lease_id), "LeaseRevokeResponse")
+
+
+def err(e):
+    code = e.code()
+    return {"error": [code.name if code else "UNKNOWN", e.details()]}
+
+
+# --------------------------------------------------------------------------
+# The checks (checks_kv.py registers them, in order, into CHECKS)
+
+from checks_kv import CHECKS, SUITES  # noqa: E402
+
+
+# --------------------------------------------------------------------------
+# Running
+
+def run_target(kind, binary, msgs, workdir, selected, extra_args):
+    """Run the selected checks on fresh servers of one kind; {name: result}."""
+    results = {}
+    for suite in SUITES:
+        todo = [(n, f) for s, n, f in CHECKS if s == suite and n in selected]
+        if not todo:
+            continue
+        srv = Server(kind, binary, workdir, extra_args)
+        try:
+            try:
+                srv.start(msgs)
+            except HarnessError as e:
+                for n, _f in todo:
+                    results[n] = {"harness": "server did not start"}
+                print("  %s: suite %s: %s" % (kind, suite, e), file=sys.stderr)
+                continue
+            # The "fresh" suite keeps absolute revisions: base 0.
+            for n, f in todo:
+                if not srv.alive():
+                    results[n] = {"harness": "server exited (%s)" % srv.proc.returncode}
+                    continue
+                try:
+                    base = 0 if suite == "fresh" else Ctx(srv, msgs, n, 0).absrev_now()
+                    results[n] = f(Ctx(srv, msgs, n, base))
+                except grpc.RpcError as e:
+                    results[n] = {"harness": "unexpected rpc error", "error": err(e)["error"]}
+                except Exception as e:  # a check that crashes is a result too
+                    results[n] = {"harness": "check raised %s: %s" % (type(e).__name__, e)}
+                    if os.environ.get("HARNESS_DEBUG"):
+                        traceback.print_exc()
+            if not srv.alive():
+                print("  %s exited during suite %s; log tail:\n%s"
+                      % (kind, suite, srv.log_tail()), file=sys.stderr)
+        finally:
+            srv.stop()
+    return results
+
+
+def canon(x):
+    return json.dumps(x, sort_keys=True)
+
+
+def load_ledger(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        entries = json.load(f)
+    ledger = {}
+    for e in entries:
+        if not e.get("check") or not e.get("reason"):
+            raise HarnessError("ledger entry without check or reason: %r" % e)
+        ledger[e["check"]] = e["reason"]
+    return ledger
+
+
+def compare(left_name, left, right_name, right, ledger, selected):
+    names = [n for _s, n, _f in CHECKS if n in selected]
+    matched, ledgered, failures = 0, [], []
+    for n in names:
+        a, b = left.get(n), right.get(n)
+        same = canon(a) == canon(b)
+        if n in ledger:
+            if same:
+                failures.append((n, "ledgered deviation no longer deviates "
+                                    "(remove it from the ledger): " + ledger[n], a, b))
+            else:
+                ledgered.append(n)
+        elif same:
+            matched += 1
+        else:
+            failures.append((n, "deviation", a, b))
+    for n in ledger:
+        if n not in names and len(selected) == len(CHECKS):
+            failures.append((n, "ledger names a check that does not exist", None, None))
+    print("\n%d checks, %d matched, %d ledgered deviations, %d failures"
+          % (len(names), matched, len(ledgered), len(failures)))
+    for n in ledgered:
+        print("  ledgered: %s: %s" % (n, ledger[n]))
+    for n, why, a, b in failures:
+        print("\nFAIL %s: %s" % (n, why))
+        print("  %-5s: %s" % (left_name, canon(a)))
+        print("  %-5s: %s" % (right_name, canon(b)))
+    return not failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--etcd", default="/usr/bin/etcd")
+    ap.add_argument("--cairn", default=os.path.join(REPO, "build", "cairn"))
+    ap.add_argument("--target", choices=("both", "etcd", "cairn"), default="both",
+                    help="both (default): etcd vs cairn; etcd: etcd only, compared "
+                         "with the recording if one exists; cairn: cairn vs the recording")
+    ap.add_argument("--record", metavar="FILE", help="write etcd's results to FILE")
+    ap.add_argument("--recording", default=os.path.join(HERE, "etcd-recorded.json"),
+                    help="etcd's recorded results (for --target etcd/cairn)")
+    ap.add_argument("--ledger", default=os.path.join(HERE, "ledger.json"))
+    ap.add_argument("--proto", default=os.path.join(REPO, "proto"),
+                    help="directory of .proto files (default: the repository's proto/)")
+    ap.add_argument("--etcd-protos", action="store_true",
+                    help="use a stripped copy of etcd's own protos (probing only)")
+    ap.add_argument("--only", metavar="REGEX", help="run only checks whose name matches")
+    ap.add_argument("--list", action="store_true", help="list the checks and exit")
+    ap.add_argument("--show", action="store_true", help="print every result")
+    ap.add_argument("--cairn-arg", action="append", default=[],
+                    help="extra argument for cairn (repeatable)")
+    args = ap.parse_args()
+
+    if args.list:
+        for s, n, _f in CHECKS:
+            print("%-8s %s" % (s, n))
+        print("%d checks" % len(CHECKS))
+        return 0
+
+    selected = {n for _s, n, _f in CHECKS if not args.only or re.search(args.only, n)}
+
+    def on_alarm(_sig, _frm):
+        raise HarnessError("hard timeout of %ds reached" % HARD_TIMEOUT)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(HARD_TIMEOUT)
+
+    # tmpfs when there is one: fsync is free there, and the run is about
+    # behaviour, not durability.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    workdir = tempfile.mkdtemp(prefix="cairn-conformance-", dir=shm)
+    try:
+        if args.etcd_protos:
+            proto_dir = etcd_proto_copy(os.path.join(workdir, "etcdproto"))
+        else:
+            proto_dir = args.proto
+            if not os.path.isdir(proto_dir):
+                raise HarnessError("no proto directory %s (use --etcd-protos to probe)"
+                                   % proto_dir)
+        msgs = load_messages(proto_dir, workdir)
+        t0 = time.monotonic()
+        etcd_res = cairn_res = None
+        if args.target in ("both", "etcd"):
+            if not os.access(args.etcd, os.X_OK):
+                raise HarnessError("etcd binary %s not found" % args.etcd)
+            etcd_res = run_target("etcd", args.etcd, msgs, workdir, selected, [])
+            if args.record:
+                with open(args.record, "w") as f:
+                    json.dump({n: etcd_res[n] for _s, n, _f in CHECKS if n in etcd_res},
+                              f, indent=1)
+                    f.write("\n")
+        if args.target in ("both", "cairn"):
+            if not os.access(args.cairn, os.X_OK):
+                raise HarnessError("cairn binary %s not found" % args.cairn)
+            cairn_res = run_target("cairn", args.cairn, msgs, workdir, selected,
+                                   args.cairn_arg)
+        if args.show:
+            for _s, n, _f in CHECKS:
+                if n in selected:
+                    print("%s\n  etcd : %s\n  cairn: %s" % (
+                        n, canon(etcd_res.get(n)) if etcd_res else "-",
+                        canon(cairn_res.get(n)) if cairn_res else "-"))
+        print("ran in %.1fs" % (time.monotonic() - t0))
+        if args.target == "both":
+            ok = compare("etcd", etcd_res, "cairn", cairn_res,
+                         load_ledger(args.ledger), selected)
+        else:
+            if not os.path.exists(args.recording):
+                print("no recording at %s: nothing to compare with" % args.recording)
+                return 0
+            with open(args.recording) as f:
+                recorded = json.load(f)
+            live = etcd_res if args.target == "etcd" else cairn_res
+            ledger = load_ledger(args.ledger) if args.target == "cairn" else {}
+            ok = compare("rec", recorded, args.target, live, ledger, selected)
+        return 0 if ok else 1
+    except HarnessError as e:
+        print("harness error: %s" % e, file=sys.stderr)
+        return 2
+    finally:
+        signal.alarm(0)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
