@@ -18,6 +18,14 @@
  *
  * The root object has id (0, _) — counter 0 never names an op. The head of a
  * list (the position before its first element) is likewise elem (0, _).
+ * An id with counter 0 must have actor 0 (encode checks).
+ *
+ * Map or list: an op addresses a list element iff insert != 0 or
+ * elem.counter != 0; otherwise it addresses map key |key| (then elem must be
+ * {0, 0}; a list op has key_len 0). A change may refer to its own ops only
+ * backwards: an id (counter, author) used by op i needs counter <
+ * start_op + i. Inserts have no preds; DEL and INC never insert. Ops other
+ * than SET and INC leave |value| zeroed (type CAIRN_V_NULL).
  *
  * ENCODING (byte by byte): see the table in change.c's header comment, which
  * is the normative description; cairn_change_decode accepts exactly the
@@ -121,7 +129,9 @@ typedef struct cairn_change {
 } cairn_change;
 
 /* Encodes |c| canonically into c->bytes / c->len (owned by |c|, replacing any
- * previous encoding) and sets c->hash. Fails with CAIRN_EINVAL if |c| is not
+ * previous encoding) and sets c->hash. A change built by the caller (arena_
+ * NULL) must start with bytes NULL; its bytes are then freed by
+ * cairn_change_free or by the caller with free(). Too large: CAIRN_ELIMIT. Fails with CAIRN_EINVAL if |c| is not
  * canonical (unsorted deps/actors/preds, actor[0] != author, seq == 0,
  * start_op == 0, an op shape that the decoder would reject). */
 int cairn_change_encode(cairn_change *c);
@@ -134,7 +144,8 @@ int cairn_change_decode(cairn_change **out, const uint8_t *buf, size_t len,
                         const cairn_hash *expect);
 
 /* Builds a change by deep-copying |tmpl| (its pointers are borrowed only for
- * the call), then encodes it. The result owns all its memory. */
+ * the call), then encodes it. The result owns all its memory (one
+ * allocation). |tmpl|'s hash, bytes, len and arena_ are ignored. */
 int cairn_change_new(cairn_change **out, const cairn_change *tmpl);
 
 void cairn_change_free(cairn_change *c);

@@ -1,0 +1,823 @@
+/*
+ * The hash DAG of changes: which changes this node has, in which order it
+ * applied them, which wait for dependencies, and the ancestry queries that
+ * sync needs.
+ *
+ * Every hash the DAG has heard of is a node in one open-addressing table
+ * (linear probing, backward-shift deletion). A node is ORDERED (in the apply
+ * order, with an index), READY (all deps ordered, queued for the caller),
+ * PENDING (some dep not ordered yet) or a STUB: a hash that pending changes
+ * depend on but that we have never seen. Every node that is not ordered keeps
+ * the list of pending nodes waiting for it; ordering it decrements their
+ * missing-count and queues those that reach zero. So delivery in any order
+ * costs O(deps) per change, with no rescans of the pending buffer.
+ *
+ * The sequence rule (seq n needs the author's n-1 among its ancestors) is
+ * checked against the author's last ordered change: ordered changes of one
+ * author always form the contiguous run 1..max, so n <= max is a fork, n >
+ * max+1 a gap, and n == max+1 needs change max (at apply index L) among the
+ * ancestors. The common case finds it among the deps directly; otherwise a
+ * walk back from the deps never visits a node whose index is below L (an
+ * ancestor always has a smaller index), so it is bounded by the changes
+ * ordered since the author's previous one. Walks use explicit stacks and
+ * per-node epoch marks, never recursion.
+ *
+ * Table slots are placed by a multiply-shift hash with a per-DAG random key,
+ * so a peer that grinds change hashes cannot make probe chains long.
+ */
+#include "crdt/dag.h"
+
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/error.h"
+
+/* Beyond CAIRN_DAG_MAX_PENDING changes, pending changes are also bounded by
+ * their dependency edges and their bytes, so a hostile peer cannot make the
+ * buffer hold more than a few hundred MB. */
+#define MAX_PENDING_EDGES (8u * CAIRN_DAG_MAX_PENDING)
+#define MAX_PENDING_BYTES ((size_t)256 << 20)
+
+enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3 };
+
+#define NO_POS UINT32_MAX
+
+typedef struct node {
+    cairn_hash hash;
+    cairn_change *c; /* NULL for a stub */
+    uint64_t index;  /* ORDERED: apply-order index */
+    /* Not ORDERED: pending nodes that wait for this one. */
+    struct node **waiters;
+    uint32_t nwaiters, capwaiters;
+    uint32_t nmissing; /* PENDING: deps not ordered yet */
+    uint32_t pos;      /* ORDERED head: slot in heads; STUB: slot in stubs */
+    uint32_t mark;     /* walk epoch */
+    uint8_t state;
+} node;
+
+/* Open-addressing hash table of pointers, keyed by 16 leading bytes. */
+struct table {
+    void **slot;
+    size_t cap, n; /* cap is a power of two, n <= cap / 2 */
+    int shift;
+};
+
+struct actor_rec {
+    cairn_actor actor;
+    uint64_t max_seq;
+    uint64_t last_index; /* apply index of change max_seq */
+};
+
+struct vec { /* a growable array of pointers */
+    void **p;
+    size_t n, cap;
+};
+
+struct cairn_dag {
+    uint64_t k0, k1; /* table hash key */
+    struct table nodes;
+    struct table actors;
+    node **order;
+    size_t norder, caporder;
+    /* Ready FIFO: a ring buffer. */
+    node **ready;
+    size_t rhead, rlen, rcap;
+    struct vec heads; /* unsorted; sorted copy below on demand */
+    struct vec stubs;
+    cairn_hash *sorted_heads;
+    size_t nsorted, capsorted;
+    int heads_dirty;
+    size_t npending, pending_edges, pending_bytes;
+    uint32_t epoch;
+    struct vec stack; /* walk scratch */
+};
+
+/* ---- small containers ---------------------------------------------- */
+
+static int vec_push(struct vec *v, void *p)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 16;
+        void **np = realloc(v->p, cap * sizeof *np);
+        if (!np)
+            return CAIRN_ENOMEM;
+        v->p = np;
+        v->cap = cap;
+    }
+    v->p[v->n++] = p;
+    return 0;
+}
+
+static uint64_t load64(const uint8_t *b)
+{
+    uint64_t v;
+    memcpy(&v, b, 8);
+    return v;
+}
+
+static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
+{
+    uint64_t x = (load64(key) ^ d->k0) * (d->k1 | 1);
+    x ^= load64(key + 8);
+    x *= (d->k0 | 1);
+    return (size_t)(x >> t->shift);
+}
+
+static const uint8_t *node_key(const void *p)
+{
+    return ((const node *)p)->hash.b;
+}
+
+static const uint8_t *actor_key(const void *p)
+{
+    return ((const struct actor_rec *)p)->actor.b;
+}
+
+typedef const uint8_t *(*key_fn)(const void *);
+
+/* The slot holding |key| (len bytes compared), or the empty slot where it
+ * would go. */
+static size_t tab_find(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
+                       size_t klen)
+{
+    size_t mask = t->cap - 1, i = slot_of(d, t, key);
+    while (t->slot[i] && memcmp(kf(t->slot[i]), key, klen) != 0)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static void *tab_get(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
+                     size_t klen)
+{
+    if (!t->cap)
+        return NULL;
+    return t->slot[tab_find(d, t, kf, key, klen)];
+}
+
+static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
+{
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    int shift = 64;
+    for (size_t c = cap; c > 1; c >>= 1)
+        shift--;
+    void **slot = calloc(cap, sizeof *slot);
+    if (!slot)
+        return CAIRN_ENOMEM;
+    struct table nt = {slot, cap, t->n, shift};
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->slot[i]) {
+            size_t j = slot_of(d, &nt, kf(t->slot[i]));
+            while (nt.slot[j])
+                j = (j + 1) & (cap - 1);
+            nt.slot[j] = t->slot[i];
+        }
+    }
+    free(t->slot);
+    *t = nt;
+    return 0;
+}
+
+/* Makes room for |extra| more entries without a later failure. */
+static int tab_reserve(const cairn_dag *d, struct table *t, key_fn kf, size_t extra)
+{
+    while ((t->n + extra) * 2 > t->cap) {
+        int rc = tab_grow(d, t, kf);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Inserts |p| (whose key is absent); room must be reserved. */
+static void tab_put(const cairn_dag *d, struct table *t, key_fn kf, void *p, size_t klen)
+{
+    size_t i = tab_find(d, t, kf, kf(p), klen);
+    t->slot[i] = p;
+    t->n++;
+}
+
+static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_t *key,
+                    size_t klen)
+{
+    size_t mask = t->cap - 1, i = tab_find(d, t, kf, key, klen);
+    if (!t->slot[i])
+        return;
+    t->slot[i] = NULL;
+    t->n--;
+    /* Backward shift: pull later entries of the run into the hole when their
+     * home slot does not lie strictly between the hole and them. */
+    for (size_t j = (i + 1) & mask; t->slot[j]; j = (j + 1) & mask) {
+        size_t home = slot_of(d, t, kf(t->slot[j]));
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            t->slot[i] = t->slot[j];
+            t->slot[j] = NULL;
+            i = j;
+        }
+    }
+}
+
+static node *get_node(const cairn_dag *d, const cairn_hash *h)
+{
+    return tab_get(d, &d->nodes, node_key, h->b, CAIRN_HASH_LEN);
+}
+
+static node *get_ordered(const cairn_dag *d, const cairn_hash *h)
+{
+    node *n = get_node(d, h);
+    return n && n->state == ST_ORDERED ? n : NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------ */
+
+int cairn_dag_new(cairn_dag **out)
+{
+    *out = NULL;
+    if (sodium_init() < 0)
+        return CAIRN_EINVAL;
+    cairn_dag *d = calloc(1, sizeof *d);
+    if (!d)
+        return CAIRN_ENOMEM;
+    randombytes_buf(&d->k0, sizeof d->k0);
+    randombytes_buf(&d->k1, sizeof d->k1);
+    if (tab_grow(d, &d->nodes, node_key) || tab_grow(d, &d->actors, actor_key)) {
+        cairn_dag_free(d);
+        return CAIRN_ENOMEM;
+    }
+    *out = d;
+    return 0;
+}
+
+static void node_free(node *n)
+{
+    cairn_change_free(n->c);
+    free(n->waiters);
+    free(n);
+}
+
+void cairn_dag_free(cairn_dag *d)
+{
+    if (!d)
+        return;
+    for (size_t i = 0; i < d->nodes.cap; i++)
+        if (d->nodes.slot[i])
+            node_free(d->nodes.slot[i]);
+    for (size_t i = 0; i < d->actors.cap; i++)
+        free(d->actors.slot[i]);
+    free(d->nodes.slot);
+    free(d->actors.slot);
+    free(d->order);
+    free(d->ready);
+    free(d->heads.p);
+    free(d->stubs.p);
+    free(d->sorted_heads);
+    free(d->stack.p);
+    free(d);
+}
+
+/* ---- membership lists ------------------------------------------------ */
+
+static void list_remove(struct vec *v, node *n)
+{
+    if (n->pos == NO_POS)
+        return;
+    node *last = v->p[--v->n];
+    v->p[n->pos] = last;
+    last->pos = n->pos;
+    n->pos = NO_POS;
+}
+
+static int list_add(struct vec *v, node *n)
+{
+    int rc = vec_push(v, n);
+    if (!rc)
+        n->pos = (uint32_t)(v->n - 1);
+    return rc;
+}
+
+static int add_waiter(node *dep, node *w)
+{
+    if (dep->nwaiters == dep->capwaiters) {
+        uint32_t cap = dep->capwaiters ? dep->capwaiters * 2 : 2;
+        node **np = realloc(dep->waiters, cap * sizeof *np);
+        if (!np)
+            return CAIRN_ENOMEM;
+        dep->waiters = np;
+        dep->capwaiters = cap;
+    }
+    dep->waiters[dep->nwaiters++] = w;
+    return 0;
+}
+
+/* Makes room in the ready ring for |extra| more nodes. */
+static int ready_reserve(cairn_dag *d, size_t extra)
+{
+    if (d->rcap - d->rlen >= extra)
+        return 0;
+    size_t cap = d->rcap ? d->rcap : 16;
+    while (cap - d->rlen < extra)
+        cap *= 2;
+    node **np = malloc(cap * sizeof *np);
+    if (!np)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < d->rlen; i++)
+        np[i] = d->ready[(d->rhead + i) % d->rcap];
+    free(d->ready);
+    d->ready = np;
+    d->rhead = 0;
+    d->rcap = cap;
+    return 0;
+}
+
+/* Queues |n|; room must be reserved. */
+static void ready_push(cairn_dag *d, node *n)
+{
+    d->ready[(d->rhead + d->rlen) % d->rcap] = n;
+    d->rlen++;
+    n->state = ST_READY;
+}
+
+/* Removes a node that nothing refers to from the table and frees it. */
+static void drop_node(cairn_dag *d, node *n)
+{
+    tab_del(d, &d->nodes, node_key, n->hash.b, CAIRN_HASH_LEN);
+    node_free(n);
+}
+
+/* ---- add ------------------------------------------------------------- */
+
+int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
+{
+    int rc;
+    *state = CAIRN_DAG_KNOWN;
+    if (!c)
+        return CAIRN_EINVAL;
+    node *n = get_node(d, &c->hash);
+    if (n && n->state != ST_STUB) {
+        cairn_change_free(c);
+        return 0;
+    }
+    /* Room for this node and a stub per dep, so no insert below fails. */
+    if ((rc = tab_reserve(d, &d->nodes, node_key, (size_t)c->ndeps + 1)))
+        goto fail;
+
+    uint32_t missing = 0;
+    for (uint32_t i = 0; i < c->ndeps; i++)
+        if (!get_ordered(d, &c->deps[i]))
+            missing++;
+    if (missing) {
+        if (d->npending >= CAIRN_DAG_MAX_PENDING ||
+            d->pending_edges + missing > MAX_PENDING_EDGES ||
+            c->len > MAX_PENDING_BYTES - d->pending_bytes) {
+            rc = CAIRN_ELIMIT;
+            goto fail;
+        }
+    }
+
+    int fresh = !n;
+    if (fresh) {
+        n = calloc(1, sizeof *n);
+        if (!n) {
+            rc = CAIRN_ENOMEM;
+            goto fail;
+        }
+        n->hash = c->hash;
+        n->pos = NO_POS;
+        tab_put(d, &d->nodes, node_key, n, CAIRN_HASH_LEN);
+    }
+
+    if (missing) {
+        /* Register with every dep that is not ordered, creating stubs. */
+        uint32_t done = 0;
+        for (; done < c->ndeps; done++) {
+            node *dep = get_node(d, &c->deps[done]);
+            if (dep && dep->state == ST_ORDERED)
+                continue;
+            if (!dep) {
+                dep = calloc(1, sizeof *dep);
+                if (!dep || list_add(&d->stubs, dep)) {
+                    free(dep);
+                    rc = CAIRN_ENOMEM;
+                    break;
+                }
+                dep->hash = c->deps[done];
+                dep->state = ST_STUB;
+                tab_put(d, &d->nodes, node_key, dep, CAIRN_HASH_LEN);
+            }
+            if ((rc = add_waiter(dep, n))) {
+                if (dep->state == ST_STUB && dep->nwaiters == 0) {
+                    list_remove(&d->stubs, dep);
+                    drop_node(d, dep);
+                }
+                break;
+            }
+        }
+        if (done < c->ndeps) {
+            /* Undo: we are the last waiter of each dep registered so far. */
+            for (uint32_t i = 0; i < done; i++) {
+                node *dep = get_node(d, &c->deps[i]);
+                if (dep->state == ST_ORDERED)
+                    continue;
+                dep->nwaiters--;
+                if (dep->state == ST_STUB && dep->nwaiters == 0) {
+                    list_remove(&d->stubs, dep);
+                    drop_node(d, dep);
+                }
+            }
+            goto fail_node;
+        }
+        if (!fresh)
+            list_remove(&d->stubs, n);
+        n->c = c;
+        n->state = ST_PENDING;
+        n->nmissing = missing;
+        d->npending++;
+        d->pending_edges += missing;
+        d->pending_bytes += c->len;
+        *state = CAIRN_DAG_PENDING;
+        return 0;
+    }
+
+    if ((rc = ready_reserve(d, 1)))
+        goto fail_node;
+    ready_push(d, n);
+    if (!fresh)
+        list_remove(&d->stubs, n);
+    n->c = c;
+    *state = CAIRN_DAG_READY;
+    return 0;
+
+fail_node:
+    if (fresh)
+        drop_node(d, n);
+    else
+        n->state = ST_STUB;
+fail:
+    cairn_change_free(c);
+    return rc;
+}
+
+/* ---- ready / order / discard ---------------------------------------- */
+
+const cairn_change *cairn_dag_peek_ready(const cairn_dag *d)
+{
+    return d->rlen ? d->ready[d->rhead]->c : NULL;
+}
+
+static node *ready_pop(cairn_dag *d)
+{
+    node *n = d->ready[d->rhead];
+    d->rhead = (d->rhead + 1) % d->rcap;
+    d->rlen--;
+    return n;
+}
+
+void cairn_dag_discard(cairn_dag *d)
+{
+    if (!d->rlen)
+        return;
+    node *n = ready_pop(d);
+    cairn_change_free(n->c);
+    n->c = NULL;
+    /* Pending changes that wait for it keep waiting: it is unknown again. */
+    if (n->nwaiters && list_add(&d->stubs, n) == 0) {
+        n->state = ST_STUB;
+        return;
+    }
+    if (n->nwaiters) {
+        /* Out of memory for the stub list: keep it as a stub that missing()
+         * does not report rather than lose its waiters. */
+        n->state = ST_STUB;
+        n->pos = NO_POS;
+        return;
+    }
+    drop_node(d, n);
+}
+
+static void next_epoch(cairn_dag *d)
+{
+    if (++d->epoch == 0) {
+        for (size_t i = 0; i < d->norder; i++)
+            d->order[i]->mark = 0;
+        d->epoch = 1;
+    }
+}
+
+/* Is the ordered change at index |target| an ancestor of |c|'s deps? */
+static int reaches(cairn_dag *d, const cairn_change *c, uint64_t target)
+{
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        node *dep = get_ordered(d, &c->deps[i]);
+        if (dep && dep->index == target)
+            return 1;
+    }
+    next_epoch(d);
+    d->stack.n = 0;
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        node *dep = get_ordered(d, &c->deps[i]);
+        if (dep && dep->index > target && dep->mark != d->epoch) {
+            dep->mark = d->epoch;
+            if (vec_push(&d->stack, dep))
+                return CAIRN_ENOMEM;
+        }
+    }
+    while (d->stack.n) {
+        node *x = d->stack.p[--d->stack.n];
+        for (uint32_t i = 0; i < x->c->ndeps; i++) {
+            node *dep = get_ordered(d, &x->c->deps[i]);
+            if (!dep || dep->index < target || dep->mark == d->epoch)
+                continue;
+            if (dep->index == target)
+                return 1;
+            dep->mark = d->epoch;
+            if (vec_push(&d->stack, dep))
+                return CAIRN_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+int cairn_dag_order(cairn_dag *d, uint64_t *index)
+{
+    int rc;
+    if (index)
+        *index = 0;
+    if (!d->rlen)
+        return CAIRN_ESTATE;
+    node *n = d->ready[d->rhead];
+    cairn_change *c = n->c;
+
+    struct actor_rec *a = tab_get(d, &d->actors, actor_key, c->actor.b, CAIRN_ACTOR_LEN);
+    uint64_t max = a ? a->max_seq : 0;
+    if (c->seq <= max) {
+        cairn_dag_discard(d);
+        return CAIRN_EFORK;
+    }
+    if (c->seq > max + 1) {
+        cairn_dag_discard(d);
+        return CAIRN_ESEQGAP;
+    }
+    if (max > 0) {
+        rc = reaches(d, c, a->last_index);
+        if (rc < 0)
+            return rc; /* ENOMEM: still ready, may be retried */
+        if (rc == 0) {
+            cairn_dag_discard(d);
+            return CAIRN_ESEQGAP;
+        }
+    }
+
+    /* Reserve everything first so that the state changes below cannot fail
+     * half-way. */
+    if (!a) {
+        if ((rc = tab_reserve(d, &d->actors, actor_key, 1)))
+            return rc;
+        a = calloc(1, sizeof *a);
+        if (!a)
+            return CAIRN_ENOMEM;
+        a->actor = c->actor;
+        tab_put(d, &d->actors, actor_key, a, CAIRN_ACTOR_LEN);
+    }
+    if (d->norder == d->caporder) {
+        size_t cap = d->caporder ? d->caporder * 2 : 64;
+        node **np = realloc(d->order, cap * sizeof *np);
+        if (!np)
+            return CAIRN_ENOMEM;
+        d->order = np;
+        d->caporder = cap;
+    }
+    if (d->heads.n == d->heads.cap) {
+        if ((rc = vec_push(&d->heads, NULL)))
+            return rc;
+        d->heads.n--;
+    }
+    size_t unblocked = 0;
+    for (uint32_t i = 0; i < n->nwaiters; i++)
+        unblocked += n->waiters[i]->nmissing == 1;
+    if ((rc = ready_reserve(d, unblocked)))
+        return rc;
+
+    ready_pop(d);
+    n->state = ST_ORDERED;
+    n->index = d->norder;
+    d->order[d->norder++] = n;
+    a->max_seq = c->seq;
+    a->last_index = n->index;
+
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        node *dep = get_ordered(d, &c->deps[i]);
+        if (dep->pos != NO_POS)
+            list_remove(&d->heads, dep);
+    }
+    list_add(&d->heads, n); /* room reserved above */
+    d->heads_dirty = 1;
+
+    for (uint32_t i = 0; i < n->nwaiters; i++) {
+        node *w = n->waiters[i];
+        d->pending_edges--;
+        if (--w->nmissing == 0) {
+            d->npending--;
+            d->pending_bytes -= w->c->len;
+            ready_push(d, w); /* room reserved above */
+        }
+    }
+    free(n->waiters);
+    n->waiters = NULL;
+    n->nwaiters = n->capwaiters = 0;
+    if (index)
+        *index = n->index;
+    return 0;
+}
+
+/* ---- queries --------------------------------------------------------- */
+
+uint64_t cairn_dag_count(const cairn_dag *d)
+{
+    return d->norder;
+}
+
+const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index)
+{
+    return index < d->norder ? d->order[index]->c : NULL;
+}
+
+int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index)
+{
+    node *n = get_ordered(d, h);
+    if (!n)
+        return CAIRN_ENOTFOUND;
+    if (index)
+        *index = n->index;
+    return 0;
+}
+
+int cairn_dag_has(const cairn_dag *d, const cairn_hash *h)
+{
+    node *n = get_node(d, h);
+    if (!n || n->state == ST_STUB)
+        return 0;
+    return n->state == ST_ORDERED ? 1 : 2;
+}
+
+static int cmp_hash(const void *a, const void *b)
+{
+    return cairn_hash_cmp(a, b);
+}
+
+size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads)
+{
+    /* The sorted copy is a cache; rebuilding it changes nothing observable. */
+    cairn_dag *m = (cairn_dag *)d;
+    if (m->heads_dirty) {
+        if (m->capsorted < d->heads.n) {
+            cairn_hash *np = realloc(m->sorted_heads, d->heads.n * sizeof *np);
+            if (!np) {
+                *heads = NULL;
+                return 0;
+            }
+            m->sorted_heads = np;
+            m->capsorted = d->heads.n;
+        }
+        for (size_t i = 0; i < d->heads.n; i++)
+            m->sorted_heads[i] = ((node *)d->heads.p[i])->hash;
+        qsort(m->sorted_heads, d->heads.n, sizeof(cairn_hash), cmp_hash);
+        m->nsorted = d->heads.n;
+        m->heads_dirty = 0;
+    }
+    *heads = m->nsorted ? m->sorted_heads : NULL;
+    return m->nsorted;
+}
+
+uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor)
+{
+    struct actor_rec *a = tab_get(d, &d->actors, actor_key, actor->b, CAIRN_ACTOR_LEN);
+    return a ? a->max_seq : 0;
+}
+
+/* Marks in |bits| (indices >= |floor|, bit i - floor) every ordered ancestor
+ * of the ordered nodes among |heads|, inclusive. Unknown heads: ENOTFOUND
+ * if |strict|, else skipped. With |target| != UINT64_MAX, stops with 1 as
+ * soon as it is marked. */
+static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *heads,
+                          size_t nheads, int strict, uint64_t floor, uint64_t target)
+{
+    struct vec st = {0};
+    int rc = 0;
+#define SEEN(i) (bits[((i) - floor) >> 6] >> (((i) - floor) & 63) & 1)
+#define SET(i) (bits[((i) - floor) >> 6] |= (uint64_t)1 << (((i) - floor) & 63))
+    for (size_t i = 0; i < nheads; i++) {
+        node *n = get_ordered(d, &heads[i]);
+        if (!n) {
+            if (strict) {
+                rc = CAIRN_ENOTFOUND;
+                goto out;
+            }
+            continue;
+        }
+        if (n->index < floor || SEEN(n->index))
+            continue;
+        SET(n->index);
+        if (n->index == target) {
+            rc = 1;
+            goto out;
+        }
+        if ((rc = vec_push(&st, n)))
+            goto out;
+    }
+    while (st.n) {
+        node *x = st.p[--st.n];
+        for (uint32_t i = 0; i < x->c->ndeps; i++) {
+            node *dep = get_ordered(d, &x->c->deps[i]);
+            if (!dep || dep->index < floor || SEEN(dep->index))
+                continue;
+            SET(dep->index);
+            if (dep->index == target) {
+                rc = 1;
+                goto out;
+            }
+            if ((rc = vec_push(&st, dep)))
+                goto out;
+        }
+    }
+#undef SEEN
+#undef SET
+out:
+    free(st.p);
+    return rc;
+}
+
+/* Collects the indices whose bit equals |want|, ascending. */
+static int collect(uint64_t **out, size_t *n, const uint64_t *bits, uint64_t count, int want)
+{
+    size_t k = 0;
+    for (uint64_t i = 0; i < count; i++)
+        k += ((bits[i >> 6] >> (i & 63)) & 1) == (uint64_t)want;
+    uint64_t *v = malloc((k ? k : 1) * sizeof *v);
+    if (!v)
+        return CAIRN_ENOMEM;
+    k = 0;
+    for (uint64_t i = 0; i < count; i++)
+        if (((bits[i >> 6] >> (i & 63)) & 1) == (uint64_t)want)
+            v[k++] = i;
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int ancestry(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                    size_t nheads, int strict, int want)
+{
+    *out = NULL;
+    *n = 0;
+    uint64_t *bits = calloc(d->norder / 64 + 1, sizeof *bits);
+    if (!bits)
+        return CAIRN_ENOMEM;
+    int rc = mark_ancestors(bits, d, heads, nheads, strict, 0, UINT64_MAX);
+    if (rc == 0)
+        rc = collect(out, n, bits, d->norder, want);
+    free(bits);
+    return rc;
+}
+
+int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                        size_t nheads)
+{
+    return ancestry(out, n, d, heads, nheads, 1, 1);
+}
+
+int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                            size_t nheads)
+{
+    return ancestry(out, n, d, heads, nheads, 0, 0);
+}
+
+int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
+                          size_t nheads)
+{
+    node *t = get_ordered(d, h);
+    if (!t)
+        return 0;
+    /* Only indices >= t's can lead to t. */
+    uint64_t span = d->norder - t->index;
+    uint64_t *bits = calloc(span / 64 + 1, sizeof *bits);
+    if (!bits)
+        return CAIRN_ENOMEM;
+    int rc = mark_ancestors(bits, d, heads, nheads, 0, t->index, t->index);
+    free(bits);
+    return rc;
+}
+
+int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d)
+{
+    *out = NULL;
+    *n = 0;
+    cairn_hash *v = malloc((d->stubs.n ? d->stubs.n : 1) * sizeof *v);
+    if (!v)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < d->stubs.n; i++)
+        v[i] = ((node *)d->stubs.p[i])->hash;
+    qsort(v, d->stubs.n, sizeof *v, cmp_hash);
+    *out = v;
+    *n = d->stubs.n;
+    return 0;
+}

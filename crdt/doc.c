@@ -1,0 +1,1672 @@
+/*
+ * The document: an op-based CRDT of maps and lists (crdt/doc.h). Every op has
+ * an id (counter, actor); the state of a map key or list element is the set
+ * of its ops that no applied op lists among its predecessors ("visible"
+ * ops). Because an honest op only names ops from its causal past as
+ * predecessors, "apply = remove my preds, add myself" commutes for
+ * concurrent ops, which is why any causal delivery order gives one state.
+ * The winner of a key is its greatest visible op id (counter, then actor
+ * BYTES: actor indices are local to each replica and to each change).
+ *
+ * Counters: a SET of a CAIRN_V_COUNTER value creates a counter op; an INC op
+ * does not overwrite, it adds its delta to each visible counter op it names
+ * as predecessor. Addition commutes, and an INC whose counter was overwritten
+ * concurrently is dropped whichever arrives first, so increments converge.
+ *
+ * Lists are RGA: an element is named by the id of the op that inserted it and
+ * follows the element it was inserted after; concurrent inserts after one
+ * element are ordered greatest id first. Validation requires every reference
+ * inside a change to name an op with a smaller counter than the change's
+ * start_op (the Lamport property the HLC gives honest peers), so an element's
+ * descendants always carry greater ids than it, and "skip the following
+ * elements with a greater id" puts an insert in the same place on every
+ * replica. Deleted elements stay as tombstones, and every object ever made
+ * stays addressable, so a concurrent op on something deleted still applies.
+ *
+ * Local edits apply at once (so reads see them) and push an undo-log entry
+ * each: rollback walks the log backwards, restoring the exact previous
+ * records without allocating. Every edit allocates what it needs before it
+ * changes anything, so a failing edit changes nothing.
+ *
+ * Remote changes are validated as a whole against the document (objects and
+ * list elements exist or are made earlier in the same change, actions fit the
+ * object, references obey the Lamport rule, op ids do not reuse the author's)
+ * before the DAG orders them and any op is applied. Limitation: existence is
+ * checked against this replica's state, not the change's causal past, so a
+ * hostile change naming a concurrent op may be accepted by one replica and
+ * rejected by another; honest changes never do.
+ *
+ * Patches: a map key reports PUT when its winner's id changes (new key or a
+ * new winner), DEL when nothing stays visible, INC when the winner is a
+ * counter whose total changed. An op that loses to the current winner, or
+ * only removes a losing conflict, reports nothing even though nconflicts
+ * changed: the store cares about winners. Lists report INSERT / REMOVE when
+ * an element becomes visible / invisible, SET when its winner changes, INC.
+ */
+#include "crdt/doc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/doc_int.h"
+#include "crdt/error.h"
+
+#define COUNTER_LIMIT (UINT64_C(1) << 62)
+
+/* ---- ids, hashing ------------------------------------------------------ */
+
+int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, uint32_t a2)
+{
+    if (c1 != c2)
+        return c1 < c2 ? -1 : 1;
+    if (a1 == a2)
+        return 0;
+    return memcmp(d->actors[a1].b, d->actors[a2].b, CAIRN_ACTOR_LEN);
+}
+#define opcmp cairn_doc_opcmp_
+
+static uint32_t hash_bytes(const cairn_doc *d, const void *p, size_t len)
+{
+    uint64_t h;
+    crypto_shorthash((unsigned char *)&h, p, len, d->hkey);
+    return (uint32_t)h;
+}
+
+static uint32_t hash_id(const cairn_doc *d, uint64_t counter, uint32_t actor)
+{
+    uint8_t b[12];
+    memcpy(b, &counter, 8);
+    memcpy(b + 8, &actor, 4);
+    return hash_bytes(d, b, sizeof b);
+}
+
+/* ---- generic pointer table ----------------------------------------------- */
+
+static uint32_t ent_hash(const void *e)
+{
+    return *(const uint32_t *)e;
+}
+
+static void ptab_put(ptab *t, void *e)
+{
+    uint32_t mask = t->cap - 1;
+    uint32_t i = ent_hash(e) & mask;
+    while (t->slots[i])
+        i = (i + 1) & mask;
+    t->slots[i] = e;
+    t->count++;
+}
+
+/* Makes room for |extra| more entries without passing 3/4 load. */
+static int ptab_reserve(ptab *t, uint32_t extra)
+{
+    uint64_t need = (uint64_t)t->count + extra;
+    if (t->cap && need * 4 <= (uint64_t)t->cap * 3)
+        return 0;
+    uint64_t cap = t->cap ? t->cap : 4;
+    while (need * 4 > cap * 3)
+        cap *= 2;
+    if (cap > (UINT64_C(1) << 31))
+        return CAIRN_ELIMIT;
+    void **slots = calloc((size_t)cap, sizeof *slots);
+    if (!slots)
+        return CAIRN_ENOMEM;
+    ptab nt = {slots, (uint32_t)cap, 0};
+    for (uint32_t i = 0; i < t->cap; i++)
+        if (t->slots[i])
+            ptab_put(&nt, t->slots[i]);
+    free(t->slots);
+    *t = nt;
+    return 0;
+}
+
+static void ptab_del_at(ptab *t, uint32_t i)
+{
+    uint32_t mask = t->cap - 1;
+    t->slots[i] = NULL;
+    t->count--;
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!t->slots[j])
+            return;
+        uint32_t k = ent_hash(t->slots[j]) & mask;
+        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays)
+            continue;
+        t->slots[i] = t->slots[j];
+        t->slots[j] = NULL;
+        i = j;
+    }
+}
+
+static void ptab_del_ptr(ptab *t, const void *e)
+{
+    uint32_t mask = t->cap - 1;
+    for (uint32_t i = ent_hash(e) & mask; t->slots[i]; i = (i + 1) & mask) {
+        if (t->slots[i] == e) {
+            ptab_del_at(t, i);
+            return;
+        }
+    }
+}
+
+/* ---- actors ---------------------------------------------------------------- */
+
+static int actor_find(const cairn_doc *d, const cairn_actor *a, uint32_t *idx)
+{
+    if (!d->acap)
+        return 0;
+    uint32_t mask = d->acap - 1;
+    for (uint32_t i = hash_bytes(d, a->b, CAIRN_ACTOR_LEN) & mask; d->aslots[i];
+         i = (i + 1) & mask) {
+        uint32_t x = d->aslots[i] - 1;
+        if (memcmp(d->actors[x].b, a->b, CAIRN_ACTOR_LEN) == 0) {
+            *idx = x;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int actor_intern(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
+{
+    if (actor_find(d, a, idx))
+        return 0;
+    if (d->nactors == d->actors_cap) {
+        uint32_t cap = d->actors_cap ? d->actors_cap * 2 : 8;
+        cairn_actor *na = realloc(d->actors, (size_t)cap * sizeof *na);
+        if (!na)
+            return CAIRN_ENOMEM;
+        d->actors = na;
+        uint64_t *nm = realloc(d->actor_max, (size_t)cap * sizeof *nm);
+        if (!nm)
+            return CAIRN_ENOMEM;
+        d->actor_max = nm;
+        d->actors_cap = cap;
+    }
+    if ((uint64_t)(d->nactors + 1) * 2 > d->acap) {
+        uint32_t cap = d->acap ? d->acap * 2 : 16;
+        uint32_t *ns = calloc(cap, sizeof *ns);
+        if (!ns)
+            return CAIRN_ENOMEM;
+        for (uint32_t x = 0; x < d->nactors; x++) {
+            uint32_t i = hash_bytes(d, d->actors[x].b, CAIRN_ACTOR_LEN) & (cap - 1);
+            while (ns[i])
+                i = (i + 1) & (cap - 1);
+            ns[i] = x + 1;
+        }
+        free(d->aslots);
+        d->aslots = ns;
+        d->acap = cap;
+    }
+    uint32_t x = d->nactors++;
+    d->actors[x] = *a;
+    d->actor_max[x] = 0;
+    uint32_t i = hash_bytes(d, a->b, CAIRN_ACTOR_LEN) & (d->acap - 1);
+    while (d->aslots[i])
+        i = (i + 1) & (d->acap - 1);
+    d->aslots[i] = x + 1;
+    *idx = x;
+    return 0;
+}
+
+/* ---- objects ----------------------------------------------------------- */
+
+const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t actor)
+{
+    if (counter == 0)
+        return &d->root;
+    if (!d->objs.cap)
+        return NULL;
+    uint32_t mask = d->objs.cap - 1;
+    for (uint32_t i = hash_id(d, counter, actor) & mask; d->objs.slots[i]; i = (i + 1) & mask) {
+        const obj *o = d->objs.slots[i];
+        if (o->counter == counter && o->actor == actor)
+            return o;
+    }
+    return NULL;
+}
+
+static obj *find_obj(cairn_doc *d, cairn_objid id)
+{
+    if (id.counter != 0 && id.actor >= d->nactors)
+        return NULL;
+    return (obj *)cairn_doc_find_obj_(d, id.counter, id.actor);
+}
+
+static void vs_free(vset *s)
+{
+    if (s->n >= 2)
+        free(s->u.many);
+    s->n = 0;
+}
+
+static void obj_clear(obj *o)
+{
+    for (uint32_t i = 0; i < o->keys.cap; i++) {
+        mkey *r = o->keys.slots[i];
+        if (r) {
+            vs_free(&r->vs);
+            free(r);
+        }
+    }
+    free(o->keys.slots);
+    for (size_t i = 0; i < o->n; i++) {
+        vs_free(&o->items[i]->vs);
+        free(o->items[i]);
+    }
+    free(o->items);
+}
+
+/* ---- visible sets -------------------------------------------------------------- */
+
+static int in_preds(const vop *v, const cairn_opid *pred, uint32_t npred)
+{
+    for (uint32_t k = 0; k < npred; k++)
+        if (pred[k].counter == v->counter && pred[k].actor == v->actor)
+            return 1;
+    return 0;
+}
+
+/* Computes into |out| (fresh; |in| untouched) the set after an op: INC adds
+ * |delta| to the named counters; otherwise the named preds go and |add| (if
+ * any) joins in id order. */
+static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *add,
+                      const cairn_opid *pred, uint32_t npred, int inc, int64_t delta)
+{
+    const vop *src = vs_ops(in);
+    vop tmp[2];
+    vop *dst = tmp;
+    size_t total = 0;
+    if (inc) {
+        total = in->n;
+    } else {
+        for (uint32_t i = 0; i < in->n; i++)
+            total += !in_preds(&src[i], pred, npred);
+        total += add != NULL;
+    }
+    memset(out, 0, sizeof *out);
+    if (total >= 2) {
+        dst = malloc(total * sizeof *dst);
+        if (!dst)
+            return CAIRN_ENOMEM;
+    }
+    size_t k = 0;
+    int added = 0;
+    for (uint32_t i = 0; i < in->n; i++) {
+        if (inc) {
+            dst[k] = src[i];
+            if (src[i].kind == VK_SCALAR && src[i].vtype == CAIRN_V_COUNTER &&
+                in_preds(&src[i], pred, npred))
+                dst[k].v.i = (int64_t)((uint64_t)src[i].v.i + (uint64_t)delta);
+            k++;
+            continue;
+        }
+        if (in_preds(&src[i], pred, npred))
+            continue;
+        if (add && !added &&
+            opcmp(d, add->counter, add->actor, src[i].counter, src[i].actor) > 0) {
+            dst[k++] = *add;
+            added = 1;
+        }
+        dst[k++] = src[i];
+    }
+    if (add && !added && !inc)
+        dst[k++] = *add;
+    out->n = (uint32_t)total;
+    if (total == 1)
+        out->u.one = dst[0];
+    else if (total >= 2)
+        out->u.many = dst;
+    return 0;
+}
+
+static int vs_find(const vset *s, uint64_t counter, uint32_t actor)
+{
+    const vop *v = vs_ops(s);
+    for (uint32_t i = 0; i < s->n; i++)
+        if (v[i].counter == counter && v[i].actor == actor)
+            return (int)i;
+    return -1;
+}
+
+static void read_of(cairn_read *r, const vop *v)
+{
+    memset(r, 0, sizeof *r);
+    r->id.counter = v->counter;
+    r->id.actor = v->actor;
+    if (v->kind == VK_MAP || v->kind == VK_LIST) {
+        r->kind = v->kind == VK_MAP ? CAIRN_READ_MAP : CAIRN_READ_LIST;
+        r->obj = r->id;
+        return;
+    }
+    r->kind = CAIRN_READ_SCALAR;
+    r->value.type = v->vtype;
+    switch (v->vtype) {
+    case CAIRN_V_BOOL:
+        r->value.v.b = v->v.i != 0;
+        break;
+    case CAIRN_V_INT:
+    case CAIRN_V_COUNTER:
+        r->value.v.i = v->v.i;
+        break;
+    case CAIRN_V_UINT:
+        r->value.v.u = v->v.u;
+        break;
+    case CAIRN_V_F64:
+        r->value.v.f = v->v.f;
+        break;
+    case CAIRN_V_BYTES:
+    case CAIRN_V_STR:
+        r->value.v.bytes.ptr = v->v.p;
+        r->value.v.bytes.len = v->len;
+        break;
+    default:
+        break;
+    }
+}
+
+static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action,
+                     const cairn_value *v)
+{
+    memset(o, 0, sizeof *o);
+    o->counter = counter;
+    o->actor = actor;
+    if (action == CAIRN_OP_MAKE_MAP) {
+        o->kind = VK_MAP;
+        return;
+    }
+    if (action == CAIRN_OP_MAKE_LIST) {
+        o->kind = VK_LIST;
+        return;
+    }
+    o->kind = VK_SCALAR;
+    o->vtype = v->type;
+    switch (v->type) {
+    case CAIRN_V_BOOL:
+        o->v.i = v->v.b ? 1 : 0;
+        break;
+    case CAIRN_V_INT:
+    case CAIRN_V_COUNTER:
+        o->v.i = v->v.i;
+        break;
+    case CAIRN_V_UINT:
+        o->v.u = v->v.u;
+        break;
+    case CAIRN_V_F64:
+        o->v.f = v->v.f;
+        break;
+    case CAIRN_V_BYTES:
+    case CAIRN_V_STR:
+        o->v.p = v->v.bytes.ptr;
+        o->len = (uint32_t)v->v.bytes.len;
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- patches ---------------------------------------------------------------- */
+
+static void emit(cairn_doc *d, const cairn_patch *p)
+{
+    if (d->local) {
+        d->pp[d->npp++] = *p; /* room reserved by the edit */
+        return;
+    }
+    if (d->obs && d->obs->patch_cb)
+        d->obs->patch_cb(d->obs->arg, p);
+}
+
+/* Compares the winner before and after; fills |p| and returns 1 if there is
+ * something to report. List: 1 = element patch kinds. */
+static int winner_patch(cairn_patch *p, const vop *before, const vset *after, int list)
+{
+    const vop *w = after->n ? &vs_ops(after)[0] : NULL;
+    p->nconflicts = after->n;
+    if (!before && !w)
+        return 0;
+    if (w)
+        read_of(&p->value, w);
+    if (!before) {
+        p->action = list ? CAIRN_PATCH_INSERT : CAIRN_PATCH_PUT;
+        return 1;
+    }
+    if (!w) {
+        p->action = list ? CAIRN_PATCH_REMOVE : CAIRN_PATCH_DEL;
+        return 1;
+    }
+    if (before->counter != w->counter || before->actor != w->actor) {
+        p->action = list ? CAIRN_PATCH_SET : CAIRN_PATCH_PUT;
+        return 1;
+    }
+    if (w->kind == VK_SCALAR && w->vtype == CAIRN_V_COUNTER && before->v.i != w->v.i) {
+        p->action = CAIRN_PATCH_INC;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- applying one op ----------------------------------------------------------- */
+
+/* An object made by op (counter, actor), allocated and reserved in the table
+ * but not inserted. */
+static int obj_prepare(cairn_doc *d, obj **out, uint8_t action, uint64_t counter, uint32_t actor)
+{
+    *out = NULL;
+    if (action != CAIRN_OP_MAKE_MAP && action != CAIRN_OP_MAKE_LIST)
+        return 0;
+    obj *o = calloc(1, sizeof *o);
+    if (!o)
+        return CAIRN_ENOMEM;
+    int rc = ptab_reserve(&d->objs, 1);
+    if (rc) {
+        free(o);
+        return rc;
+    }
+    o->type = action == CAIRN_OP_MAKE_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST;
+    o->counter = counter;
+    o->actor = actor;
+    o->hash = hash_id(d, counter, actor);
+    *out = o;
+    return 0;
+}
+
+static void obj_commit(cairn_doc *d, obj *no)
+{
+    if (!no)
+        return;
+    ptab_put(&d->objs, no);
+    if (d->local) {
+        undo *u = &d->undo[d->nundo++];
+        memset(u, 0, sizeof *u);
+        u->what = U_OBJ;
+        u->o = no;
+    }
+}
+
+static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, uint32_t key_len,
+                        uint32_t h)
+{
+    (void)d;
+    if (!o->keys.cap)
+        return NULL;
+    uint32_t mask = o->keys.cap - 1;
+    for (uint32_t i = h & mask; o->keys.slots[i]; i = (i + 1) & mask) {
+        mkey *r = o->keys.slots[i];
+        if (r->hash == h && r->key_len == key_len && memcmp(r->key, key, key_len) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+/* Applies one map op with id (counter, actor); preds in document indices. */
+static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
+                     uint32_t actor, uint8_t action, const cairn_value *v,
+                     const cairn_opid *pred, uint32_t npred)
+{
+    uint32_t h = hash_bytes(d, key, key_len);
+    mkey *rec = map_lookup(d, o, key, key_len, h);
+    static const vset empty;
+    const vset *in = rec ? &rec->vs : &empty;
+    int inc = action == CAIRN_OP_INC;
+    if (inc && !rec)
+        return 0; /* the counter was overwritten concurrently */
+    vop add;
+    int adds = action != CAIRN_OP_DEL && !inc;
+    if (adds)
+        vop_make(&add, counter, actor, action, v);
+    vset out;
+    int rc = vs_compute(d, &out, in, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
+    if (rc)
+        return rc;
+    mkey *nrec = NULL;
+    if (!rec && out.n > 0) {
+        nrec = malloc(sizeof *nrec + key_len);
+        if (!nrec || (rc = ptab_reserve(&o->keys, 1)) != 0) {
+            free(nrec);
+            vs_free(&out);
+            return rc ? rc : CAIRN_ENOMEM;
+        }
+        nrec->hash = h;
+        nrec->key_len = key_len;
+        memcpy(nrec->key, key, key_len);
+        nrec->vs.n = 0;
+    }
+    obj *no = NULL;
+    if ((rc = obj_prepare(d, &no, action, counter, actor)) != 0) {
+        free(nrec);
+        vs_free(&out);
+        return rc;
+    }
+
+    /* Nothing fails from here on. */
+    vop before;
+    int had = in->n > 0;
+    if (had)
+        before = vs_ops(in)[0];
+    mkey *r = rec ? rec : nrec;
+    int removed = rec && out.n == 0;
+    if (d->local && r) {
+        undo *u = &d->undo[d->nundo++];
+        memset(u, 0, sizeof *u);
+        u->what = U_MAP;
+        u->o = o;
+        u->rec = r;
+        u->rec_new = nrec != NULL;
+        u->rec_removed = removed;
+        u->saved = rec ? rec->vs : empty;
+    } else if (rec) {
+        vs_free(&rec->vs);
+    }
+    if (r) {
+        r->vs = out;
+        if (nrec)
+            ptab_put(&o->keys, nrec);
+        if (removed)
+            ptab_del_ptr(&o->keys, rec);
+    }
+    o->nvis += (size_t)(out.n > 0) - (size_t)had;
+    obj_commit(d, no);
+
+    cairn_patch p;
+    memset(&p, 0, sizeof p);
+    if (winner_patch(&p, had ? &before : NULL, &out, 0)) {
+        p.obj.counter = o->counter;
+        p.obj.actor = o->actor;
+        p.key = r ? r->key : key;
+        p.key_len = key_len;
+        emit(d, &p);
+    }
+    if (removed && !d->local)
+        free(rec);
+    return 0;
+}
+
+static ptrdiff_t list_find(const obj *o, uint64_t counter, uint32_t actor)
+{
+    for (size_t i = 0; i < o->n; i++)
+        if (o->items[i]->counter == counter && o->items[i]->actor == actor)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static size_t visible_before(const obj *o, size_t pos)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < pos; i++)
+        k += o->items[i]->vs.n > 0;
+    return k;
+}
+
+/* Position of the |index|-th visible element, or -1. */
+static ptrdiff_t list_pos(const obj *o, size_t index)
+{
+    if (index >= o->nvis)
+        return -1;
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->items[i]->vs.n == 0)
+            continue;
+        if (index-- == 0)
+            return (ptrdiff_t)i;
+    }
+    return -1;
+}
+
+static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t counter,
+                             uint32_t actor, uint8_t action, const cairn_value *v)
+{
+    size_t p = 0;
+    if (after.counter != 0) {
+        ptrdiff_t at = list_find(o, after.counter, after.actor);
+        if (at < 0)
+            return CAIRN_ENOTFOUND;
+        p = (size_t)at + 1;
+    }
+    while (p < o->n && opcmp(d, o->items[p]->counter, o->items[p]->actor, counter, actor) > 0)
+        p++;
+    elem *e = malloc(sizeof *e);
+    if (!e)
+        return CAIRN_ENOMEM;
+    e->counter = counter;
+    e->actor = actor;
+    e->vs.n = 1;
+    vop_make(&e->vs.u.one, counter, actor, action, v);
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 4;
+        elem **ni = realloc(o->items, cap * sizeof *ni);
+        if (!ni) {
+            free(e);
+            return CAIRN_ENOMEM;
+        }
+        o->items = ni;
+        o->cap = cap;
+    }
+    obj *no = NULL;
+    int rc = obj_prepare(d, &no, action, counter, actor);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    memmove(&o->items[p + 1], &o->items[p], (o->n - p) * sizeof *o->items);
+    o->items[p] = e;
+    o->n++;
+    o->nvis++;
+    if (d->local) {
+        undo *u = &d->undo[d->nundo++];
+        memset(u, 0, sizeof *u);
+        u->what = U_INSERT;
+        u->o = o;
+        u->e = e;
+    }
+    obj_commit(d, no);
+    cairn_patch pt;
+    memset(&pt, 0, sizeof pt);
+    winner_patch(&pt, NULL, &e->vs, 1);
+    pt.obj.counter = o->counter;
+    pt.obj.actor = o->actor;
+    pt.index = visible_before(o, p);
+    emit(d, &pt);
+    return 0;
+}
+
+static int apply_list_elem(cairn_doc *d, obj *o, cairn_opid target, uint64_t counter,
+                           uint32_t actor, uint8_t action, const cairn_value *v,
+                           const cairn_opid *pred, uint32_t npred)
+{
+    ptrdiff_t at = list_find(o, target.counter, target.actor);
+    if (at < 0)
+        return CAIRN_ENOTFOUND;
+    elem *e = o->items[at];
+    int inc = action == CAIRN_OP_INC;
+    vop add;
+    int adds = action != CAIRN_OP_DEL && !inc;
+    if (adds)
+        vop_make(&add, counter, actor, action, v);
+    vset out;
+    int rc = vs_compute(d, &out, &e->vs, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
+    if (rc)
+        return rc;
+    obj *no = NULL;
+    if ((rc = obj_prepare(d, &no, action, counter, actor)) != 0) {
+        vs_free(&out);
+        return rc;
+    }
+    vop before;
+    int had = e->vs.n > 0;
+    if (had)
+        before = vs_ops(&e->vs)[0];
+    if (d->local) {
+        undo *u = &d->undo[d->nundo++];
+        memset(u, 0, sizeof *u);
+        u->what = U_ELEM;
+        u->o = o;
+        u->e = e;
+        u->saved = e->vs;
+    } else {
+        vs_free(&e->vs);
+    }
+    e->vs = out;
+    o->nvis += (size_t)(out.n > 0) - (size_t)had;
+    obj_commit(d, no);
+    cairn_patch pt;
+    memset(&pt, 0, sizeof pt);
+    if (winner_patch(&pt, had ? &before : NULL, &out, 1)) {
+        pt.obj.counter = o->counter;
+        pt.obj.actor = o->actor;
+        pt.index = visible_before(o, (size_t)at);
+        emit(d, &pt);
+    }
+    return 0;
+}
+
+/* Applies |op| (document indices) as op id (counter, actor). */
+static int apply_op(cairn_doc *d, const cairn_op *op, uint64_t counter, uint32_t actor)
+{
+    obj *o = find_obj(d, op->obj);
+    if (!o)
+        return CAIRN_ENOOBJ;
+    if (o->type == CAIRN_OBJ_MAP)
+        return apply_map(d, o, op->key, op->key_len, counter, actor, op->action, &op->value,
+                         op->pred, op->npred);
+    if (op->insert)
+        return apply_list_insert(d, o, op->elem, counter, actor, op->action, &op->value);
+    return apply_list_elem(d, o, op->elem, counter, actor, op->action, &op->value, op->pred,
+                           op->npred);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+int cairn_doc_new(cairn_doc **out, const cairn_actor *actor)
+{
+    *out = NULL;
+    if (!actor)
+        return CAIRN_EINVAL;
+    if (sodium_init() < 0)
+        return CAIRN_ENOMEM;
+    cairn_doc *d = calloc(1, sizeof *d);
+    if (!d)
+        return CAIRN_ENOMEM;
+    randombytes_buf(d->hkey, sizeof d->hkey);
+    d->root.type = CAIRN_OBJ_MAP;
+    uint32_t idx;
+    int rc = cairn_dag_new(&d->dag);
+    if (rc == 0)
+        rc = actor_intern(d, actor, &idx);
+    if (rc) {
+        cairn_doc_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+static void pending_clear(cairn_doc *d)
+{
+    for (size_t i = 0; i < d->npops; i++) {
+        free(d->pops[i].buf);
+        free(d->pops[i].op.pred);
+    }
+    d->npops = 0;
+    d->nundo = 0;
+    d->npp = 0;
+    d->in_edit = 0;
+}
+
+void cairn_doc_free(cairn_doc *d)
+{
+    if (!d)
+        return;
+    if (d->in_edit)
+        cairn_doc_rollback(d);
+    for (uint32_t i = 0; i < d->objs.cap; i++) {
+        obj *o = d->objs.slots[i];
+        if (o) {
+            obj_clear(o);
+            free(o);
+        }
+    }
+    free(d->objs.slots);
+    obj_clear(&d->root);
+    free(d->pops);
+    free(d->undo);
+    free(d->pp);
+    free(d->tpred);
+    free(d->actors);
+    free(d->actor_max);
+    free(d->aslots);
+    cairn_dag_free(d->dag);
+    free(d);
+}
+
+const cairn_dag *cairn_doc_dag(const cairn_doc *doc)
+{
+    return doc->dag;
+}
+
+const cairn_actor *cairn_doc_actor(const cairn_doc *doc)
+{
+    return &doc->actors[0];
+}
+
+int cairn_doc_actor_of(const cairn_doc *doc, cairn_actor *out, cairn_opid id)
+{
+    if (id.actor >= doc->nactors) {
+        memset(out, 0, sizeof *out);
+        return CAIRN_EINVAL;
+    }
+    *out = doc->actors[id.actor];
+    return 0;
+}
+
+/* ---- local edits ----------------------------------------------------------------- */
+
+int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms)
+{
+    if (doc->broken)
+        return doc->broken;
+    if (doc->in_edit || doc->readonly)
+        return CAIRN_ESTATE;
+    uint64_t start = doc->max_counter + 1;
+    if (now_ms > start)
+        start = now_ms;
+    if (start >= COUNTER_LIMIT)
+        return CAIRN_EINVAL;
+    doc->p_start = start;
+    doc->p_time = now_ms;
+    doc->in_edit = 1;
+    return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*p, nc * size);
+    if (!np)
+        return CAIRN_ENOMEM;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+static int value_ok(const cairn_value *v)
+{
+    if (!v || v->type > CAIRN_V_COUNTER)
+        return 0;
+    if (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR)
+        return v->v.bytes.len <= CAIRN_CHANGE_MAX_BYTES && (v->v.bytes.ptr || !v->v.bytes.len);
+    return 1;
+}
+
+/* Checks the edit state and reserves the per-edit buffers, so that the apply
+ * functions never fail for want of log space. */
+static int edit_prepare(cairn_doc *d)
+{
+    if (d->broken)
+        return d->broken;
+    if (!d->in_edit)
+        return CAIRN_ESTATE;
+    if (d->p_start + d->npops >= COUNTER_LIMIT || d->npops >= UINT32_MAX)
+        return CAIRN_ELIMIT;
+    int rc = grow((void **)&d->pops, &d->pops_cap, d->npops + 1, sizeof *d->pops);
+    if (!rc)
+        rc = grow((void **)&d->undo, &d->undo_cap, d->nundo + 2, sizeof *d->undo);
+    if (!rc)
+        rc = grow((void **)&d->pp, &d->pp_cap, d->npp + 1, sizeof *d->pp);
+    return rc;
+}
+
+/* Builds pending op |p| with copies of key, value bytes and the preds taken
+ * from |vs| (all visible ops, or only the winner when |winner_only|). */
+static int pop_build(pop *p, uint8_t action, uint8_t insert, cairn_objid objid, const uint8_t *key,
+                     size_t key_len, cairn_opid elem_id, const cairn_value *v, const vset *vs,
+                     int winner_only)
+{
+    memset(p, 0, sizeof *p);
+    size_t vlen = 0;
+    if (v && (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR))
+        vlen = v->v.bytes.len;
+    p->buf = malloc(key_len + vlen + 1);
+    if (!p->buf)
+        return CAIRN_ENOMEM;
+    uint32_t npred = vs ? (winner_only && vs->n ? 1 : vs->n) : 0;
+    if (npred) {
+        p->op.pred = malloc(npred * sizeof *p->op.pred);
+        if (!p->op.pred) {
+            free(p->buf);
+            p->buf = NULL;
+            return CAIRN_ENOMEM;
+        }
+        const vop *o = vs_ops(vs);
+        for (uint32_t i = 0; i < npred; i++) {
+            p->op.pred[i].counter = o[i].counter;
+            p->op.pred[i].actor = o[i].actor;
+        }
+    }
+    if (key_len)
+        memcpy(p->buf, key, key_len);
+    p->op.action = action;
+    p->op.insert = insert;
+    p->op.obj = objid.counter ? objid : CAIRN_ROOT;
+    p->op.key = p->buf;
+    p->op.key_len = (uint32_t)key_len;
+    p->op.elem = elem_id;
+    if (v) {
+        p->op.value = *v;
+        if (vlen) {
+            memcpy(p->buf + key_len, v->v.bytes.ptr, vlen);
+            p->op.value.v.bytes.ptr = p->buf + key_len;
+        }
+    }
+    p->op.npred = npred;
+    return 0;
+}
+
+/* Applies a built pending op and keeps it, or frees it on failure. */
+static int pop_apply(cairn_doc *d, pop *p, cairn_objid *out)
+{
+    uint64_t counter = d->p_start + d->npops;
+    d->local = 1;
+    int rc = apply_op(d, &p->op, counter, 0);
+    d->local = 0;
+    if (rc) {
+        free(p->buf);
+        free(p->op.pred);
+        return rc;
+    }
+    d->pops[d->npops++] = *p;
+    if (out) {
+        out->counter = counter;
+        out->actor = 0;
+    }
+    return 0;
+}
+
+static int map_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, const uint8_t *key,
+                    size_t key_len, uint8_t action, const cairn_value *v)
+{
+    if (out)
+        *out = CAIRN_ROOT;
+    int rc = edit_prepare(d);
+    if (rc)
+        return rc;
+    obj *o = find_obj(d, objid);
+    if (!o)
+        return CAIRN_ENOOBJ;
+    if (o->type != CAIRN_OBJ_MAP || key_len > CAIRN_CHANGE_MAX_BYTES || (!key && key_len))
+        return CAIRN_EINVAL;
+    if (v && !value_ok(v))
+        return CAIRN_EINVAL;
+    mkey *rec = map_lookup(d, o, key, (uint32_t)key_len, hash_bytes(d, key, key_len));
+    const vset *vs = rec ? &rec->vs : NULL;
+    if ((action == CAIRN_OP_DEL || action == CAIRN_OP_INC) && !vs)
+        return CAIRN_ENOTFOUND;
+    if (action == CAIRN_OP_INC) {
+        const vop *w = &vs_ops(vs)[0];
+        if (w->kind != VK_SCALAR || w->vtype != CAIRN_V_COUNTER)
+            return CAIRN_EINVAL;
+    }
+    pop p;
+    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs,
+                   action == CAIRN_OP_INC);
+    if (rc)
+        return rc;
+    return pop_apply(d, &p, out);
+}
+
+int cairn_doc_put(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len,
+                  const cairn_value *v)
+{
+    if (!v)
+        return CAIRN_EINVAL;
+    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_SET, v);
+}
+
+int cairn_doc_put_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj_id, const uint8_t *key,
+                         size_t key_len, int kind)
+{
+    if (kind != CAIRN_OBJ_MAP && kind != CAIRN_OBJ_LIST) {
+        if (out)
+            *out = CAIRN_ROOT;
+        return CAIRN_EINVAL;
+    }
+    return map_edit(doc, out, obj_id, key, key_len,
+                    kind == CAIRN_OBJ_MAP ? CAIRN_OP_MAKE_MAP : CAIRN_OP_MAKE_LIST, NULL);
+}
+
+int cairn_doc_delete(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len)
+{
+    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_DEL, NULL);
+}
+
+int cairn_doc_increment(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len,
+                        int64_t delta)
+{
+    cairn_value v = {.type = CAIRN_V_INT, .v.i = delta};
+    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_INC, &v);
+}
+
+/* List edits. |insert|: a new element at |index| (after the visible element
+ * index-1); otherwise acts on the element at |index|. */
+static int list_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, size_t index, int insert,
+                     uint8_t action, const cairn_value *v)
+{
+    if (out)
+        *out = CAIRN_ROOT;
+    int rc = edit_prepare(d);
+    if (rc)
+        return rc;
+    obj *o = find_obj(d, objid);
+    if (!o)
+        return CAIRN_ENOOBJ;
+    if (o->type != CAIRN_OBJ_LIST)
+        return CAIRN_EINVAL;
+    if (v && !value_ok(v))
+        return CAIRN_EINVAL;
+    cairn_opid target = CAIRN_ROOT;
+    const vset *vs = NULL;
+    if (insert) {
+        if (index > o->nvis)
+            return CAIRN_EINVAL;
+        if (index > 0) {
+            const elem *e = o->items[list_pos(o, index - 1)];
+            target.counter = e->counter;
+            target.actor = e->actor;
+        }
+    } else {
+        ptrdiff_t at = list_pos(o, index);
+        if (at < 0)
+            return CAIRN_ENOTFOUND;
+        const elem *e = o->items[at];
+        target.counter = e->counter;
+        target.actor = e->actor;
+        vs = &e->vs;
+        if (action == CAIRN_OP_INC) {
+            const vop *w = &vs_ops(vs)[0];
+            if (w->kind != VK_SCALAR || w->vtype != CAIRN_V_COUNTER)
+                return CAIRN_EINVAL;
+        }
+    }
+    pop p;
+    rc = pop_build(&p, action, (uint8_t)insert, objid, NULL, 0, target, v, vs,
+                   action == CAIRN_OP_INC);
+    if (rc)
+        return rc;
+    return pop_apply(d, &p, out);
+}
+
+int cairn_doc_list_insert(cairn_doc *doc, cairn_objid obj_id, size_t index, const cairn_value *v)
+{
+    if (!v)
+        return CAIRN_EINVAL;
+    return list_edit(doc, NULL, obj_id, index, 1, CAIRN_OP_SET, v);
+}
+
+int cairn_doc_list_insert_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj_id, size_t index,
+                                 int kind)
+{
+    if (kind != CAIRN_OBJ_MAP && kind != CAIRN_OBJ_LIST) {
+        if (out)
+            *out = CAIRN_ROOT;
+        return CAIRN_EINVAL;
+    }
+    return list_edit(doc, out, obj_id, index, 1,
+                     kind == CAIRN_OBJ_MAP ? CAIRN_OP_MAKE_MAP : CAIRN_OP_MAKE_LIST, NULL);
+}
+
+int cairn_doc_list_set(cairn_doc *doc, cairn_objid obj_id, size_t index, const cairn_value *v)
+{
+    if (!v)
+        return CAIRN_EINVAL;
+    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_SET, v);
+}
+
+int cairn_doc_list_delete(cairn_doc *doc, cairn_objid obj_id, size_t index)
+{
+    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_DEL, NULL);
+}
+
+int cairn_doc_list_increment(cairn_doc *doc, cairn_objid obj_id, size_t index, int64_t delta)
+{
+    cairn_value v = {.type = CAIRN_V_INT, .v.i = delta};
+    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_INC, &v);
+}
+
+/* Undoes the log from its end down to |keep| entries, without allocating. */
+static void undo_to(cairn_doc *d, size_t keep)
+{
+    while (d->nundo > keep) {
+        undo *u = &d->undo[--d->nundo];
+        obj *o = u->o;
+        switch (u->what) {
+        case U_MAP: {
+            mkey *r = u->rec;
+            if (u->rec_new) {
+                ptab_del_ptr(&o->keys, r);
+                o->nvis -= r->vs.n > 0;
+                vs_free(&r->vs);
+                free(r);
+            } else {
+                if (u->rec_removed) {
+                    ptab_put(&o->keys, r); /* its old slot's room is still there */
+                } else {
+                    o->nvis -= r->vs.n > 0;
+                    vs_free(&r->vs);
+                }
+                o->nvis += u->saved.n > 0;
+                r->vs = u->saved;
+            }
+            break;
+        }
+        case U_ELEM:
+            o->nvis -= u->e->vs.n > 0;
+            vs_free(&u->e->vs);
+            u->e->vs = u->saved;
+            o->nvis += u->saved.n > 0;
+            break;
+        case U_INSERT: {
+            ptrdiff_t at = -1;
+            for (size_t i = o->n; i-- > 0;)
+                if (o->items[i] == u->e) {
+                    at = (ptrdiff_t)i;
+                    break;
+                }
+            if (at >= 0) {
+                memmove(&o->items[at], &o->items[at + 1],
+                        (o->n - (size_t)at - 1) * sizeof *o->items);
+                o->n--;
+            }
+            o->nvis -= u->e->vs.n > 0;
+            vs_free(&u->e->vs);
+            free(u->e);
+            break;
+        }
+        case U_OBJ:
+            ptab_del_ptr(&d->objs, o);
+            obj_clear(o);
+            free(o);
+            break;
+        }
+    }
+}
+
+void cairn_doc_rollback(cairn_doc *doc)
+{
+    if (!doc->in_edit)
+        return;
+    undo_to(doc, 0);
+    pending_clear(doc);
+}
+
+/* Forgets the undo log after a commit: frees what it kept alive. */
+static void undo_forget(cairn_doc *d)
+{
+    for (size_t i = 0; i < d->nundo; i++) {
+        undo *u = &d->undo[i];
+        if (u->what == U_MAP || u->what == U_ELEM)
+            vs_free(&u->saved);
+        if (u->what == U_MAP && u->rec_removed)
+            free(u->rec);
+    }
+    d->nundo = 0;
+}
+
+struct actor_ix {
+    cairn_actor a;
+    uint32_t idx;
+};
+
+static int cmp_actor_ix(const void *x, const void *y)
+{
+    return memcmp(((const struct actor_ix *)x)->a.b, ((const struct actor_ix *)y)->a.b,
+                  CAIRN_ACTOR_LEN);
+}
+
+/* Preds in document indices, ascending by (counter, actor bytes) as the
+ * encoding wants; few, so insertion sort. */
+static void sort_preds(const cairn_doc *d, cairn_opid *p, uint32_t n)
+{
+    for (uint32_t i = 1; i < n; i++) {
+        cairn_opid x = p[i];
+        uint32_t j = i;
+        while (j > 0 && opcmp(d, p[j - 1].counter, p[j - 1].actor, x.counter, x.actor) > 0) {
+            p[j] = p[j - 1];
+            j--;
+        }
+        p[j] = x;
+    }
+}
+
+/* Document actor index |a| -> index in the change's table. */
+static uint32_t tr_actor(const cairn_doc *d, const uint32_t *others, size_t nothers, uint32_t a)
+{
+    if (a == 0)
+        return 0;
+    size_t lo = 0, hi = nothers;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = memcmp(d->actors[others[mid]].b, d->actors[a].b, CAIRN_ACTOR_LEN);
+        if (c == 0)
+            return (uint32_t)mid + 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0; /* not reached: every referenced actor was collected */
+}
+
+static cairn_opid tr_id(const cairn_doc *d, const uint32_t *others, size_t nothers, cairn_opid id)
+{
+    cairn_opid r = {id.counter, 0};
+    if (id.counter)
+        r.actor = tr_actor(d, others, nothers, id.actor);
+    return r;
+}
+
+/* Seals the pending ops into a change (in the change's actor indices). */
+static int build_change(cairn_doc *d, cairn_change **out)
+{
+    *out = NULL;
+    int rc = CAIRN_ENOMEM;
+    size_t nref = 0, ntot = 0;
+    for (size_t i = 0; i < d->npops; i++)
+        nref += 2 + d->pops[i].op.npred, ntot += d->pops[i].op.npred;
+    struct actor_ix *ax = malloc((nref + 1) * sizeof *ax);
+    uint32_t *others = malloc((nref + 1) * sizeof *others);
+    cairn_op *ops = malloc(d->npops * sizeof *ops);
+    cairn_opid *preds = malloc((ntot + 1) * sizeof *preds);
+    cairn_actor *actors = NULL;
+    if (!ax || !others || !ops || !preds)
+        goto out;
+    size_t n = 0;
+    for (size_t i = 0; i < d->npops; i++) {
+        const cairn_op *op = &d->pops[i].op;
+        if (op->obj.counter && op->obj.actor)
+            ax[n++].idx = op->obj.actor;
+        if (op->elem.counter && op->elem.actor)
+            ax[n++].idx = op->elem.actor;
+        for (uint32_t k = 0; k < op->npred; k++)
+            if (op->pred[k].actor)
+                ax[n++].idx = op->pred[k].actor;
+    }
+    for (size_t i = 0; i < n; i++)
+        ax[i].a = d->actors[ax[i].idx];
+    qsort(ax, n, sizeof *ax, cmp_actor_ix);
+    size_t nothers = 0;
+    for (size_t i = 0; i < n; i++)
+        if (nothers == 0 || others[nothers - 1] != ax[i].idx)
+            others[nothers++] = ax[i].idx;
+    if (nothers + 1 > CAIRN_CHANGE_MAX_ACTORS) {
+        rc = CAIRN_ELIMIT;
+        goto out;
+    }
+    actors = malloc((nothers + 1) * sizeof *actors);
+    if (!actors)
+        goto out;
+    actors[0] = d->actors[0];
+    for (size_t i = 0; i < nothers; i++)
+        actors[i + 1] = d->actors[others[i]];
+    size_t pk = 0;
+    for (size_t i = 0; i < d->npops; i++) {
+        const cairn_op *src = &d->pops[i].op;
+        cairn_op *op = &ops[i];
+        *op = *src;
+        op->obj = tr_id(d, others, nothers, src->obj);
+        op->elem = tr_id(d, others, nothers, src->elem);
+        op->pred = &preds[pk];
+        if (src->npred)
+            memcpy(op->pred, src->pred, src->npred * sizeof *op->pred);
+        sort_preds(d, op->pred, src->npred);
+        for (uint32_t k = 0; k < src->npred; k++)
+            preds[pk + k] = tr_id(d, others, nothers, preds[pk + k]);
+        pk += src->npred;
+        if (!op->npred)
+            op->pred = NULL;
+    }
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = d->actors[0];
+    t.seq = cairn_dag_actor_seq(d->dag, &d->actors[0]) + 1;
+    t.start_op = d->p_start;
+    t.time_ms = d->p_time;
+    const cairn_hash *heads;
+    t.ndeps = (uint32_t)cairn_dag_heads(d->dag, &heads);
+    t.deps = (cairn_hash *)heads;
+    t.nactors = (uint32_t)(nothers + 1);
+    t.actors = actors;
+    t.nops = (uint32_t)d->npops;
+    t.ops = ops;
+    rc = cairn_change_new(out, &t);
+out:
+    free(ax);
+    free(others);
+    free(ops);
+    free(preds);
+    free(actors);
+    return rc;
+}
+
+/* Points committed bytes values at the sealed change's copy, so that the
+ * pending buffers can go. */
+static void repoint(cairn_doc *d, const cairn_change *c)
+{
+    for (size_t i = 0; i < d->npops; i++) {
+        const cairn_op *op = &d->pops[i].op;
+        if (op->action != CAIRN_OP_SET ||
+            (op->value.type != CAIRN_V_BYTES && op->value.type != CAIRN_V_STR))
+            continue;
+        uint64_t counter = d->p_start + i;
+        obj *o = find_obj(d, op->obj);
+        if (!o)
+            continue;
+        vset *vs = NULL;
+        if (o->type == CAIRN_OBJ_MAP) {
+            mkey *r = map_lookup(d, o, op->key, op->key_len, hash_bytes(d, op->key, op->key_len));
+            vs = r ? &r->vs : NULL;
+        } else {
+            cairn_opid t = op->insert ? (cairn_opid){counter, 0} : op->elem;
+            ptrdiff_t at = list_find(o, t.counter, t.actor);
+            vs = at >= 0 ? &o->items[at]->vs : NULL;
+        }
+        if (!vs)
+            continue;
+        int k = vs_find(vs, counter, 0);
+        if (k < 0)
+            continue;
+        vop *v = (vop *)&vs_ops(vs)[k];
+        v->v.p = c->ops[i].value.v.bytes.ptr;
+    }
+}
+
+int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs)
+{
+    if (out)
+        *out = NULL;
+    if (doc->broken)
+        return doc->broken;
+    if (!doc->in_edit)
+        return CAIRN_ESTATE;
+    if (doc->npops == 0) {
+        pending_clear(doc);
+        return 0;
+    }
+    cairn_change *c;
+    int rc = build_change(doc, &c);
+    if (rc)
+        goto fail;
+    cairn_hash h = c->hash;
+    int state;
+    rc = cairn_dag_add(doc->dag, c, &state);
+    if (rc)
+        goto fail;
+    const cairn_change *r = cairn_dag_peek_ready(doc->dag);
+    if (state != CAIRN_DAG_READY || !r || cairn_hash_cmp(&r->hash, &h) != 0) {
+        rc = CAIRN_ESTATE; /* our own change must be ready at once */
+        goto fail;
+    }
+    uint64_t index;
+    rc = cairn_dag_order(doc->dag, &index);
+    if (rc)
+        goto fail;
+    repoint(doc, r);
+    uint64_t last = doc->p_start + doc->npops - 1;
+    if (last > doc->max_counter)
+        doc->max_counter = last;
+    doc->actor_max[0] = last;
+    if (obs && obs->change_cb)
+        obs->change_cb(obs->arg, r, index, 1);
+    if (obs && obs->patch_cb)
+        for (size_t i = 0; i < doc->npp; i++)
+            obs->patch_cb(obs->arg, &doc->pp[i]);
+    if (obs && obs->change_cb)
+        obs->change_cb(obs->arg, r, index, 0);
+    undo_forget(doc);
+    pending_clear(doc);
+    if (out)
+        *out = r;
+    return 0;
+fail:
+    cairn_doc_rollback(doc);
+    return rc;
+}
+
+/* ---- remote changes -------------------------------------------------------------- */
+
+/* Resolves a reference made inside change |c| by op |i|: checks the actor
+ * index and the Lamport rule (an op may name only ops with smaller counters
+ * than the change's, or earlier ops of its own change). *own = op index
+ * within |c| or -1. */
+static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *own)
+{
+    *own = -1;
+    if (r.counter == 0)
+        return 0;
+    if (r.actor >= c->nactors)
+        return CAIRN_EBADOP;
+    if (r.counter >= c->start_op) {
+        if (r.actor != 0 || r.counter - c->start_op >= i)
+            return CAIRN_EBADOP;
+        *own = (ptrdiff_t)(r.counter - c->start_op);
+    }
+    return 0;
+}
+
+static int elem_exists(const cairn_change *c, size_t i, const obj *list,
+                       cairn_opid e, const uint32_t *amap)
+{
+    ptrdiff_t own;
+    int rc = check_ref(c, i, e, &own);
+    if (rc)
+        return rc;
+    if (own >= 0) {
+        const cairn_op *mk = &c->ops[own];
+        if (!mk->insert || mk->obj.counter != c->ops[i].obj.counter ||
+            mk->obj.actor != c->ops[i].obj.actor)
+            return CAIRN_ENOTFOUND;
+        return 0;
+    }
+    if (!list)
+        return CAIRN_ENOTFOUND; /* a list made in this change has only its own elements */
+    return list_find(list, e.counter, amap[e.actor]) >= 0 ? 0 : CAIRN_ENOTFOUND;
+}
+
+/* Validates the whole of |c| against the document before anything applies. */
+static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
+{
+    if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
+        c->nops > COUNTER_LIMIT - c->start_op ||
+        cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
+        return CAIRN_EBADOP;
+    for (uint32_t k = 0; k < c->nactors; k++) {
+        int rc = actor_intern(d, &c->actors[k], &amap[k]);
+        if (rc)
+            return rc;
+    }
+    if (c->nops && c->start_op <= d->actor_max[amap[0]])
+        return CAIRN_EBADOP; /* reuses op ids of its author */
+    for (size_t i = 0; i < c->nops; i++) {
+        const cairn_op *op = &c->ops[i];
+        ptrdiff_t own;
+        int rc = check_ref(c, i, op->obj, &own);
+        if (rc)
+            return rc;
+        int type;
+        const obj *o = NULL;
+        if (op->obj.counter == 0) {
+            type = CAIRN_OBJ_MAP;
+            o = &d->root;
+        } else if (own >= 0) {
+            uint8_t a = c->ops[own].action;
+            if (a != CAIRN_OP_MAKE_MAP && a != CAIRN_OP_MAKE_LIST)
+                return CAIRN_ENOOBJ;
+            type = a == CAIRN_OP_MAKE_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST;
+        } else {
+            o = cairn_doc_find_obj_(d, op->obj.counter, amap[op->obj.actor]);
+            if (!o)
+                return CAIRN_ENOOBJ;
+            type = o->type;
+        }
+        if (op->action < CAIRN_OP_MAKE_MAP || op->action > CAIRN_OP_INC)
+            return CAIRN_EBADOP;
+        if (op->action == CAIRN_OP_SET && op->value.type > CAIRN_V_COUNTER)
+            return CAIRN_EBADOP;
+        if (op->action == CAIRN_OP_INC && op->value.type != CAIRN_V_INT)
+            return CAIRN_EBADOP;
+        if (type == CAIRN_OBJ_MAP) {
+            if (op->insert || op->elem.counter)
+                return CAIRN_EBADOP;
+        } else {
+            if (op->insert && (op->action == CAIRN_OP_DEL || op->action == CAIRN_OP_INC))
+                return CAIRN_EBADOP;
+            if (!op->insert && op->elem.counter == 0)
+                return CAIRN_EBADOP;
+            if (op->elem.counter != 0 && (rc = elem_exists(c, i, o, op->elem, amap)) != 0)
+                return rc;
+        }
+        for (uint32_t k = 0; k < op->npred; k++) {
+            if (op->pred[k].counter == 0)
+                return CAIRN_EBADOP;
+            if ((rc = check_ref(c, i, op->pred[k], &own)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static cairn_opid map_id(const uint32_t *amap, cairn_opid id)
+{
+    cairn_opid r = {id.counter, 0};
+    if (id.counter)
+        r.actor = amap[id.actor];
+    return r;
+}
+
+/* Applies a validated, ordered change. */
+static int apply_change(cairn_doc *d, const cairn_change *c, const uint32_t *amap)
+{
+    for (size_t i = 0; i < c->nops; i++) {
+        const cairn_op *src = &c->ops[i];
+        int rc = grow((void **)&d->tpred, &d->tpred_cap, src->npred + 1, sizeof *d->tpred);
+        if (rc)
+            return rc;
+        cairn_op op = *src;
+        op.obj = map_id(amap, src->obj);
+        op.elem = map_id(amap, src->elem);
+        for (uint32_t k = 0; k < src->npred; k++)
+            d->tpred[k] = map_id(amap, src->pred[k]);
+        op.pred = d->tpred;
+        if ((rc = apply_op(d, &op, c->start_op + i, amap[0])) != 0)
+            return rc;
+    }
+    if (c->nops) {
+        uint64_t last = c->start_op + c->nops - 1;
+        if (last > d->max_counter)
+            d->max_counter = last;
+        if (last > d->actor_max[amap[0]])
+            d->actor_max[amap[0]] = last;
+    }
+    return 0;
+}
+
+int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
+{
+    if (doc->broken || doc->in_edit || doc->readonly) {
+        cairn_change_free(c);
+        return doc->broken ? doc->broken : CAIRN_ESTATE;
+    }
+    return cairn_doc_receive_(doc, c, obs);
+}
+
+/* Receive without the read-only check (new_at replays through it). */
+int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
+{
+    int state;
+    int rc = cairn_dag_add(doc->dag, c, &state);
+    if (rc)
+        return rc;
+    int first = 0;
+    uint32_t *amap = NULL;
+    size_t amap_cap = 0;
+    const cairn_change *r;
+    while ((r = cairn_dag_peek_ready(doc->dag)) != NULL) {
+        rc = grow((void **)&amap, &amap_cap, r->nactors + 1, sizeof *amap);
+        if (!rc)
+            rc = validate(doc, r, amap);
+        if (rc) {
+            cairn_dag_discard(doc->dag);
+            if (!first)
+                first = rc;
+            continue;
+        }
+        uint64_t index;
+        rc = cairn_dag_order(doc->dag, &index);
+        if (rc) {
+            if (!first)
+                first = rc;
+            continue;
+        }
+        if (obs && obs->change_cb)
+            obs->change_cb(obs->arg, r, index, 1);
+        doc->obs = obs;
+        rc = apply_change(doc, r, amap);
+        doc->obs = NULL;
+        if (rc) {
+            doc->broken = rc; /* half-applied: nothing can be trusted now */
+            free(amap);
+            return rc;
+        }
+        if (obs && obs->change_cb)
+            obs->change_cb(obs->arg, r, index, 0);
+    }
+    free(amap);
+    return first;
+}
+
+/* ---- reads --------------------------------------------------------------------- */
+
+static const obj *read_obj(const cairn_doc *d, cairn_objid id, int type, int *rc)
+{
+    const obj *o = NULL;
+    if (id.counter == 0 || id.actor < d->nactors)
+        o = cairn_doc_find_obj_(d, id.counter, id.actor);
+    *rc = !o ? CAIRN_ENOOBJ : (type && o->type != type) ? CAIRN_EINVAL : 0;
+    return *rc ? NULL : o;
+}
+
+int cairn_doc_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj_id, const uint8_t *key,
+                  size_t key_len)
+{
+    size_t n;
+    return cairn_doc_get_all(doc, out, 1, &n, obj_id, key, key_len);
+}
+
+int cairn_doc_get_all(const cairn_doc *doc, cairn_read *out, size_t cap, size_t *n,
+                      cairn_objid obj_id, const uint8_t *key, size_t key_len)
+{
+    *n = 0;
+    if (cap)
+        memset(out, 0, sizeof *out);
+    int rc;
+    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_MAP, &rc);
+    if (!o)
+        return rc;
+    if (key_len > UINT32_MAX || (!key && key_len))
+        return CAIRN_EINVAL;
+    const mkey *r = map_lookup(doc, o, key, (uint32_t)key_len, hash_bytes(doc, key, key_len));
+    if (!r)
+        return 0;
+    const vop *v = vs_ops(&r->vs);
+    for (size_t i = 0; i < r->vs.n && i < cap; i++)
+        read_of(&out[i], &v[i]);
+    *n = r->vs.n;
+    return 0;
+}
+
+int cairn_doc_list_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj_id, size_t index)
+{
+    memset(out, 0, sizeof *out);
+    int rc;
+    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_LIST, &rc);
+    if (!o)
+        return rc;
+    ptrdiff_t at = list_pos(o, index);
+    if (at < 0)
+        return CAIRN_ENOTFOUND;
+    read_of(out, &vs_ops(&o->items[at]->vs)[0]);
+    return 0;
+}
+
+int cairn_doc_length(const cairn_doc *doc, size_t *n, cairn_objid obj_id)
+{
+    *n = 0;
+    int rc;
+    const obj *o = read_obj(doc, obj_id, 0, &rc);
+    if (!o)
+        return rc;
+    *n = o->nvis;
+    return 0;
+}
+
+int cairn_doc_map_foreach(const cairn_doc *doc, cairn_objid obj_id, cairn_doc_key_cb cb, void *arg)
+{
+    int rc;
+    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_MAP, &rc);
+    if (!o)
+        return rc;
+    for (uint32_t i = 0; i < o->keys.cap; i++) {
+        const mkey *r = o->keys.slots[i];
+        if (!r || r->vs.n == 0)
+            continue;
+        cairn_read rd;
+        read_of(&rd, &vs_ops(&r->vs)[0]);
+        if ((rc = cb(arg, r->key, r->key_len, &rd)) != 0)
+            return rc;
+    }
+    return 0;
+}

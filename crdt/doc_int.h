@@ -1,0 +1,145 @@
+#ifndef CAIRN_DOC_INT_H
+#define CAIRN_DOC_INT_H
+
+/*
+ * Internals of the document, shared by doc.c (state, edits, receive) and
+ * doc_dump.c (canonical dump, new_at). Nothing outside crdt/doc*.c includes
+ * this header.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <sodium.h>
+
+#include "crdt/doc.h"
+
+enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
+
+/* One visible op: its id and what it holds. Bytes/str values are borrowed
+ * from the change that carried them (the DAG keeps every change for its
+ * life); a pending local edit borrows from its own copy until commit
+ * re-points it at the sealed change. A counter keeps its running total in i. */
+typedef struct vop {
+    uint64_t counter;
+    uint32_t actor; /* document actor index */
+    uint8_t kind;   /* VK_* */
+    uint8_t vtype;  /* cairn_vtype when kind == VK_SCALAR */
+    uint32_t len;   /* bytes/str length */
+    union {
+        int64_t i;
+        uint64_t u;
+        double f;
+        const uint8_t *p;
+    } v;
+} vop;
+
+/* The ops of one key or list element that nothing overwrote, greatest op id
+ * first. One op (the common case) is stored inline. */
+typedef struct vset {
+    uint32_t n;
+    union {
+        vop one;
+        vop *many;
+    } u;
+} vset;
+
+/* A map key. Starts with its hash so that the generic table can rehash. */
+typedef struct mkey {
+    uint32_t hash;
+    uint32_t key_len;
+    vset vs; /* n >= 1 while the record is in its map's table */
+    uint8_t key[];
+} mkey;
+
+/* A list element, identified by the id of the op that inserted it. Deleted
+ * elements stay (vs.n == 0) as tombstones so that later inserts can follow
+ * them. */
+typedef struct elem {
+    uint64_t counter;
+    uint32_t actor;
+    vset vs;
+} elem;
+
+/* Open-addressing table of pointers to structs whose first field is a
+ * uint32_t hash; linear probing, backward-shift deletion, load <= 3/4. */
+typedef struct ptab {
+    void **slots;
+    uint32_t cap; /* 0 or a power of two */
+    uint32_t count;
+} ptab;
+
+typedef struct obj {
+    uint32_t hash;
+    uint8_t type; /* CAIRN_OBJ_MAP / CAIRN_OBJ_LIST */
+    uint32_t actor;
+    uint64_t counter;
+    size_t nvis; /* visible keys / elements */
+    ptab keys;   /* maps: mkey* */
+    elem **items; /* lists: RGA order, tombstones included */
+    size_t n, cap;
+} obj;
+
+/* Undo-log entry of a local edit. */
+enum { U_MAP = 1, U_ELEM = 2, U_INSERT = 3, U_OBJ = 4 };
+typedef struct undo {
+    uint8_t what;
+    uint8_t rec_new;     /* U_MAP: record created by this edit */
+    uint8_t rec_removed; /* U_MAP: record taken out of its table */
+    obj *o;
+    mkey *rec;
+    elem *e;
+    vset saved; /* U_MAP / U_ELEM: the state before the edit */
+} undo;
+
+/* A pending local op in document actor indices; key/value bytes and preds
+ * are owned here until commit. */
+typedef struct pop {
+    cairn_op op;
+    uint8_t *buf;
+} pop;
+
+struct cairn_doc {
+    cairn_dag *dag;
+    cairn_actor *actors; /* interned; [0] is this replica's actor */
+    uint64_t *actor_max; /* greatest op counter applied per actor */
+    uint32_t nactors, actors_cap;
+    uint32_t *aslots; /* actor intern table: index + 1, 0 = empty */
+    uint32_t acap;
+    unsigned char hkey[crypto_shorthash_KEYBYTES];
+
+    obj root;
+    ptab objs;
+    uint64_t max_counter;
+    int readonly;
+    int broken; /* an apply failed half-way: the doc is unusable */
+
+    /* the local edit in progress */
+    int in_edit;
+    uint64_t p_start, p_time;
+    pop *pops;
+    size_t npops, pops_cap;
+    undo *undo;
+    size_t nundo, undo_cap;
+    cairn_patch *pp;
+    size_t npp, pp_cap;
+
+    /* while applying */
+    int local;
+    const cairn_doc_observer *obs;
+    cairn_opid *tpred;
+    size_t tpred_cap;
+};
+
+/* Op id order: counter, then actor bytes. */
+int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, uint32_t a2);
+const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t actor);
+/* cairn_doc_receive without the read-only check (new_at replays through it). */
+int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
+
+static inline const vop *vs_ops(const vset *s)
+{
+    return s->n <= 1 ? &s->u.one : s->u.many;
+}
+
+#endif

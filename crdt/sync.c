@@ -1,0 +1,1017 @@
+/*
+ * The Bloom-filter sync protocol (see sync.h for the model).
+ *
+ * Each side keeps, per peer: the heads it last had in common with the peer
+ * (shared), the peer's last reported heads, need and filter, and which of
+ * its own changes it already sent and has not seen acknowledged (a bitmap
+ * over apply-order indices, so a hostile peer cannot degrade it). What the
+ * peer lacks is computed exactly when all its heads are known to us
+ * (everything that is not an ancestor of them); otherwise from its filter:
+ * every change since the filter's base that the filter does not contain,
+ * plus all their descendants, in apply order, so the receiver can apply them
+ * in one pass. A false positive hides a change only if no ancestor of it
+ * since the base was sent; it comes back as a missing dependency or an
+ * unknown head, which the receiver puts in its next need.
+ *
+ * A filter is only sent while the peer has heads we do not know (it is the
+ * peer's way to find what we lack); its base is the shared heads plus the
+ * peer's heads we know, so after the first exchange it covers only the
+ * changes since the last sync.
+ *
+ * WIRE FORMAT (version 1). varint = unsigned LEB128, minimal (no trailing
+ * 0x80 groups), at most 10 bytes, value < 2^64. hash = 32 raw bytes.
+ *
+ *   size        field
+ *   1           version = 0x01                        (else EBADVERSION)
+ *   1           flags: bit 0 = filter present; the other bits are 0
+ *   varint      nheads   (<= max_heads)
+ *   32*nheads   heads, strictly ascending bytewise    (else EUNSORTED)
+ *   varint      nneed    (<= max_need)
+ *   32*nneed    need, strictly ascending
+ *   -- only if flags bit 0:
+ *   varint      nsince   (<= max_heads)
+ *   32*nsince   since (filter base), strictly ascending
+ *   1           probes   (1..32)
+ *   16          salt     (SipHash key of the probes, see bloom.h)
+ *   varint      nbytes   (<= max_filter_bytes)
+ *   nbytes      filter bits (bit i = bit i%8 of byte i/8)
+ *   -- always:
+ *   varint      nchanges (<= max_changes)
+ *   nchanges x  { varint len (1..CAIRN_CHANGE_MAX_BYTES); len bytes: one
+ *                 change's canonical encoding (change.h) }
+ *
+ * Nothing may follow (ENONCANON); the whole message is <= max_msg_bytes
+ * (ELIMIT), every count is checked against its limit and against the bytes
+ * left (ETRUNCATED) before anything is allocated. A change's id is never
+ * sent: the receiver computes it from the bytes.
+ */
+#include "crdt/sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/dag.h"
+#include "crdt/error.h"
+
+struct cairn_sync_state {
+    cairn_sync_limits lim;
+    cairn_hash *shared;
+    size_t nshared;
+    int their_valid; /* a message from the peer arrived */
+    cairn_hash *their;
+    size_t ntheir;
+    cairn_hash *their_need;
+    size_t ntheir_need;
+    int have_filter;
+    cairn_hash *their_since;
+    size_t ntheir_since;
+    cairn_bloom their_filter; /* owned copy */
+    int their_changed;        /* their heads changed since our last filter */
+    int sent_any;             /* a message went out since new/reset */
+    cairn_hash *last_heads;
+    size_t nlast_heads;
+    cairn_hash *last_need;
+    size_t nlast_need;
+    uint8_t *sent; /* bitmap over our apply indices: sent, not acknowledged */
+    size_t sent_bytes;
+};
+
+void cairn_sync_limits_default(cairn_sync_limits *l)
+{
+    l->max_msg_bytes = 80u << 20;
+    l->max_heads = 4096;
+    l->max_need = 4096;
+    l->max_changes = 4096;
+    l->max_filter_bytes = 4u << 20;
+    l->target_msg_bytes = 1u << 20;
+    l->bloom_bits_per_entry = 10;
+    l->bloom_probes = 7;
+}
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static int hash_cmp_q(const void *a, const void *b)
+{
+    return cairn_hash_cmp(a, b);
+}
+
+static int u64_cmp_q(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts and removes duplicates in place; returns the new count. */
+static size_t hashes_normalise(cairn_hash *h, size_t n)
+{
+    if (n < 2)
+        return n;
+    qsort(h, n, sizeof *h, hash_cmp_q);
+    size_t w = 1;
+    for (size_t i = 1; i < n; i++)
+        if (cairn_hash_cmp(&h[i], &h[w - 1]) != 0)
+            h[w++] = h[i];
+    return w;
+}
+
+static int hashes_eq(const cairn_hash *a, size_t na, const cairn_hash *b, size_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+/* *dst = copy of src[0..n). */
+static int hashes_set(cairn_hash **dst, size_t *ndst, const cairn_hash *src, size_t n)
+{
+    cairn_hash *p = NULL;
+    if (n) {
+        p = malloc(n * sizeof *p);
+        if (!p)
+            return CAIRN_ENOMEM;
+        memcpy(p, src, n * sizeof *p);
+    }
+    free(*dst);
+    *dst = p;
+    *ndst = n;
+    return 0;
+}
+
+static int hashes_contain(const cairn_hash *h, size_t n, const cairn_hash *x)
+{
+    return n && bsearch(x, h, n, sizeof *h, hash_cmp_q) != NULL;
+}
+
+static int is_ordered(const cairn_dag *d, const cairn_hash *h)
+{
+    uint64_t i;
+    return cairn_dag_find(d, h, &i) == 0;
+}
+
+static int bit_get(const uint8_t *b, size_t nbytes, uint64_t i)
+{
+    return (i >> 3) < nbytes && (b[i >> 3] >> (i & 7)) & 1;
+}
+
+static int sent_mark(cairn_sync_state *s, uint64_t i)
+{
+    if ((i >> 3) >= s->sent_bytes) {
+        size_t nb = s->sent_bytes ? s->sent_bytes : 64;
+        while (nb <= (i >> 3))
+            nb *= 2;
+        uint8_t *p = realloc(s->sent, nb);
+        if (!p)
+            return CAIRN_ENOMEM;
+        memset(p + s->sent_bytes, 0, nb - s->sent_bytes);
+        s->sent = p;
+        s->sent_bytes = nb;
+    }
+    s->sent[i >> 3] |= (uint8_t)(1u << (i & 7));
+    return 0;
+}
+
+/* ---- byte output -------------------------------------------------------- */
+
+struct out {
+    uint8_t *p;
+    size_t len, cap;
+    int err;
+};
+
+static void put(struct out *o, const void *src, size_t n)
+{
+    if (o->err || n == 0)
+        return;
+    if (o->len + n > o->cap) {
+        size_t nc = o->cap ? o->cap : 256;
+        while (nc < o->len + n)
+            nc *= 2;
+        uint8_t *np = realloc(o->p, nc);
+        if (!np) {
+            o->err = CAIRN_ENOMEM;
+            return;
+        }
+        o->p = np;
+        o->cap = nc;
+    }
+    memcpy(o->p + o->len, src, n);
+    o->len += n;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static void put_varint(struct out *o, uint64_t v)
+{
+    uint8_t b[10];
+    size_t n = 0;
+    while (v >= 0x80) {
+        b[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    b[n++] = (uint8_t)v;
+    put(o, b, n);
+}
+
+static void put_u8(struct out *o, uint8_t v)
+{
+    put(o, &v, 1);
+}
+
+static void put_hashes(struct out *o, const cairn_hash *h, size_t n)
+{
+    put_varint(o, n);
+    put(o, h, n * sizeof *h);
+}
+
+static int strictly_sorted(const cairn_hash *h, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (cairn_hash_cmp(&h[i - 1], &h[i]) >= 0)
+            return 0;
+    return 1;
+}
+
+/* ---- byte input --------------------------------------------------------- */
+
+struct in {
+    const uint8_t *p;
+    size_t left;
+};
+
+static int get_varint(struct in *r, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned i = 0;; i++) {
+        if (!r->left)
+            return CAIRN_ETRUNCATED;
+        uint8_t b = *r->p++;
+        r->left--;
+        if (i == 9 && b > 1)
+            return CAIRN_ENONCANON; /* beyond 64 bits */
+        x |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            if (i > 0 && b == 0)
+                return CAIRN_ENONCANON; /* not minimal */
+            *v = x;
+            return 0;
+        }
+    }
+}
+
+/* A list of hashes: count <= |max| (ELIMIT), bytes present (ETRUNCATED),
+ * strictly ascending (EUNSORTED). *h points into the input. */
+static int get_hashes(struct in *r, const uint8_t **h, size_t *n, uint64_t max)
+{
+    uint64_t c;
+    int rc = get_varint(r, &c);
+    if (rc)
+        return rc;
+    if (c > max)
+        return CAIRN_ELIMIT;
+    if (c > r->left / CAIRN_HASH_LEN)
+        return CAIRN_ETRUNCATED;
+    *h = r->p;
+    *n = (size_t)c;
+    for (size_t i = 1; i < c; i++)
+        if (memcmp(r->p + (i - 1) * CAIRN_HASH_LEN, r->p + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >=
+            0)
+            return CAIRN_EUNSORTED;
+    r->p += c * CAIRN_HASH_LEN;
+    r->left -= c * CAIRN_HASH_LEN;
+    return 0;
+}
+
+/* ---- message encode / decode --------------------------------------------- */
+
+static int encode_msg(uint8_t **out, size_t *len, const cairn_sync_msg *m)
+{
+    struct out o = {0};
+    put_u8(&o, CAIRN_SYNC_VERSION);
+    put_u8(&o, m->has_filter ? 1 : 0);
+    put_hashes(&o, m->heads, m->nheads);
+    put_hashes(&o, m->need, m->nneed);
+    if (m->has_filter) {
+        put_hashes(&o, m->since, m->nsince);
+        put_u8(&o, (uint8_t)m->filter.probes);
+        put(&o, m->filter.salt, CAIRN_BLOOM_SALT_LEN);
+        put_varint(&o, m->filter.nbytes);
+        put(&o, m->filter.bits, m->filter.nbytes);
+    }
+    put_varint(&o, m->nchanges);
+    for (size_t i = 0; i < m->nchanges; i++) {
+        put_varint(&o, m->changes[i]->len);
+        put(&o, m->changes[i]->bytes, m->changes[i]->len);
+    }
+    if (o.err) {
+        free(o.p);
+        return o.err;
+    }
+    *out = o.p;
+    *len = o.len;
+    return 0;
+}
+
+int cairn_sync_msg_encode(uint8_t **out, size_t *len, const cairn_sync_msg *m)
+{
+    *out = NULL;
+    *len = 0;
+    if (!strictly_sorted(m->heads, m->nheads) || !strictly_sorted(m->need, m->nneed))
+        return CAIRN_EINVAL;
+    if (m->has_filter &&
+        (!strictly_sorted(m->since, m->nsince) || m->filter.probes == 0 ||
+         m->filter.probes > CAIRN_BLOOM_MAX_PROBES))
+        return CAIRN_EINVAL;
+    for (size_t i = 0; i < m->nchanges; i++)
+        if (!m->changes[i] || !m->changes[i]->bytes || m->changes[i]->len == 0)
+            return CAIRN_EINVAL;
+    return encode_msg(out, len, m);
+}
+
+/* A validated message whose variable parts point into the input. */
+struct view {
+    const uint8_t *heads, *need, *since, *bits, *salt;
+    size_t nheads, nneed, nsince, nbytes;
+    uint32_t probes;
+    int has_filter;
+    const uint8_t *changes; /* the first change's length varint */
+    size_t nchanges;
+    size_t changes_len;
+};
+
+static int parse(struct view *v, const uint8_t *buf, size_t len, const cairn_sync_limits *l)
+{
+    memset(v, 0, sizeof *v);
+    if (len > l->max_msg_bytes)
+        return CAIRN_ELIMIT;
+    struct in r = {buf, len};
+    if (r.left < 2)
+        return CAIRN_ETRUNCATED;
+    if (buf[0] != CAIRN_SYNC_VERSION)
+        return CAIRN_EBADVERSION;
+    if (buf[1] & ~1u)
+        return CAIRN_ENONCANON;
+    v->has_filter = buf[1] & 1;
+    r.p += 2;
+    r.left -= 2;
+    int rc;
+    if ((rc = get_hashes(&r, &v->heads, &v->nheads, l->max_heads)) ||
+        (rc = get_hashes(&r, &v->need, &v->nneed, l->max_need)))
+        return rc;
+    if (v->has_filter) {
+        if ((rc = get_hashes(&r, &v->since, &v->nsince, l->max_heads)))
+            return rc;
+        if (r.left < 1 + CAIRN_BLOOM_SALT_LEN)
+            return CAIRN_ETRUNCATED;
+        v->probes = r.p[0];
+        if (v->probes == 0 || v->probes > CAIRN_BLOOM_MAX_PROBES)
+            return CAIRN_ENONCANON;
+        v->salt = r.p + 1;
+        r.p += 1 + CAIRN_BLOOM_SALT_LEN;
+        r.left -= 1 + CAIRN_BLOOM_SALT_LEN;
+        uint64_t nb;
+        if ((rc = get_varint(&r, &nb)))
+            return rc;
+        if (nb > l->max_filter_bytes)
+            return CAIRN_ELIMIT;
+        if (nb > r.left)
+            return CAIRN_ETRUNCATED;
+        v->bits = r.p;
+        v->nbytes = (size_t)nb;
+        r.p += nb;
+        r.left -= nb;
+    }
+    uint64_t nc;
+    if ((rc = get_varint(&r, &nc)))
+        return rc;
+    if (nc > l->max_changes)
+        return CAIRN_ELIMIT;
+    if (nc > r.left / 2) /* each change takes at least 2 bytes */
+        return CAIRN_ETRUNCATED;
+    v->changes = r.p;
+    v->nchanges = (size_t)nc;
+    for (uint64_t i = 0; i < nc; i++) {
+        uint64_t cl;
+        if ((rc = get_varint(&r, &cl)))
+            return rc;
+        if (cl == 0)
+            return CAIRN_ENONCANON;
+        if (cl > CAIRN_CHANGE_MAX_BYTES)
+            return CAIRN_ELIMIT;
+        if (cl > r.left)
+            return CAIRN_ETRUNCATED;
+        r.p += cl;
+        r.left -= cl;
+    }
+    v->changes_len = (size_t)(r.p - v->changes);
+    if (r.left)
+        return CAIRN_ENONCANON; /* trailing bytes */
+    return 0;
+}
+
+void cairn_sync_msg_destroy(cairn_sync_msg *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->nchanges; i++)
+        if (m->changes && m->changes[i])
+            cairn_change_free(m->changes[i]);
+    free(m->changes);
+    free(m->heads);
+    free(m->need);
+    free(m->since);
+    cairn_bloom_destroy(&m->filter);
+    memset(m, 0, sizeof *m);
+}
+
+static int copy_hashes(cairn_hash **out, const uint8_t *src, size_t n)
+{
+    *out = NULL;
+    if (!n)
+        return 0;
+    *out = malloc(n * sizeof **out);
+    if (!*out)
+        return CAIRN_ENOMEM;
+    memcpy(*out, src, n * sizeof **out);
+    return 0;
+}
+
+/* Builds an owning message from a parsed view: every change is decoded (its
+ * hash computed from its bytes) before anything is returned. */
+static int build(cairn_sync_msg *m, const struct view *v)
+{
+    memset(m, 0, sizeof *m);
+    int rc;
+    if ((rc = copy_hashes(&m->heads, v->heads, v->nheads)))
+        goto fail;
+    m->nheads = v->nheads;
+    if ((rc = copy_hashes(&m->need, v->need, v->nneed)))
+        goto fail;
+    m->nneed = v->nneed;
+    if (v->has_filter) {
+        m->has_filter = 1;
+        if ((rc = copy_hashes(&m->since, v->since, v->nsince)))
+            goto fail;
+        m->nsince = v->nsince;
+        if (v->nbytes) {
+            uint8_t *bits = malloc(v->nbytes);
+            if (!bits) {
+                rc = CAIRN_ENOMEM;
+                goto fail;
+            }
+            memcpy(bits, v->bits, v->nbytes);
+            cairn_bloom_view(&m->filter, bits, v->nbytes, v->probes, v->salt);
+            m->filter.owned_ = 1;
+        } else {
+            cairn_bloom_view(&m->filter, NULL, 0, v->probes, v->salt);
+        }
+    }
+    if (v->nchanges) {
+        m->changes = calloc(v->nchanges, sizeof *m->changes);
+        if (!m->changes) {
+            rc = CAIRN_ENOMEM;
+            goto fail;
+        }
+        struct in r = {v->changes, v->changes_len};
+        for (size_t i = 0; i < v->nchanges; i++) {
+            uint64_t cl;
+            get_varint(&r, &cl); /* validated by parse() */
+            rc = cairn_change_decode(&m->changes[i], r.p, (size_t)cl, NULL);
+            m->nchanges = i + 1;
+            if (rc)
+                goto fail;
+            r.p += cl;
+            r.left -= cl;
+        }
+    }
+    return 0;
+fail:
+    cairn_sync_msg_destroy(m);
+    return rc;
+}
+
+int cairn_sync_msg_decode(cairn_sync_msg *out, const uint8_t *buf, size_t len,
+                          const cairn_sync_limits *limits)
+{
+    cairn_sync_limits def;
+    if (!limits) {
+        cairn_sync_limits_default(&def);
+        limits = &def;
+    }
+    memset(out, 0, sizeof *out);
+    struct view v;
+    int rc = parse(&v, buf, len, limits);
+    if (rc)
+        return rc;
+    return build(out, &v);
+}
+
+/* ---- state ------------------------------------------------------------- */
+
+int cairn_sync_state_new(cairn_sync_state **out, const cairn_sync_limits *limits)
+{
+    *out = NULL;
+    cairn_sync_limits l;
+    if (limits)
+        l = *limits;
+    else
+        cairn_sync_limits_default(&l);
+    if (l.max_msg_bytes < 64 || l.max_heads == 0 || l.max_changes == 0 ||
+        l.bloom_bits_per_entry == 0 || l.bloom_probes == 0 ||
+        l.bloom_probes > CAIRN_BLOOM_MAX_PROBES)
+        return CAIRN_EINVAL;
+    cairn_sync_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return CAIRN_ENOMEM;
+    s->lim = l;
+    *out = s;
+    return 0;
+}
+
+void cairn_sync_state_free(cairn_sync_state *s)
+{
+    if (!s)
+        return;
+    free(s->shared);
+    free(s->their);
+    free(s->their_need);
+    free(s->their_since);
+    cairn_bloom_destroy(&s->their_filter);
+    free(s->last_heads);
+    free(s->last_need);
+    free(s->sent);
+    free(s);
+}
+
+void cairn_sync_reset(cairn_sync_state *s)
+{
+    s->sent_any = 0;
+    free(s->last_heads);
+    s->last_heads = NULL;
+    s->nlast_heads = 0;
+    free(s->last_need);
+    s->last_need = NULL;
+    s->nlast_need = 0;
+    if (s->sent)
+        memset(s->sent, 0, s->sent_bytes);
+    s->their_changed = 1;
+}
+
+size_t cairn_sync_their_heads(const cairn_sync_state *s, const cairn_hash **heads)
+{
+    *heads = s->their;
+    return s->ntheir;
+}
+
+size_t cairn_sync_shared_heads(const cairn_sync_state *s, const cairn_hash **heads)
+{
+    *heads = s->shared;
+    return s->nshared;
+}
+
+/* Every peer head is an ordered change here: we can compute exactly what
+ * the peer lacks. */
+static int their_all_known(const cairn_dag *d, const cairn_sync_state *s)
+{
+    if (!s->their_valid)
+        return 0;
+    for (size_t i = 0; i < s->ntheir; i++)
+        if (!is_ordered(d, &s->their[i]))
+            return 0;
+    return 1;
+}
+
+/* Hashes the peer surely has: |a| plus the peer's heads we have ordered,
+ * sorted and unique, at most |max| (the peer heads win if it overflows). */
+static int peer_base(cairn_hash **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s,
+                     const cairn_hash *a, size_t na, size_t max)
+{
+    *out = NULL;
+    *n = 0;
+    size_t cap = na + s->ntheir;
+    if (!cap)
+        return 0;
+    cairn_hash *b = malloc(cap * sizeof *b);
+    if (!b)
+        return CAIRN_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < s->ntheir; i++)
+        if (is_ordered(d, &s->their[i]))
+            b[k++] = s->their[i];
+    if (na && k + na <= max) {
+        memcpy(b + k, a, na * sizeof *b);
+        k += na;
+    }
+    k = hashes_normalise(b, k);
+    if (k > max)
+        k = max; /* any subset of common hashes is still a valid base */
+    *out = b;
+    *n = k;
+    return 0;
+}
+
+/* What we ask the peer for: dependencies of our pending changes that we do
+ * not have at all, and peer heads we have never seen. */
+static int compute_need(cairn_hash **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s)
+{
+    cairn_hash *miss = NULL;
+    size_t nmiss = 0;
+    int rc = cairn_dag_missing(&miss, &nmiss, d);
+    if (rc)
+        return rc;
+    size_t cap = nmiss + s->ntheir;
+    cairn_hash *all = cap ? malloc(cap * sizeof *all) : NULL;
+    if (cap && !all) {
+        free(miss);
+        return CAIRN_ENOMEM;
+    }
+    if (nmiss)
+        memcpy(all, miss, nmiss * sizeof *all);
+    free(miss);
+    size_t k = nmiss;
+    for (size_t i = 0; i < s->ntheir; i++)
+        if (cairn_dag_has(d, &s->their[i]) == 0)
+            all[k++] = s->their[i];
+    k = hashes_normalise(all, k);
+    if (k > s->lim.max_need)
+        k = s->lim.max_need;
+    *out = all;
+    *n = k;
+    return 0;
+}
+
+/* Apply-order indices of the changes to send now, ascending. */
+static int changes_to_send(uint64_t **out, size_t *n, const cairn_dag *d, cairn_sync_state *s)
+{
+    *out = NULL;
+    *n = 0;
+    uint64_t *cand = NULL;
+    size_t ncand = 0;
+    uint8_t *mark = NULL;
+    int rc = 0;
+    uint64_t count = cairn_dag_count(d);
+
+    if (their_all_known(d, s)) {
+        rc = cairn_dag_not_ancestors(&cand, &ncand, d, s->their, s->ntheir);
+        if (rc)
+            goto done;
+    } else if (s->have_filter) {
+        cairn_hash *base;
+        size_t nbase;
+        rc = peer_base(&base, &nbase, d, s, s->their_since, s->ntheir_since,
+                       s->ntheir + s->ntheir_since);
+        if (rc)
+            goto done;
+        uint64_t *all = NULL;
+        size_t nall = 0;
+        rc = cairn_dag_not_ancestors(&all, &nall, d, base, nbase);
+        free(base);
+        if (rc)
+            goto done;
+        mark = calloc((size_t)(count / 8 + 1), 1);
+        if (!mark) {
+            free(all);
+            rc = CAIRN_ENOMEM;
+            goto done;
+        }
+        /* Not in the filter, or a descendant of one that is not. Indices are
+         * a topological order, so deps are decided before their dependents. */
+        size_t k = 0;
+        for (size_t i = 0; i < nall; i++) {
+            const cairn_change *c = cairn_dag_at(d, all[i]);
+            int send = !cairn_bloom_contains(&s->their_filter, &c->hash);
+            for (uint32_t j = 0; !send && j < c->ndeps; j++) {
+                uint64_t di;
+                if (cairn_dag_find(d, &c->deps[j], &di) == 0 && bit_get(mark, count / 8 + 1, di))
+                    send = 1;
+            }
+            if (send) {
+                mark[all[i] >> 3] |= (uint8_t)(1u << (all[i] & 7));
+                all[k++] = all[i];
+            }
+        }
+        cand = all;
+        ncand = k;
+    }
+
+    /* Skip what is in flight; add what the peer asked for by hash. */
+    size_t k = 0;
+    for (size_t i = 0; i < ncand; i++)
+        if (!bit_get(s->sent, s->sent_bytes, cand[i]))
+            cand[k++] = cand[i];
+    ncand = k;
+    if (s->ntheir_need) {
+        uint64_t *nc = realloc(cand, (ncand + s->ntheir_need) * sizeof *nc);
+        if (!nc) {
+            rc = CAIRN_ENOMEM;
+            goto done;
+        }
+        cand = nc;
+        for (size_t i = 0; i < s->ntheir_need; i++) {
+            uint64_t idx;
+            if (cairn_dag_find(d, &s->their_need[i], &idx) == 0)
+                cand[ncand++] = idx;
+        }
+        qsort(cand, ncand, sizeof *cand, u64_cmp_q);
+        k = 0;
+        for (size_t i = 0; i < ncand; i++)
+            if (k == 0 || cand[k - 1] != cand[i])
+                cand[k++] = cand[i];
+        ncand = k;
+    }
+    *out = cand;
+    *n = ncand;
+    cand = NULL;
+done:
+    free(cand);
+    free(mark);
+    return rc;
+}
+
+static size_t hashes_wire(size_t n)
+{
+    return varint_len(n) + n * CAIRN_HASH_LEN;
+}
+
+/* Picks from |idx| the prefix that fits the limits, given |used| bytes of
+ * header; returns the count, or sets *rc = ELIMIT if even the first change
+ * cannot fit a message. */
+static size_t fit_changes(const cairn_dag *d, const cairn_sync_limits *l, const uint64_t *idx,
+                          size_t n, size_t used, int *rc)
+{
+    size_t total = used + 10, k = 0;
+    *rc = 0;
+    for (; k < n && k < l->max_changes; k++) {
+        const cairn_change *c = cairn_dag_at(d, idx[k]);
+        size_t sz = varint_len(c->len) + c->len;
+        if (k > 0 && total + sz > l->target_msg_bytes)
+            break;
+        if (total + sz > l->max_msg_bytes) {
+            if (k == 0)
+                *rc = CAIRN_ELIMIT;
+            break;
+        }
+        total += sz;
+    }
+    return k;
+}
+
+int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
+                        const uint8_t salt[CAIRN_BLOOM_SALT_LEN])
+{
+    *out = NULL;
+    *len = 0;
+    const cairn_dag *d = cairn_doc_dag(doc);
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(d, &heads);
+    if (nheads > s->lim.max_heads)
+        return CAIRN_ELIMIT;
+
+    cairn_hash *need = NULL, *base = NULL;
+    size_t nneed = 0, nbase = 0, nsend = 0;
+    uint64_t *send = NULL, *fidx = NULL;
+    cairn_change **chg = NULL;
+    cairn_sync_msg m = {0};
+    int rc;
+
+    if ((rc = compute_need(&need, &nneed, d, s)))
+        goto done;
+    if ((rc = changes_to_send(&send, &nsend, d, s)))
+        goto done;
+
+    int want_filter = !their_all_known(d, s);
+    size_t used = 2 + hashes_wire(nheads) + hashes_wire(nneed);
+    if (want_filter) {
+        if ((rc = peer_base(&base, &nbase, d, s, s->shared, s->nshared, s->lim.max_heads)))
+            goto done;
+        size_t nf = 0;
+        if ((rc = cairn_dag_not_ancestors(&fidx, &nf, d, base, nbase)))
+            goto done;
+        used += hashes_wire(nbase) + 1 + CAIRN_BLOOM_SALT_LEN + 10;
+        size_t fmax = s->lim.max_filter_bytes;
+        if (used + 64 < s->lim.max_msg_bytes && fmax > s->lim.max_msg_bytes - used - 64)
+            fmax = s->lim.max_msg_bytes - used - 64;
+        if ((rc = cairn_bloom_init(&m.filter, nf, s->lim.bloom_bits_per_entry,
+                                   s->lim.bloom_probes, fmax, salt)))
+            goto done;
+        for (size_t i = 0; i < nf; i++)
+            cairn_bloom_add(&m.filter, &cairn_dag_at(d, fidx[i])->hash);
+        used += m.filter.nbytes;
+        m.has_filter = 1;
+        m.since = base;
+        m.nsince = nbase;
+    }
+    if (used > s->lim.max_msg_bytes) {
+        rc = CAIRN_ELIMIT;
+        goto done;
+    }
+    nsend = fit_changes(d, &s->lim, send, nsend, used, &rc);
+    if (rc)
+        goto done;
+
+    int go = nsend > 0 || !s->sent_any || !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads) ||
+             !hashes_eq(need, nneed, s->last_need, s->nlast_need) ||
+             (want_filter && s->their_changed);
+    if (!go)
+        goto done;
+
+    if (nsend) {
+        chg = malloc(nsend * sizeof *chg);
+        if (!chg) {
+            rc = CAIRN_ENOMEM;
+            goto done;
+        }
+        /* The encoder only reads the changes; the message does not own them. */
+        for (size_t i = 0; i < nsend; i++)
+            chg[i] = (cairn_change *)cairn_dag_at(d, send[i]);
+    }
+    m.heads = (cairn_hash *)heads;
+    m.nheads = nheads;
+    m.need = need;
+    m.nneed = nneed;
+    m.changes = chg;
+    m.nchanges = nsend;
+    if ((rc = encode_msg(out, len, &m)))
+        goto done;
+    for (size_t i = 0; i < nsend; i++)
+        if ((rc = sent_mark(s, send[i])))
+            goto fail_out;
+    if ((rc = hashes_set(&s->last_heads, &s->nlast_heads, heads, nheads)) ||
+        (rc = hashes_set(&s->last_need, &s->nlast_need, need, nneed)))
+        goto fail_out;
+    s->sent_any = 1;
+    if (want_filter)
+        s->their_changed = 0;
+    goto done;
+fail_out:
+    free(*out);
+    *out = NULL;
+    *len = 0;
+done:
+    cairn_bloom_destroy(&m.filter);
+    free(chg);
+    free(send);
+    free(fidx);
+    free(need);
+    free(base);
+    return rc;
+}
+
+int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                    cairn_sync_state *s, const cairn_change *const *changes, size_t n)
+{
+    *out = NULL;
+    *len = 0;
+    *npushed = 0;
+    const cairn_dag *d = cairn_doc_dag(doc);
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(d, &heads);
+    if (nheads > s->lim.max_heads)
+        return CAIRN_ELIMIT;
+    uint64_t *idx = n ? malloc(n * sizeof *idx) : NULL;
+    if (n && !idx)
+        return CAIRN_ENOMEM;
+    size_t k = 0, taken = 0;
+    int rc = 0;
+    size_t used = 2 + hashes_wire(nheads) + hashes_wire(0) + 10, i;
+    for (i = 0; i < n; i++) {
+        uint64_t ix;
+        if (cairn_dag_find(d, &changes[i]->hash, &ix) != 0) {
+            rc = CAIRN_ENOTFOUND;
+            goto done;
+        }
+        if (bit_get(s->sent, s->sent_bytes, ix))
+            continue;
+        if (k >= s->lim.max_changes)
+            break;
+        const cairn_change *c = cairn_dag_at(d, ix);
+        size_t sz = varint_len(c->len) + c->len;
+        if ((k > 0 && used + sz > s->lim.target_msg_bytes) || used + sz > s->lim.max_msg_bytes)
+            break;
+        used += sz;
+        idx[k++] = ix;
+    }
+    taken = i;
+    if (k) {
+        cairn_change **chg = malloc(k * sizeof *chg);
+        if (!chg) {
+            rc = CAIRN_ENOMEM;
+            goto done;
+        }
+        for (size_t j = 0; j < k; j++)
+            chg[j] = (cairn_change *)cairn_dag_at(d, idx[j]);
+        cairn_sync_msg m = {0};
+        m.heads = (cairn_hash *)heads;
+        m.nheads = nheads;
+        m.changes = chg;
+        m.nchanges = k;
+        rc = encode_msg(out, len, &m);
+        free(chg);
+        if (rc)
+            goto done;
+        for (size_t j = 0; j < k; j++)
+            if ((rc = sent_mark(s, idx[j])))
+                goto done;
+        /* The peer learns these heads from the push: a later generate need
+         * not repeat them. */
+        if ((rc = hashes_set(&s->last_heads, &s->nlast_heads, heads, nheads)))
+            goto done;
+    }
+    *npushed = taken;
+done:
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *len = 0;
+    }
+    free(idx);
+    return rc;
+}
+
+/* Moves the shared heads forward with what the peer just told us: its heads
+ * that we have are common now. */
+static int advance_shared(cairn_sync_state *s, const cairn_dag *d, const cairn_sync_msg *m)
+{
+    size_t cap = s->nshared + m->nheads;
+    if (!cap)
+        return hashes_set(&s->shared, &s->nshared, NULL, 0);
+    cairn_hash *b = malloc(cap * sizeof *b);
+    if (!b)
+        return CAIRN_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < m->nheads; i++)
+        if (is_ordered(d, &m->heads[i]))
+            b[k++] = m->heads[i];
+    if (k < m->nheads && k + s->nshared <= s->lim.max_heads) {
+        /* Some peer heads are new to us: keep the old common point too. */
+        if (s->nshared)
+            memcpy(b + k, s->shared, s->nshared * sizeof *b);
+        k = hashes_normalise(b, k + s->nshared);
+    }
+    free(s->shared);
+    s->shared = b;
+    s->nshared = k;
+    return 0;
+}
+
+int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, size_t len,
+                       const cairn_doc_observer *obs)
+{
+    cairn_sync_msg m;
+    int rc = cairn_sync_msg_decode(&m, msg, len, &s->lim);
+    if (rc)
+        return rc;
+    int first = 0;
+    for (size_t i = 0; i < m.nchanges; i++) {
+        cairn_change *c = m.changes[i];
+        m.changes[i] = NULL;
+        rc = cairn_doc_receive(doc, c, obs);
+        if (rc && !first)
+            first = rc;
+    }
+    const cairn_dag *d = cairn_doc_dag(doc);
+    if (!s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir))
+        s->their_changed = 1;
+    s->their_valid = 1;
+    if ((rc = hashes_set(&s->their, &s->ntheir, m.heads, m.nheads)) ||
+        (rc = hashes_set(&s->their_need, &s->ntheir_need, m.need, m.nneed)))
+        goto done;
+    if (m.has_filter) {
+        if ((rc = hashes_set(&s->their_since, &s->ntheir_since, m.since, m.nsince)))
+            goto done;
+        cairn_bloom_destroy(&s->their_filter);
+        s->their_filter = m.filter; /* moves the bits */
+        memset(&m.filter, 0, sizeof m.filter);
+        s->have_filter = 1;
+    }
+    if ((rc = advance_shared(s, d, &m)))
+        goto done;
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(d, &heads);
+    if (hashes_eq(heads, nheads, s->their, s->ntheir) && s->sent)
+        memset(s->sent, 0, s->sent_bytes); /* all acknowledged */
+done:
+    cairn_sync_msg_destroy(&m);
+    return rc ? rc : first;
+}
+
+int cairn_sync_peer_has(const cairn_sync_state *s, const cairn_doc *doc, const cairn_hash *h)
+{
+    if (hashes_contain(s->their, s->ntheir, h))
+        return 1;
+    const cairn_dag *d = cairn_doc_dag(doc);
+    if (!is_ordered(d, h))
+        return 0;
+    cairn_hash *base;
+    size_t nbase;
+    if (peer_base(&base, &nbase, d, s, s->shared, s->nshared, s->ntheir + s->nshared) != 0)
+        return 0;
+    int r = nbase && cairn_dag_is_ancestor(d, h, base, nbase);
+    free(base);
+    return r;
+}

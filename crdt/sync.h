@@ -1,0 +1,143 @@
+#ifndef CAIRN_SYNC_H
+#define CAIRN_SYNC_H
+
+/*
+ * The sync protocol between two replicas, sans-I/O: it turns (document,
+ * per-peer state, incoming bytes) into (changes applied, outgoing bytes).
+ * The transport calls, per peer:
+ *
+ *   cairn_sync_generate()  whenever something may have changed (after a
+ *                          receive, after local commits, on a timer); it says
+ *                          "nothing to send" (*out == NULL) when the peer is
+ *                          known to be up to date and nothing is in flight;
+ *   cairn_sync_receive()   for every message from the peer;
+ *   cairn_sync_push()      optionally, to broadcast fresh local changes at
+ *                          once (no filter computed);
+ *   cairn_sync_reset()     when a message may have been lost (timer,
+ *                          reconnect): forgets what is in flight, keeps the
+ *                          shared heads. A new state (restart) also works.
+ *
+ * A message carries the sender's heads, the hashes it knows it is missing
+ * (need), optionally a Bloom filter of the sender's changes since a set of
+ * base hashes both sides have, and changes (see the byte table in sync.c).
+ * A replica answers with every change the filter says the peer lacks plus
+ * all their descendants, in apply order; once the peer's heads are all
+ * known, what it lacks is computed exactly and no filter is needed. False
+ * positives surface as a missing dependency or an unknown head and are
+ * asked for by hash in the next message. Usually two round trips converge
+ * two diverged replicas (the data arrives after one and a half).
+ *
+ * Messages from a peer are untrusted: decoding bounds every count and
+ * length by cairn_sync_limits and the input length before allocating, and a
+ * change's hash is always computed from its bytes.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crdt/bloom.h"
+#include "crdt/change.h"
+#include "crdt/doc.h"
+
+#define CAIRN_SYNC_VERSION 1
+
+typedef struct cairn_sync_limits {
+    /* Hard caps: a message beyond them is never produced and is rejected
+     * with CAIRN_ELIMIT on receipt. */
+    size_t max_msg_bytes;    /* whole encoded message */
+    uint32_t max_heads;      /* heads, and filter base hashes */
+    uint32_t max_need;       /* need hashes */
+    uint32_t max_changes;    /* changes in one message */
+    size_t max_filter_bytes; /* Bloom filter bits / 8 */
+    /* Generation only: stop adding changes once a message reaches this many
+     * bytes (at least one change is sent if it fits max_msg_bytes); the rest
+     * follow in later messages. */
+    size_t target_msg_bytes;
+    /* Filter shape for messages we generate. */
+    uint32_t bloom_bits_per_entry;
+    uint32_t bloom_probes;
+} cairn_sync_limits;
+
+/* Defaults: 80 MiB / 4096 heads / 4096 need / 4096 changes / 4 MiB filter;
+ * target 1 MiB; 10 bits per entry, 7 probes (~1% false positives). */
+void cairn_sync_limits_default(cairn_sync_limits *l);
+
+typedef struct cairn_sync_state cairn_sync_state;
+
+/* Per-peer state. |limits| is copied; NULL means the defaults. Fails with
+ * CAIRN_EINVAL on limits that make no sense (zero caps, bad bloom shape). */
+int cairn_sync_state_new(cairn_sync_state **out, const cairn_sync_limits *limits);
+void cairn_sync_state_free(cairn_sync_state *s);
+
+/* Forget everything in flight (changes sent but not acknowledged, what was
+ * last sent), so that the next generate sends a full message again. Call it
+ * when a message may have been lost. The shared heads are kept. */
+void cairn_sync_reset(cairn_sync_state *s);
+
+/* The next message for the peer, in a new buffer (*out, caller frees), or
+ * *out == NULL and *len == 0 when there is nothing to send. |salt| keys this
+ * message's Bloom filter: pass fresh random bytes (randombytes_buf) for
+ * every call; crdt/ has no randomness of its own. */
+int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
+                        const uint8_t salt[CAIRN_BLOOM_SALT_LEN]);
+
+/* Applies a message from the peer: decodes it completely first (nothing is
+ * applied from a malformed message: ETRUNCATED, ELIMIT, ENONCANON,
+ * EUNSORTED, EBADVERSION, or the change decoder's code), then hands its
+ * changes to cairn_doc_receive (which buffers those whose dependencies are
+ * missing; |obs| may be NULL) and updates |s|. If the document rejects a
+ * change, the others still apply, the state is updated, and the first such
+ * error is returned. */
+int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, size_t len,
+                       const cairn_doc_observer *obs);
+
+/* Optimistic push: a message carrying our heads and |changes| (changes of
+ * |doc|, e.g. just committed, in apply order), without a filter. Changes
+ * already sent to this peer are skipped; at most the limits' worth are
+ * included (*npushed says how many of |changes| were taken, the rest
+ * follow through generate). *out is NULL when nothing was left to push. */
+int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                    cairn_sync_state *s, const cairn_change *const *changes, size_t n);
+
+/* 1 if the peer has acknowledged change |h|: it is one of the peer's last
+ * reported heads or an ancestor of them (or of our shared heads); 0
+ * otherwise. This is the basis of replication status. */
+int cairn_sync_peer_has(const cairn_sync_state *s, const cairn_doc *doc, const cairn_hash *h);
+
+/* The peer's last reported heads (borrowed, valid until the next receive
+ * or reset); returns their count, 0 before the first message. */
+size_t cairn_sync_their_heads(const cairn_sync_state *s, const cairn_hash **heads);
+
+/* The heads we last had in common with the peer (borrowed, as above). */
+size_t cairn_sync_shared_heads(const cairn_sync_state *s, const cairn_hash **heads);
+
+/* ---- the message itself (for tests, fuzzing and tools) ------------------ */
+
+typedef struct cairn_sync_msg {
+    size_t nheads;
+    cairn_hash *heads; /* sorted ascending, unique */
+    size_t nneed;
+    cairn_hash *need; /* sorted ascending, unique */
+    int has_filter;
+    size_t nsince;
+    cairn_hash *since;  /* filter base: hashes both sides have; sorted, unique */
+    cairn_bloom filter; /* the sender's changes that are not ancestors of |since| */
+    size_t nchanges;
+    cairn_change **changes;
+} cairn_sync_msg;
+
+/* Decodes and fully validates a message; *out owns copies of everything
+ * (its changes are decoded, i.e. hash-computed and canonical). On failure
+ * *out is zeroed. |limits| NULL = defaults. */
+int cairn_sync_msg_decode(cairn_sync_msg *out, const uint8_t *buf, size_t len,
+                          const cairn_sync_limits *limits);
+
+/* Encodes |m| canonically (fields must be sorted and unique: CAIRN_EINVAL
+ * otherwise) into a new buffer. Changes are taken from their ->bytes. */
+int cairn_sync_msg_encode(uint8_t **out, size_t *len, const cairn_sync_msg *m);
+
+/* Frees what decode allocated (changes still in ->changes included; set an
+ * entry to NULL to keep it). */
+void cairn_sync_msg_destroy(cairn_sync_msg *m);
+
+#endif

@@ -1,0 +1,1358 @@
+/*
+ * The store's spine: opening and recovering the LevelDB database, the
+ * document observer that turns applied changes into revisions, index entries
+ * and disk records, the group-commit thread, compaction, minimal leases and
+ * the replication entry point. Ranges and transactions live in kv.c.
+ *
+ * One path for every change. A local write is built with cairn_doc_begin /
+ * put / delete / commit; a peer's change goes through cairn_doc_receive;
+ * recovery replays the stored apply order through cairn_doc_receive. In all
+ * three the doc reports the change to the observer below, which decides the
+ * revision (the next one iff a key's visible value changed), updates the key
+ * index and appends the change's records to the pending WriteBatch. Because
+ * recovery runs the same code over the same order, it re-derives the same
+ * revisions; it checks them against the stored ones.
+ *
+ * Concurrency. Writers take the rwlock's write side for in-memory work only;
+ * the observer appends records to the shared batch under the queue mutex.
+ * The committer thread swaps the batch out, writes it with sync=true (one
+ * fsync for everything queued meanwhile: group commit), then publishes the
+ * new visible revision and completes the waiting callers in order. Readers
+ * hold the read side and filter by the visible revision, so they never see
+ * a change whose batch is not durable; the committer never takes the
+ * rwlock, so a writer may wait for it while holding the write side.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "crdt/error.h"
+#include "store/store_int.h"
+
+#define FORMAT_VERSION 1u
+
+static const char GENESIS_SALT[] = "cairn-genesis";
+
+/* ---- identity ---------------------------------------------------------------- */
+
+static int strcmp_p(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token)
+{
+    /* etcd: sha1(sorted peer URLs ++ cluster token), first 8 bytes BE */
+    const char **s = malloc((n ? n : 1) * sizeof *s);
+    store_buf b = {0};
+    uint64_t id = 0;
+    if (!s)
+        return 0;
+    memcpy(s, peer_urls, n * sizeof *s);
+    qsort(s, n, sizeof *s, strcmp_p);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = cairn_store_buf_put(&b, s[i], strlen(s[i]));
+    if (!rc && token)
+        rc = cairn_store_buf_put(&b, token, strlen(token));
+    if (!rc) {
+        uint8_t h[20];
+        cairn_store_sha1(h, b.p ? b.p : (const uint8_t *)"", b.len);
+        id = cairn_store_get_be64(h);
+    }
+    cairn_store_buf_free(&b);
+    free(s);
+    return id;
+}
+
+static int u64cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n)
+{
+    /* etcd: sha1(sorted member ids, 8 bytes BE each), first 8 bytes BE */
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    uint8_t *b = malloc((n ? n : 1) * 8);
+    uint64_t id = 0;
+    if (ids && b) {
+        memcpy(ids, member_ids, n * sizeof *ids);
+        qsort(ids, n, sizeof *ids, u64cmp);
+        for (size_t i = 0; i < n; i++)
+            cairn_store_be64(b + 8 * i, ids[i]);
+        uint8_t h[20];
+        cairn_store_sha1(h, b, 8 * n);
+        id = cairn_store_get_be64(h);
+    }
+    free(ids);
+    free(b);
+    return id;
+}
+
+/* ---- small pieces --------------------------------------------------------------- */
+
+void cairn_store_options_init(cairn_store_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->name = "default";
+    o->cluster_token = "etcd-cluster";
+    o->max_txn_ops = 128; /* etcd: --max-txn-ops default */
+    o->cache_bytes = 8u << 20;
+    o->write_buffer_bytes = 16u << 20;
+}
+
+static uint64_t real_clock_ms(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t cairn_store_now_ms(cairn_store *s)
+{
+    return s->clock_ms(s->clock_arg);
+}
+
+int cairn_store_failed_rc(cairn_store *s)
+{
+    return atomic_load(&s->failed);
+}
+
+void cairn_store_fill_header(const cairn_store *s, cairn_header *h, int64_t rev)
+{
+    h->cluster_id = s->cluster_id;
+    h->member_id = s->member_id;
+    h->revision = rev;
+    h->raft_term = 2; /* etcd: a fresh single-member cluster answers raft_term 2 */
+}
+
+void cairn_store_header(cairn_store *s, cairn_header *h)
+{
+    cairn_store_fill_header(s, h, atomic_load(&s->visible));
+}
+
+uint64_t cairn_store_member_id(const cairn_store *s)
+{
+    return s->member_id;
+}
+
+uint64_t cairn_store_cluster_id(const cairn_store *s)
+{
+    return s->cluster_id;
+}
+
+void cairn_store_actor(const cairn_store *s, cairn_actor *out)
+{
+    *out = s->actor;
+}
+
+int64_t cairn_store_compacted_rev(cairn_store *s)
+{
+    pthread_rwlock_rdlock(&s->rw);
+    int64_t c = s->compacted;
+    pthread_rwlock_unlock(&s->rw);
+    return c;
+}
+
+void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
+                              size_t *val_len)
+{
+    *lease = 0;
+    *val = (const uint8_t *)"";
+    *val_len = 0;
+    if (v->type != CAIRN_V_BYTES && v->type != CAIRN_V_STR)
+        return;
+    const uint8_t *p = v->v.bytes.ptr, *end = p + v->v.bytes.len;
+    uint64_t l;
+    if (cairn_store_get_varint(&p, end, &l) != 0) {
+        *val = v->v.bytes.ptr;
+        *val_len = v->v.bytes.len;
+        return;
+    }
+    *lease = (int64_t)l;
+    *val = p;
+    *val_len = (size_t)(end - p);
+}
+
+/* ---- LevelDB helpers -------------------------------------------------------------- */
+
+static int db_err(char *err)
+{
+    if (!err)
+        return 0;
+    int rc = (strstr(err, "Corruption") || strstr(err, "corrupt")) ? CAIRN_ECORRUPT : CAIRN_EIO;
+    fprintf(stderr, "cairn store: leveldb: %s\n", err);
+    leveldb_free(err);
+    return rc;
+}
+
+static void meta_key(uint8_t *k, size_t *kl, const char *name)
+{
+    k[0] = 'M';
+    size_t n = strlen(name);
+    memcpy(k + 1, name, n);
+    *kl = n + 1;
+}
+
+/* Gets 'M' name into a new buffer (*v, caller frees with leveldb_free). */
+static int meta_get(cairn_store *s, const char *name, char **v, size_t *vl)
+{
+    uint8_t k[64];
+    size_t kl;
+    meta_key(k, &kl, name);
+    char *err = NULL;
+    *v = leveldb_get(s->db, s->ropt, (const char *)k, kl, vl, &err);
+    return db_err(err);
+}
+
+static void meta_put(leveldb_writebatch_t *b, const char *name, const void *v, size_t vl)
+{
+    uint8_t k[64];
+    size_t kl;
+    meta_key(k, &kl, name);
+    leveldb_writebatch_put(b, (const char *)k, kl, v, vl);
+}
+
+static void meta_put_u64(leveldb_writebatch_t *b, const char *name, uint64_t v)
+{
+    uint8_t x[8];
+    cairn_store_be64(x, v);
+    meta_put(b, name, x, 8);
+}
+
+int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
+                          size_t key_len, cairn_kv *out, int want_value)
+{
+    uint8_t stackk[256];
+    uint8_t *k = key_len + 9 <= sizeof stackk ? stackk : malloc(key_len + 9);
+    if (!k)
+        return CAIRN_ENOMEM;
+    k[0] = 'K';
+    cairn_store_be64(k + 1, (uint64_t)rev);
+    if (key_len)
+        memcpy(k + 9, key, key_len);
+    char *err = NULL;
+    size_t vl = 0;
+    char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + 9, &vl, &err);
+    if (k != stackk)
+        free(k);
+    int rc = db_err(err);
+    if (rc)
+        return rc;
+    if (!v) {
+        fprintf(stderr, "cairn store: history record of revision %lld missing\n", (long long)rev);
+        return CAIRN_ECORRUPT;
+    }
+    const uint8_t *p = (const uint8_t *)v, *end = p + vl;
+    uint64_t cr, ver, lease;
+    rc = CAIRN_ECORRUPT;
+    if (vl < 1 || p[0] != 0)
+        goto out;
+    p++;
+    if (cairn_store_get_varint(&p, end, &cr) || cairn_store_get_varint(&p, end, &ver) ||
+        cairn_store_get_varint(&p, end, &lease))
+        goto out;
+    out->create_revision = (int64_t)cr;
+    out->version = (int64_t)ver;
+    out->lease = (int64_t)lease;
+    out->mod_revision = rev;
+    out->value = NULL;
+    out->value_len = 0;
+    if (want_value) {
+        out->value_len = (size_t)(end - p);
+        out->value = cairn_store_arena_dup(a, p, out->value_len);
+        if (!out->value) {
+            rc = CAIRN_ENOMEM;
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    leveldb_free(v);
+    return rc;
+}
+
+static int find_root_map(cairn_doc *d, cairn_objid *out, const char *name)
+{
+    cairn_read r;
+    int rc = cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)name, strlen(name));
+    if (rc)
+        return rc;
+    if (r.kind != CAIRN_READ_MAP)
+        return CAIRN_ECORRUPT;
+    *out = r.obj;
+    return 0;
+}
+
+/* ---- the observer ----------------------------------------------------------------- */
+
+static void ev_clear(cairn_store *s)
+{
+    for (size_t i = 0; i < s->cur_nev; i++) {
+        free(s->cur_ev[i].key);
+        free(s->cur_ev[i].value);
+    }
+    s->cur_nev = 0;
+}
+
+static void on_patch(void *arg, const cairn_patch *p)
+{
+    cairn_store *s = arg;
+    if (s->obs_rc || !s->kvs_known)
+        return;
+    if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor)
+        return; /* leases / members / cluster: no revision */
+    if (p->action != CAIRN_PATCH_PUT && p->action != CAIRN_PATCH_DEL)
+        return;
+    if (s->cur_nev == s->cur_cap) {
+        size_t cap = s->cur_cap ? s->cur_cap * 2 : 16;
+        pend_event *n = realloc(s->cur_ev, cap * sizeof *n);
+        if (!n) {
+            s->obs_rc = CAIRN_ENOMEM;
+            return;
+        }
+        s->cur_ev = n;
+        s->cur_cap = cap;
+    }
+    pend_event *e = &s->cur_ev[s->cur_nev];
+    memset(e, 0, sizeof *e);
+    e->key = malloc(p->key_len ? p->key_len : 1);
+    if (!e->key) {
+        s->obs_rc = CAIRN_ENOMEM;
+        return;
+    }
+    if (p->key_len)
+        memcpy(e->key, p->key, p->key_len);
+    e->key_len = p->key_len;
+    if (p->action == CAIRN_PATCH_PUT) {
+        const uint8_t *val;
+        size_t vl;
+        if (p->value.kind == CAIRN_READ_SCALAR) {
+            cairn_store_parse_record(&p->value.value, &e->lease, &val, &vl);
+        } else {
+            /* a nested object at kvs[key] (JSON mode, later): empty value */
+            val = (const uint8_t *)"";
+            vl = 0;
+        }
+        e->type = CAIRN_EVENT_PUT;
+        e->value = malloc(vl ? vl : 1);
+        if (!e->value) {
+            free(e->key);
+            s->obs_rc = CAIRN_ENOMEM;
+            return;
+        }
+        if (vl)
+            memcpy(e->value, val, vl);
+        e->value_len = vl;
+    } else {
+        e->type = CAIRN_EVENT_DELETE;
+    }
+    s->cur_nev++;
+}
+
+typedef struct ev_ref {
+    size_t i;
+    const pend_event *e;
+} ev_ref;
+
+static int evref_cmp(const void *a, const void *b)
+{
+    const ev_ref *x = a, *y = b;
+    int c = cairn_store_keycmp(x->e->key, x->e->key_len, y->e->key, y->e->key_len);
+    if (c)
+        return c;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Keeps the last event per key (a hostile change may touch one key twice)
+ * and drops deletes of keys that are not live. Deterministic, so recovery
+ * and every node agree. */
+static int ev_normalise(cairn_store *s)
+{
+    size_t n = s->cur_nev;
+    if (n > 1) {
+        ev_ref *r = malloc(n * sizeof *r);
+        if (!r)
+            return CAIRN_ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+            r[i].i = i;
+            r[i].e = &s->cur_ev[i];
+        }
+        qsort(r, n, sizeof *r, evref_cmp);
+        for (size_t i = 0; i + 1 < n; i++)
+            if (cairn_store_keycmp(r[i].e->key, r[i].e->key_len, r[i + 1].e->key,
+                                   r[i + 1].e->key_len) == 0)
+                s->cur_ev[r[i].i].type = -1;
+        free(r);
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        pend_event *e = &s->cur_ev[i];
+        if (e->type == CAIRN_EVENT_DELETE) {
+            kentry *k = cairn_kindex_find(&s->idx, e->key, e->key_len);
+            if (!k || !kentry_live(k))
+                e->type = -1;
+        }
+        if (e->type < 0) {
+            free(e->key);
+            free(e->value);
+            continue;
+        }
+        s->cur_ev[w++] = *e;
+    }
+    s->cur_nev = w;
+    return 0;
+}
+
+static int apply_events(cairn_store *s, int64_t rev)
+{
+    for (size_t i = 0; i < s->cur_nev; i++) {
+        pend_event *e = &s->cur_ev[i];
+        kentry *k = cairn_kindex_upsert(&s->idx, e->key, e->key_len);
+        if (!k)
+            return CAIRN_ENOMEM;
+        if (e->type == CAIRN_EVENT_PUT) {
+            if (kentry_live(k)) {
+                k->version++;
+            } else {
+                k->create_rev = rev;
+                k->version = 1;
+            }
+            k->lease = e->lease;
+            if (cairn_kindex_push(k, (uint64_t)rev))
+                return CAIRN_ENOMEM;
+            e->create_rev = k->create_rev;
+            e->version = k->version;
+        } else {
+            if (cairn_kindex_push(k, (uint64_t)rev | CAIRN_IDX_TOMB))
+                return CAIRN_ENOMEM;
+            k->version = 0;
+            k->lease = 0;
+        }
+    }
+    return 0;
+}
+
+/* Appends the change's records to the shared batch (caller holds qmu). */
+static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev)
+{
+    leveldb_writebatch_t *b = s->batch;
+    uint8_t k[9];
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
+    uint8_t *v = malloc(8 + c->len);
+    if (!v)
+        return CAIRN_ENOMEM;
+    cairn_store_be64(v, (uint64_t)rev);
+    memcpy(v + 8, c->bytes, c->len);
+    leveldb_writebatch_put(b, (const char *)k, 9, (const char *)v, 8 + c->len);
+    free(v);
+    uint8_t ck[1 + CAIRN_HASH_LEN], iv[8];
+    ck[0] = 'C';
+    memcpy(ck + 1, c->hash.b, CAIRN_HASH_LEN);
+    cairn_store_be64(iv, index);
+    leveldb_writebatch_put(b, (const char *)ck, sizeof ck, (const char *)iv, 8);
+    if (rev) {
+        k[0] = 'R';
+        cairn_store_be64(k + 1, (uint64_t)rev);
+        leveldb_writebatch_put(b, (const char *)k, 9, (const char *)c->hash.b, CAIRN_HASH_LEN);
+    }
+    store_buf kb = {0}, vb = {0};
+    int rc = 0;
+    for (size_t i = 0; i < s->cur_nev && !rc; i++) {
+        const pend_event *e = &s->cur_ev[i];
+        if (e->type != CAIRN_EVENT_PUT)
+            continue; /* a delete is a TOMB in the index; nothing to read back */
+        kb.len = vb.len = 0;
+        uint8_t hdr[1 + 30];
+        size_t hl = 0;
+        hdr[hl++] = 0;
+        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->create_rev);
+        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->version);
+        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->lease);
+        k[0] = 'K';
+        cairn_store_be64(k + 1, (uint64_t)rev);
+        rc = cairn_store_buf_put(&kb, k, 9);
+        if (!rc)
+            rc = cairn_store_buf_put(&kb, e->key, e->key_len);
+        if (!rc)
+            rc = cairn_store_buf_put(&vb, hdr, hl);
+        if (!rc)
+            rc = cairn_store_buf_put(&vb, e->value, e->value_len);
+        if (!rc)
+            leveldb_writebatch_put(b, (const char *)kb.p, kb.len, (const char *)vb.p, vb.len);
+    }
+    cairn_store_buf_free(&kb);
+    cairn_store_buf_free(&vb);
+    s->batch_n++;
+    return rc;
+}
+
+static void on_change(void *arg, const cairn_change *c, uint64_t index, int begin)
+{
+    cairn_store *s = arg;
+    if (begin) {
+        ev_clear(s);
+        if (s->recovering && index != s->rec_expect_index && !s->rec_rc)
+            s->rec_rc = CAIRN_ECORRUPT;
+        return;
+    }
+    s->last_change_rev = 0;
+    if (!s->kvs_known) {
+        /* the genesis made the root maps: learn their ids once */
+        if (find_root_map(s->doc, &s->kvs, "kvs") == 0 &&
+            find_root_map(s->doc, &s->leases, "leases") == 0)
+            s->kvs_known = 1;
+    }
+    if (s->obs_rc)
+        goto fail;
+    int rc = ev_normalise(s);
+    if (rc)
+        goto fail_rc;
+    int64_t rev = 0;
+    if (s->cur_nev) {
+        rev = s->rev + 1;
+        rc = apply_events(s, rev);
+        if (rc)
+            goto fail_rc;
+        s->rev = rev;
+    }
+    s->last_change_rev = rev;
+    if (s->recovering) {
+        if (rev != s->rec_expect_rev && !s->rec_rc) {
+            fprintf(stderr, "cairn store: replay of change %llu gave revision %lld, stored %lld\n",
+                    (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
+            s->rec_rc = CAIRN_ECORRUPT;
+        }
+        ev_clear(s);
+        return;
+    }
+    pend_change *pc = NULL;
+    if (s->events_cb) {
+        pc = calloc(1, sizeof *pc);
+        if (!pc)
+            goto fail_nomem;
+        pc->rev = rev;
+        pc->hash = c->hash;
+        pc->bytes = c->bytes;
+        pc->len = c->len;
+    }
+    pthread_mutex_lock(&s->qmu);
+    rc = batch_change(s, c, index, rev);
+    if (pc) {
+        /* the events move to the committer, which hands them to events_cb */
+        pc->ev = s->cur_ev;
+        pc->nev = s->cur_nev;
+        s->cur_ev = NULL;
+        s->cur_nev = s->cur_cap = 0;
+        *s->ch_tail = pc;
+        s->ch_tail = &pc->next;
+    }
+    if (rev)
+        s->queued_rev = rev;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    ev_clear(s);
+    if (rc)
+        goto fail_rc;
+    return;
+fail_nomem:
+    rc = CAIRN_ENOMEM;
+fail_rc:
+    s->obs_rc = rc;
+fail:
+    /* The document applied a change the store could not index: the memory
+     * state is no longer one the disk can reproduce. Stop serving. */
+    atomic_store(&s->failed, s->obs_rc ? s->obs_rc : CAIRN_EIO);
+    ev_clear(s);
+}
+
+const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o)
+{
+    o->arg = s;
+    o->change_cb = on_change;
+    o->patch_cb = on_patch;
+    s->obs_rc = 0;
+    return o;
+}
+
+/* ---- committer -------------------------------------------------------------------- */
+
+static void free_pend_change(pend_change *c)
+{
+    for (size_t i = 0; i < c->nev; i++) {
+        free(c->ev[i].key);
+        free(c->ev[i].value);
+    }
+    free(c->ev);
+    free(c);
+}
+
+static void *committer_main(void *arg)
+{
+    cairn_store *s = arg;
+    pthread_mutex_lock(&s->qmu);
+    for (;;) {
+        while (!s->stop && s->batch_n == 0 && !s->w_head)
+            pthread_cond_wait(&s->qcv, &s->qmu);
+        if (s->stop && s->batch_n == 0 && !s->w_head)
+            break;
+        leveldb_writebatch_t *b = NULL;
+        if (s->batch_n) {
+            b = s->batch;
+            s->batch = leveldb_writebatch_create();
+            s->batch_n = 0;
+        }
+        pend_change *chs = s->ch_head;
+        s->ch_head = NULL;
+        s->ch_tail = &s->ch_head;
+        pend_wait *ws = s->w_head;
+        s->w_head = NULL;
+        s->w_tail = &s->w_head;
+        int64_t target = s->queued_rev;
+        pthread_mutex_unlock(&s->qmu);
+
+        int rc = atomic_load(&s->failed);
+        if (b && !rc) {
+            char *err = NULL;
+            leveldb_write(s->db, s->wopt_sync, b, &err);
+            rc = db_err(err);
+            if (rc)
+                atomic_store(&s->failed, CAIRN_EIO);
+        }
+        if (b)
+            leveldb_writebatch_destroy(b);
+        if (!rc) {
+            pthread_mutex_lock(&s->qmu);
+            if (target > atomic_load(&s->visible))
+                atomic_store(&s->visible, target);
+            pthread_cond_broadcast(&s->dcv);
+            pthread_mutex_unlock(&s->qmu);
+        } else {
+            pthread_mutex_lock(&s->qmu);
+            pthread_cond_broadcast(&s->dcv);
+            pthread_mutex_unlock(&s->qmu);
+        }
+        while (chs) {
+            pend_change *n = chs->next;
+            if (!rc && s->events_cb) {
+                cairn_event *ev = chs->nev ? calloc(chs->nev, sizeof *ev) : NULL;
+                for (size_t i = 0; ev && i < chs->nev; i++) {
+                    const pend_event *e = &chs->ev[i];
+                    ev[i].type = e->type;
+                    ev[i].kv.key = e->key;
+                    ev[i].kv.key_len = e->key_len;
+                    ev[i].kv.mod_revision = chs->rev;
+                    if (e->type == CAIRN_EVENT_PUT) {
+                        ev[i].kv.create_revision = e->create_rev;
+                        ev[i].kv.version = e->version;
+                        ev[i].kv.lease = e->lease;
+                        ev[i].kv.value = e->value;
+                        ev[i].kv.value_len = e->value_len;
+                    }
+                }
+                s->events_cb(s->events_arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
+                             ev ? chs->nev : 0);
+                free(ev);
+            }
+            free_pend_change(chs);
+            chs = n;
+        }
+        while (ws) {
+            pend_wait *n = ws->next;
+            if (ws->cb)
+                ws->cb(ws->arg, rc);
+            free(ws);
+            ws = n;
+        }
+        pthread_mutex_lock(&s->qmu);
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return NULL;
+}
+
+int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp)
+{
+    pend_wait *w = calloc(1, sizeof *w);
+    if (!w)
+        return CAIRN_ENOMEM;
+    w->cb = cb;
+    w->arg = arg;
+    w->rcp = rcp;
+    pthread_mutex_lock(&s->qmu);
+    *s->w_tail = w;
+    s->w_tail = &w->next;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return 0;
+}
+
+int cairn_store_wait_visible(cairn_store *s, int64_t rev)
+{
+    pthread_mutex_lock(&s->qmu);
+    while (atomic_load(&s->visible) < rev && !atomic_load(&s->failed))
+        pthread_cond_wait(&s->dcv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
+    return atomic_load(&s->visible) >= rev ? 0 : CAIRN_EIO;
+}
+
+/* ---- genesis and open ------------------------------------------------------------- */
+
+static int make_genesis(cairn_change **out, const char *token)
+{
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    uint8_t h[CAIRN_HASH_LEN];
+    store_buf b = {0};
+    int rc = cairn_store_buf_put(&b, GENESIS_SALT, sizeof GENESIS_SALT - 1);
+    if (!rc)
+        rc = cairn_store_buf_put(&b, token, strlen(token));
+    if (rc)
+        return rc;
+    cairn_hash_bytes((cairn_hash *)h, b.p, b.len);
+    cairn_store_buf_free(&b);
+    cairn_actor a;
+    memcpy(a.b, h, CAIRN_ACTOR_LEN);
+    static const char *names[4] = {"kvs", "leases", "members", "cluster"};
+    cairn_op ops[4];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < 4; i++) {
+        ops[i].action = CAIRN_OP_MAKE_MAP;
+        ops[i].obj = CAIRN_ROOT;
+        ops[i].key = (const uint8_t *)names[i];
+        ops[i].key_len = (uint32_t)strlen(names[i]);
+    }
+    t.actor = a;
+    t.seq = 1;
+    t.start_op = 1;
+    t.time_ms = 0;
+    t.nactors = 1;
+    t.actors = &a;
+    t.nops = 4;
+    t.ops = ops;
+    return cairn_change_new(out, &t);
+}
+
+static int mkdir_p(const char *dir)
+{
+    char *p = strdup(dir);
+    if (!p)
+        return CAIRN_ENOMEM;
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/')
+            continue;
+        *q = 0;
+        if (mkdir(p, 0700) && errno != EEXIST) {
+            free(p);
+            return CAIRN_EIO;
+        }
+        *q = '/';
+    }
+    int rc = (mkdir(p, 0700) && errno != EEXIST) ? CAIRN_EIO : 0;
+    free(p);
+    return rc;
+}
+
+static int create_fresh(cairn_store *s, const cairn_store_options *o)
+{
+    const char *token = o->cluster_token ? o->cluster_token : "etcd-cluster";
+    const char *name = o->name ? o->name : "default";
+    if (o->actor) {
+        s->actor = *o->actor;
+    } else if (getrandom(s->actor.b, CAIRN_ACTOR_LEN, 0) != CAIRN_ACTOR_LEN) {
+        return CAIRN_EIO;
+    }
+    /* identity, as etcd derives it */
+    static const char *const def_urls[1] = {"http://localhost:2380"};
+    cairn_store_member def = {name, def_urls, 1};
+    const cairn_store_member *mem = o->ninitial_cluster ? o->initial_cluster : &def;
+    size_t nmem = o->ninitial_cluster ? o->ninitial_cluster : 1;
+    uint64_t *ids = calloc(nmem, sizeof *ids);
+    if (!ids)
+        return CAIRN_ENOMEM;
+    int found = 0;
+    for (size_t i = 0; i < nmem; i++) {
+        ids[i] = cairn_store_member_id_of(mem[i].peer_urls, mem[i].npeer_urls, token);
+        if (mem[i].name && strcmp(mem[i].name, name) == 0) {
+            s->member_id = ids[i];
+            found = 1;
+        }
+    }
+    s->cluster_id = cairn_store_cluster_id_of(ids, nmem);
+    free(ids);
+    if (!found)
+        return CAIRN_EINVAL;
+
+    int rc = cairn_doc_new(&s->doc, &s->actor);
+    if (rc)
+        return rc;
+    cairn_change *g;
+    rc = make_genesis(&g, token);
+    if (rc)
+        return rc;
+    cairn_doc_observer obs;
+    rc = cairn_doc_receive(s->doc, g, cairn_store_observer(s, &obs));
+    if (!rc)
+        rc = s->obs_rc;
+    if (rc)
+        return rc;
+    /* The genesis records are in s->batch; add the identity and write it all
+     * at once, so a crash leaves either nothing or a whole new store. */
+    uint8_t fv[4] = {0, 0, 0, FORMAT_VERSION};
+    meta_put(s->batch, "actor", s->actor.b, CAIRN_ACTOR_LEN);
+    meta_put_u64(s->batch, "member", s->member_id);
+    meta_put_u64(s->batch, "cluster", s->cluster_id);
+    meta_put(s->batch, "token", token, strlen(token));
+    meta_put(s->batch, "format", fv, 4);
+    char *err = NULL;
+    leveldb_write(s->db, s->wopt_sync, s->batch, &err);
+    rc = db_err(err);
+    leveldb_writebatch_clear(s->batch);
+    s->batch_n = 0;
+    return rc;
+}
+
+static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int required)
+{
+    char *v;
+    size_t vl;
+    int rc = meta_get(s, name, &v, &vl);
+    if (rc)
+        return rc;
+    if (!v) {
+        *out = 0;
+        return required ? CAIRN_ECORRUPT : 0;
+    }
+    if (vl != 8) {
+        leveldb_free(v);
+        return CAIRN_ECORRUPT;
+    }
+    *out = cairn_store_get_be64((const uint8_t *)v);
+    leveldb_free(v);
+    return 0;
+}
+
+/* Applies compaction at |c| to the index; when |b| is not NULL, adds the
+ * deletes of the 'K' records it no longer needs. */
+static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uint64_t *ndel)
+{
+    kentry *e = s->idx.head->next[0];
+    store_buf kb = {0};
+    int rc = 0;
+    while (e) {
+        kentry *next = e->next[0];
+        uint32_t pos;
+        uint64_t h = cairn_kindex_at(e, c, &pos);
+        if (h) {
+            /* keep hist[pos] if live, drop everything before it */
+            uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
+            for (uint32_t i = 0; i < drop && b; i++) {
+                if (e->hist[i] & CAIRN_IDX_TOMB)
+                    continue;
+                uint8_t k[9];
+                k[0] = 'K';
+                cairn_store_be64(k + 1, e->hist[i]);
+                kb.len = 0;
+                rc = cairn_store_buf_put(&kb, k, 9);
+                if (!rc)
+                    rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
+                if (rc)
+                    goto out;
+                leveldb_writebatch_delete(b, (const char *)kb.p, kb.len);
+                (*ndel)++;
+            }
+            if (drop) {
+                memmove(e->hist, e->hist + drop, (e->nhist - drop) * sizeof *e->hist);
+                e->nhist -= drop;
+            }
+            if (e->nhist == 0) {
+                rc = cairn_kindex_remove(&s->idx, kentry_key(e), e->key_len);
+                if (rc)
+                    goto out;
+            }
+        }
+        e = next;
+    }
+out:
+    cairn_store_buf_free(&kb);
+    return rc;
+}
+
+static int recover(cairn_store *s)
+{
+    char *v;
+    size_t vl;
+    int rc = meta_get(s, "actor", &v, &vl);
+    if (rc)
+        return rc;
+    if (!v || vl != CAIRN_ACTOR_LEN) {
+        leveldb_free(v);
+        return CAIRN_ECORRUPT;
+    }
+    memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
+    leveldb_free(v);
+    uint64_t c;
+    if ((rc = get_meta_u64(s, "member", &s->member_id, 1)) ||
+        (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
+        (rc = get_meta_u64(s, "compact", &c, 0)))
+        return rc;
+    rc = cairn_doc_new(&s->doc, &s->actor);
+    if (rc)
+        return rc;
+
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    leveldb_readoptions_set_verify_checksums(ro, 1);
+    leveldb_readoptions_set_fill_cache(ro, 0);
+    leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+    s->recovering = 1;
+    uint64_t want = 0;
+    cairn_doc_observer obs;
+    for (leveldb_iter_seek(it, "O", 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
+        size_t kl, dl;
+        const char *k = leveldb_iter_key(it, &kl);
+        if (kl < 1 || k[0] != 'O')
+            break;
+        const uint8_t *d = (const uint8_t *)leveldb_iter_value(it, &dl);
+        if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
+            rc = CAIRN_ECORRUPT;
+            break;
+        }
+        cairn_change *ch;
+        rc = cairn_change_decode(&ch, d + 8, dl - 8, NULL);
+        if (rc) {
+            fprintf(stderr, "cairn store: change %llu does not decode: %s\n",
+                    (unsigned long long)want, cairn_strerror(rc));
+            rc = CAIRN_ECORRUPT;
+            break;
+        }
+        s->rec_expect_index = want;
+        s->rec_expect_rev = (int64_t)cairn_store_get_be64(d);
+        s->rec_rc = 0;
+        rc = cairn_doc_receive(s->doc, ch, cairn_store_observer(s, &obs));
+        if (!rc)
+            rc = s->obs_rc ? s->obs_rc : s->rec_rc;
+        if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
+            rc = CAIRN_ECORRUPT; /* buffered: its deps were not before it */
+        if (rc) {
+            fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
+                    (unsigned long long)want, cairn_strerror(rc));
+            if (rc != CAIRN_ENOMEM)
+                rc = CAIRN_ECORRUPT;
+            break;
+        }
+        want++;
+    }
+    if (!rc) {
+        char *err = NULL;
+        leveldb_iter_get_error(it, &err);
+        rc = db_err(err);
+    }
+    leveldb_iter_destroy(it);
+    leveldb_readoptions_destroy(ro);
+    s->recovering = 0;
+    if (rc)
+        return rc;
+    if (want == 0)
+        return CAIRN_ECORRUPT; /* not even the genesis */
+    s->compacted = (int64_t)c;
+    if (c) {
+        uint64_t nd = 0;
+        rc = compact_index(s, (int64_t)c, NULL, &nd);
+    }
+    return rc;
+}
+
+int cairn_store_open(cairn_store **out, const cairn_store_options *o)
+{
+    *out = NULL;
+    if (!o || !o->dir)
+        return CAIRN_EINVAL;
+    cairn_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return CAIRN_ENOMEM;
+    int rc = CAIRN_ENOMEM;
+    pthread_rwlock_init(&s->rw, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->qcv, NULL);
+    pthread_cond_init(&s->dcv, NULL);
+    s->ch_tail = &s->ch_head;
+    s->w_tail = &s->w_head;
+    s->rev = 1; /* etcd: a fresh store is at revision 1; the first write is 2 */
+    s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
+    s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
+    s->clock_arg = o->clock_arg;
+    s->events_cb = o->events_cb;
+    s->events_arg = o->events_arg;
+    if (cairn_kindex_init(&s->idx))
+        goto fail;
+    s->batch = leveldb_writebatch_create();
+    s->dir = malloc(strlen(o->dir) + 4);
+    if (!s->dir)
+        goto fail;
+    rc = mkdir_p(o->dir);
+    if (rc) {
+        fprintf(stderr, "cairn store: cannot create %s: %s\n", o->dir, strerror(errno));
+        goto fail;
+    }
+    sprintf(s->dir, "%s/db", o->dir);
+
+    s->dbopt = leveldb_options_create();
+    s->cache = leveldb_cache_create_lru(o->cache_bytes ? o->cache_bytes : (8u << 20));
+    s->bloom = leveldb_filterpolicy_create_bloom(10);
+    leveldb_options_set_create_if_missing(s->dbopt, 1);
+    leveldb_options_set_paranoid_checks(s->dbopt, 1);
+    leveldb_options_set_cache(s->dbopt, s->cache);
+    leveldb_options_set_filter_policy(s->dbopt, s->bloom);
+    leveldb_options_set_write_buffer_size(
+        s->dbopt, o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20));
+    leveldb_options_set_compression(s->dbopt, leveldb_snappy_compression);
+    s->ropt = leveldb_readoptions_create();
+    leveldb_readoptions_set_verify_checksums(s->ropt, 1);
+    s->wopt_sync = leveldb_writeoptions_create();
+    leveldb_writeoptions_set_sync(s->wopt_sync, 1);
+    char *err = NULL;
+    s->db = leveldb_open(s->dbopt, s->dir, &err);
+    rc = db_err(err);
+    if (rc)
+        goto fail;
+
+    char *fv;
+    size_t fvl;
+    rc = meta_get(s, "format", &fv, &fvl);
+    if (rc)
+        goto fail;
+    if (!fv) {
+        rc = create_fresh(s, o);
+    } else {
+        int ok = fvl == 4 && (uint8_t)fv[3] == FORMAT_VERSION && !fv[0] && !fv[1] && !fv[2];
+        leveldb_free(fv);
+        rc = ok ? recover(s) : CAIRN_EBADVERSION;
+    }
+    if (rc)
+        goto fail;
+    if (!s->kvs_known) {
+        rc = CAIRN_ECORRUPT;
+        goto fail;
+    }
+    atomic_store(&s->visible, s->rev);
+    s->queued_rev = s->rev;
+    if (pthread_create(&s->committer, NULL, committer_main, s)) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
+    }
+    s->committer_started = 1;
+    *out = s;
+    return 0;
+fail:
+    cairn_store_close(s);
+    return rc;
+}
+
+void cairn_store_close(cairn_store *s)
+{
+    if (!s)
+        return;
+    if (s->committer_started) {
+        pthread_mutex_lock(&s->qmu);
+        s->stop = 1;
+        pthread_cond_signal(&s->qcv);
+        pthread_mutex_unlock(&s->qmu);
+        pthread_join(s->committer, NULL);
+    }
+    while (s->ch_head) {
+        pend_change *n = s->ch_head->next;
+        free_pend_change(s->ch_head);
+        s->ch_head = n;
+    }
+    ev_clear(s);
+    free(s->cur_ev);
+    if (s->db)
+        leveldb_close(s->db);
+    if (s->batch)
+        leveldb_writebatch_destroy(s->batch);
+    if (s->dbopt)
+        leveldb_options_destroy(s->dbopt);
+    if (s->cache)
+        leveldb_cache_destroy(s->cache);
+    if (s->bloom)
+        leveldb_filterpolicy_destroy(s->bloom);
+    if (s->ropt)
+        leveldb_readoptions_destroy(s->ropt);
+    if (s->wopt_sync)
+        leveldb_writeoptions_destroy(s->wopt_sync);
+    if (s->doc)
+        cairn_doc_free(s->doc);
+    cairn_kindex_destroy(&s->idx);
+    pthread_rwlock_destroy(&s->rw);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_cond_destroy(&s->qcv);
+    pthread_cond_destroy(&s->dcv);
+    free(s->dir);
+    free(s);
+}
+
+/* ---- blocking helper ------------------------------------------------------------- */
+
+typedef struct sync_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc;
+} sync_wait;
+
+static void sync_done(void *arg, int rc)
+{
+    sync_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int sync_wait_for(sync_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    return w->rc;
+}
+
+#define SYNC_CALL(call_async)                                                                      \
+    do {                                                                                           \
+        sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};                \
+        int rc_ = (call_async);                                                                    \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+        return sync_wait_for(&w_);                                                                 \
+    } while (0)
+
+int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
+{
+    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_));
+}
+
+int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
+{
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_));
+}
+
+int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
+{
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_));
+}
+
+int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
+{
+    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_));
+}
+
+/* ---- compaction ------------------------------------------------------------------- */
+
+int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical)
+{
+    memset(h, 0, sizeof *h);
+    pthread_rwlock_wrlock(&s->rw);
+    int rc = cairn_store_failed_rc(s);
+    if (rc)
+        goto unlock;
+    /* etcd: compact(r) with r <= the compacted revision -> compacted;
+     * r > current -> future revision */
+    if (revision <= s->compacted) {
+        rc = CAIRN_ECOMPACTED;
+        goto unlock;
+    }
+    if (revision > s->rev) {
+        rc = CAIRN_EFUTUREREV;
+        goto unlock;
+    }
+    uint64_t ndel = 0;
+    pthread_mutex_lock(&s->qmu);
+    rc = compact_index(s, revision, s->batch, &ndel);
+    meta_put_u64(s->batch, "compact", (uint64_t)revision);
+    s->batch_n++;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    if (rc) {
+        atomic_store(&s->failed, rc);
+        goto unlock;
+    }
+    s->compacted = revision;
+    int64_t cur = s->rev;
+    pthread_rwlock_unlock(&s->rw);
+    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
+    if (rc)
+        return rc;
+    rc = sync_wait_for(&w);
+    if (rc)
+        return rc;
+    if (physical) {
+        uint8_t lo[9], hi[9];
+        lo[0] = hi[0] = 'K';
+        cairn_store_be64(lo + 1, 0);
+        cairn_store_be64(hi + 1, (uint64_t)revision);
+        leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
+    }
+    cairn_store_fill_header(s, h, cur);
+    return 0;
+unlock:
+    pthread_rwlock_unlock(&s->rw);
+    return rc;
+}
+
+uint64_t cairn_store_disk_bytes(cairn_store *s)
+{
+    const char *start = "\x00";
+    const char *limit = "\xff\xff";
+    size_t sl = 1, ll = 2;
+    uint64_t size = 0;
+    leveldb_approximate_sizes(s->db, 1, &start, &sl, &limit, &ll, &size);
+    return size;
+}
+
+/* ---- leases (minimal) ------------------------------------------------------------- */
+
+static void lease_key(uint8_t k[8], int64_t id)
+{
+    cairn_store_be64(k, (uint64_t)id);
+}
+
+int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl)
+{
+    uint8_t k[8];
+    lease_key(k, id);
+    pthread_rwlock_wrlock(&s->rw);
+    int rc = cairn_store_failed_rc(s);
+    cairn_read r;
+    if (!rc)
+        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
+    if (!rc && r.kind != CAIRN_READ_NONE)
+        rc = CAIRN_ELEASEEXIST;
+    cairn_doc_observer obs;
+    if (!rc)
+        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
+    if (!rc) {
+        cairn_value v = {.type = CAIRN_V_INT, .v.i = ttl};
+        rc = cairn_doc_put(s->doc, s->leases, k, 8, &v);
+        if (!rc)
+            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
+        else
+            cairn_doc_rollback(s->doc);
+        if (!rc)
+            rc = s->obs_rc;
+    }
+    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    if (!rc)
+        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
+    pthread_rwlock_unlock(&s->rw);
+    if (rc)
+        return rc;
+    return sync_wait_for(&w);
+}
+
+int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
+{
+    memset(h, 0, sizeof *h);
+    uint8_t k[8];
+    lease_key(k, id);
+    pthread_rwlock_wrlock(&s->rw);
+    int rc = cairn_store_failed_rc(s);
+    cairn_read r;
+    if (!rc)
+        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
+    if (!rc && r.kind == CAIRN_READ_NONE)
+        rc = CAIRN_ELEASENOTFOUND;
+    cairn_doc_observer obs;
+    if (!rc)
+        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
+    if (!rc) {
+        /* O(keys): fine for the minimal version; the lease module keeps a
+         * per-lease key set. */
+        for (kentry *e = s->idx.head->next[0]; e && !rc; e = e->next[0])
+            if (kentry_live(e) && e->lease == id)
+                rc = cairn_doc_delete(s->doc, s->kvs, kentry_key(e), e->key_len);
+        if (!rc)
+            rc = cairn_doc_delete(s->doc, s->leases, k, 8);
+        if (!rc)
+            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
+        else
+            cairn_doc_rollback(s->doc);
+        if (!rc)
+            rc = s->obs_rc;
+    }
+    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    if (!rc)
+        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
+    int64_t rev = s->rev;
+    pthread_rwlock_unlock(&s->rw);
+    if (rc)
+        return rc;
+    rc = sync_wait_for(&w);
+    if (!rc)
+        cairn_store_fill_header(s, h, rev);
+    return rc;
+}
+
+/* ---- replication ------------------------------------------------------------------ */
+
+int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
+                              cairn_store_done_cb cb, void *arg)
+{
+    cairn_change *c;
+    int rc = cairn_change_decode(&c, bytes, len, NULL);
+    if (rc)
+        return rc;
+    pthread_rwlock_wrlock(&s->rw);
+    rc = cairn_store_failed_rc(s);
+    if (rc) {
+        cairn_change_free(c);
+        goto out;
+    }
+    cairn_doc_observer obs;
+    rc = cairn_doc_receive(s->doc, c, cairn_store_observer(s, &obs));
+    if (!rc)
+        rc = s->obs_rc;
+    if (!rc)
+        rc = cairn_store_enqueue_wait(s, cb, arg, NULL);
+out:
+    pthread_rwlock_unlock(&s->rw);
+    return rc;
+}
+
+int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev)
+{
+    memset(out, 0, sizeof *out);
+    if (rev > atomic_load(&s->visible))
+        return CAIRN_EFUTUREREV;
+    if (rev <= 0)
+        return CAIRN_ENOTFOUND;
+    uint8_t k[9];
+    k[0] = 'R';
+    cairn_store_be64(k + 1, (uint64_t)rev);
+    char *err = NULL;
+    size_t vl;
+    char *v = leveldb_get(s->db, s->ropt, (const char *)k, 9, &vl, &err);
+    int rc = db_err(err);
+    if (rc)
+        return rc;
+    if (!v)
+        return CAIRN_ENOTFOUND;
+    if (vl != CAIRN_HASH_LEN) {
+        leveldb_free(v);
+        return CAIRN_ECORRUPT;
+    }
+    memcpy(out->b, v, CAIRN_HASH_LEN);
+    leveldb_free(v);
+    return 0;
+}

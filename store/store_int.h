@@ -1,0 +1,201 @@
+#ifndef CAIRN_STORE_INT_H
+#define CAIRN_STORE_INT_H
+
+/* store/ internals: shared by the store's .c files and its unit tests only. */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <leveldb/c.h>
+
+#include "crdt/doc.h"
+#include "store/store.h"
+
+/* ---- small helpers (util.c) --------------------------------------------- */
+
+void cairn_store_be64(uint8_t out[8], uint64_t v);
+uint64_t cairn_store_get_be64(const uint8_t *p);
+/* Appends a LEB128 varint; returns bytes written (<= 10). */
+size_t cairn_store_put_varint(uint8_t *out, uint64_t v);
+/* Reads a varint from [*p, end); 0 on success, -1 if truncated or > 10 bytes. */
+int cairn_store_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v);
+
+/* SHA-1 (FIPS 180-4), for etcd's member/cluster id rule only. */
+void cairn_store_sha1(uint8_t out[20], const uint8_t *buf, size_t len);
+
+/* A bump allocator: responses own their memory through one of these. */
+typedef struct arena_blk arena_blk;
+typedef struct store_arena {
+    arena_blk *head;
+} store_arena;
+void *cairn_store_arena_alloc(store_arena *a, size_t n);
+void *cairn_store_arena_dup(store_arena *a, const void *p, size_t n);
+void cairn_store_arena_free(store_arena *a);
+
+/* A growable byte buffer. */
+typedef struct store_buf {
+    uint8_t *p;
+    size_t len, cap;
+} store_buf;
+int cairn_store_buf_put(store_buf *b, const void *p, size_t n);
+void cairn_store_buf_free(store_buf *b);
+
+/* ---- the key index (index.c) ---------------------------------------------
+ * A skip list of every key that has history, ordered by bytes. Each entry
+ * holds the key's current metadata and its revision history: ascending
+ * revisions, TOMB set on the ones that deleted the key. Values are not
+ * here: the current value is read from the document, older ones from the
+ * 'K' records on disk. */
+
+#define CAIRN_IDX_TOMB (1ull << 63)
+#define CAIRN_IDX_MAXLVL 24
+
+typedef struct kentry {
+    uint64_t *hist; /* ascending; rev | TOMB */
+    uint32_t nhist, cap;
+    int64_t create_rev; /* current generation (when the last entry is live) */
+    int64_t version;
+    int64_t lease;
+    uint32_t key_len;
+    uint8_t level;
+    struct kentry *next[]; /* |level| pointers, then the key bytes */
+} kentry;
+
+static inline const uint8_t *kentry_key(const kentry *e) {
+    return (const uint8_t *)&e->next[e->level];
+}
+static inline int kentry_live(const kentry *e) {
+    return e->nhist > 0 && !(e->hist[e->nhist - 1] & CAIRN_IDX_TOMB);
+}
+static inline int64_t kentry_mod(const kentry *e) {
+    return e->nhist ? (int64_t)(e->hist[e->nhist - 1] & ~CAIRN_IDX_TOMB) : 0;
+}
+
+typedef struct kindex {
+    kentry *head;
+    int level;
+    uint64_t nkeys;
+    uint64_t rng;
+} kindex;
+
+int cairn_kindex_init(kindex *x);
+void cairn_kindex_destroy(kindex *x);
+/* First entry with key >= |key| (NULL = none). */
+kentry *cairn_kindex_seek(const kindex *x, const uint8_t *key, size_t len);
+kentry *cairn_kindex_find(const kindex *x, const uint8_t *key, size_t len);
+/* Finds or inserts (with empty history). NULL on ENOMEM. */
+kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len);
+int cairn_kindex_remove(kindex *x, const uint8_t *key, size_t len);
+int cairn_kindex_push(kentry *e, uint64_t h);
+/* The history entry in effect at |rev| (0 if none), and its position. */
+uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
+
+/* Byte-wise key comparison as etcd orders keys. */
+int cairn_store_keycmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/* ---- the store ----------------------------------------------------------- */
+
+typedef struct pend_event {
+    int type;
+    uint8_t *key;
+    size_t key_len;
+    int64_t create_rev, version, lease;
+    uint8_t *value;
+    size_t value_len;
+} pend_event;
+
+/* One applied change waiting to become durable (only kept for events_cb). */
+typedef struct pend_change {
+    struct pend_change *next;
+    int64_t rev;
+    cairn_hash hash;
+    const uint8_t *bytes; /* borrowed from the doc's DAG */
+    size_t len;
+    pend_event *ev;
+    size_t nev;
+} pend_change;
+
+/* A caller waiting for durability of everything queued before it. */
+typedef struct pend_wait {
+    struct pend_wait *next;
+    cairn_store_done_cb cb;
+    void *arg;
+    int64_t rev; /* the visible revision once it completes */
+    int *rcp;    /* optional: where to store an error for the response */
+} pend_wait;
+
+struct cairn_store {
+    leveldb_t *db;
+    leveldb_options_t *dbopt;
+    leveldb_cache_t *cache;
+    leveldb_filterpolicy_t *bloom;
+    leveldb_readoptions_t *ropt;
+    leveldb_writeoptions_t *wopt_sync;
+    char *dir;
+
+    cairn_doc *doc;
+    cairn_objid kvs, leases;
+    int kvs_known; /* set once the genesis is applied */
+    kindex idx;
+
+    uint64_t member_id, cluster_id;
+    cairn_actor actor;
+    uint32_t max_txn_ops;
+    uint64_t (*clock_ms)(void *);
+    void *clock_arg;
+    cairn_store_events_cb events_cb;
+    void *events_arg;
+
+    /* Writers: the rwlock's write side covers the doc and the index. */
+    pthread_rwlock_t rw;
+    int64_t rev;           /* latest applied revision (under rw) */
+    int64_t compacted;     /* under rw */
+    _Atomic int64_t visible; /* durable, readable revision */
+    _Atomic int failed;    /* CAIRN_EIO / ECORRUPT once the store broke */
+
+    /* Observer state (under rw write). */
+    int recovering;
+    uint64_t rec_expect_index;
+    int64_t rec_expect_rev;
+    int rec_rc;
+    pend_event *cur_ev;
+    size_t cur_nev, cur_cap;
+    int obs_rc;
+    int64_t last_change_rev; /* revision taken by the last observed change */
+
+    /* Committer queue (under qmu). */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;   /* committer: work arrived */
+    pthread_cond_t dcv;   /* waiters: visible advanced */
+    leveldb_writebatch_t *batch;
+    size_t batch_n;
+    pend_change *ch_head, **ch_tail;
+    pend_wait *w_head, **w_tail;
+    int64_t queued_rev; /* highest revision whose records are queued */
+    int stop;
+    pthread_t committer;
+    int committer_started;
+};
+
+/* store.c */
+int cairn_store_failed_rc(cairn_store *s);
+/* Queues a completion after everything applied so far (caller holds rw
+ * write). */
+int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp);
+/* Blocks until visible >= rev (no lock held by the caller except maybe rw:
+ * the committer never takes rw). Returns CAIRN_EIO if the store failed. */
+int cairn_store_wait_visible(cairn_store *s, int64_t rev);
+uint64_t cairn_store_now_ms(cairn_store *s);
+/* Decodes a kvs record: varint lease ++ value. Malformed records read as
+ * lease 0 and the raw bytes as value (deterministic on every node). */
+void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
+                              size_t *val_len);
+/* Reads the 'K' record of (rev, key). */
+int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
+                          size_t key_len, cairn_kv *out, int want_value);
+extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o);
+void cairn_store_fill_header(const cairn_store *s, cairn_header *h, int64_t rev);
+
+#endif

@@ -1,0 +1,710 @@
+/*
+ * Unit tests for crdt/dag.c: delivery in any order reaches the same apply
+ * order invariants and heads, duplicates are dropped, pending changes
+ * cascade, the sequence rule rejects gaps and forks, ancestry queries on
+ * hand-built diamonds, missing(), limits, and long chains (to catch
+ * quadratic behaviour and deep recursion). Seeds are fixed.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "crdt/change.h"
+#include "crdt/dag.h"
+#include "crdt/error.h"
+
+#define ck_assert_rc(got, want)                                                                    \
+    ck_assert_msg((got) == (want), "rc %s, want %s", cairn_error_name(got), cairn_error_name(want))
+
+static cairn_actor actor_n(uint32_t n)
+{
+    cairn_actor a;
+    memset(a.b, 0, sizeof a.b);
+    memcpy(a.b, &n, sizeof n);
+    a.b[15] = 0x5A;
+    return a;
+}
+
+static int cmp_hash(const void *a, const void *b)
+{
+    return cairn_hash_cmp(a, b);
+}
+
+/* A change by actor |who| with one op; |salt| makes otherwise equal changes
+ * differ. Deps are sorted here. */
+static cairn_change *mk(uint32_t who, uint64_t seq, const cairn_hash *deps, size_t ndeps,
+                        uint64_t salt)
+{
+    cairn_hash sorted[64];
+    ck_assert_uint_le(ndeps, 64);
+    if (ndeps)
+        memcpy(sorted, deps, ndeps * sizeof *deps);
+    qsort(sorted, ndeps, sizeof *sorted, cmp_hash);
+    cairn_actor a = actor_n(who);
+    cairn_op op = {.action = CAIRN_OP_SET,
+                   .key = (const uint8_t *)"k",
+                   .key_len = 1,
+                   .value = {.type = CAIRN_V_UINT, .v.u = salt}};
+    cairn_change t = {0};
+    t.actor = a;
+    t.seq = seq;
+    t.start_op = seq;
+    t.time_ms = salt;
+    t.ndeps = (uint32_t)ndeps;
+    t.deps = sorted;
+    t.nactors = 1;
+    t.actors = &a;
+    t.nops = 1;
+    t.ops = &op;
+    cairn_change *c = NULL;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
+static cairn_change *copy(const cairn_change *c)
+{
+    cairn_change *d = NULL;
+    ck_assert_int_eq(cairn_change_decode(&d, c->bytes, c->len, &c->hash), 0);
+    return d;
+}
+
+static int add(cairn_dag *d, const cairn_change *c)
+{
+    int state = -1;
+    int rc = cairn_dag_add(d, copy(c), &state);
+    ck_assert_rc(rc, 0);
+    return state;
+}
+
+/* Orders every ready change; returns how many. */
+static size_t drain(cairn_dag *d)
+{
+    size_t n = 0;
+    while (cairn_dag_peek_ready(d)) {
+        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        n++;
+    }
+    return n;
+}
+
+static void check_heads(const cairn_dag *d, const cairn_hash *want, size_t n)
+{
+    const cairn_hash *h;
+    size_t k = cairn_dag_heads(d, &h);
+    ck_assert_uint_eq(k, n);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_mem_eq(h[i].b, want[i].b, 32);
+}
+
+/* Every change's deps come earlier in the apply order. */
+static void check_topological(const cairn_dag *d)
+{
+    uint64_t n = cairn_dag_count(d);
+    for (uint64_t i = 0; i < n; i++) {
+        const cairn_change *c = cairn_dag_at(d, i);
+        uint64_t idx;
+        ck_assert_rc(cairn_dag_find(d, &c->hash, &idx), 0);
+        ck_assert_uint_eq(idx, i);
+        for (uint32_t j = 0; j < c->ndeps; j++) {
+            ck_assert_rc(cairn_dag_find(d, &c->deps[j], &idx), 0);
+            ck_assert_uint_lt(idx, i);
+        }
+    }
+    ck_assert_ptr_null(cairn_dag_at(d, n));
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* ---- basic ------------------------------------------------------------ */
+
+START_TEST(linear_in_order)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    const cairn_hash *h;
+    ck_assert_uint_eq(cairn_dag_heads(d, &h), 0);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESTATE);
+    cairn_change *c[5];
+    for (int i = 0; i < 5; i++) {
+        c[i] = mk(1, (uint64_t)i + 1, i ? &c[i - 1]->hash : NULL, i ? 1 : 0, 0);
+        ck_assert_int_eq(add(d, c[i]), CAIRN_DAG_READY);
+        ck_assert_int_eq(cairn_dag_has(d, &c[i]->hash), 2);
+        const cairn_change *r = cairn_dag_peek_ready(d);
+        ck_assert_mem_eq(r->hash.b, c[i]->hash.b, 32);
+        uint64_t idx = 99;
+        ck_assert_rc(cairn_dag_order(d, &idx), 0);
+        ck_assert_uint_eq(idx, (uint64_t)i);
+        ck_assert_int_eq(cairn_dag_has(d, &c[i]->hash), 1);
+        check_heads(d, &c[i]->hash, 1);
+        cairn_actor a = actor_n(1);
+        ck_assert_uint_eq(cairn_dag_actor_seq(d, &a), (uint64_t)i + 1);
+    }
+    cairn_actor other = actor_n(2);
+    ck_assert_uint_eq(cairn_dag_actor_seq(d, &other), 0);
+    ck_assert_uint_eq(cairn_dag_count(d), 5);
+    check_topological(d);
+    uint64_t idx;
+    cairn_change *x = mk(9, 1, NULL, 0, 0);
+    ck_assert_rc(cairn_dag_find(d, &x->hash, &idx), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(cairn_dag_has(d, &x->hash), 0);
+    cairn_change_free(x);
+    for (int i = 0; i < 5; i++)
+        cairn_change_free(c[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(duplicates_dropped)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a = mk(1, 1, NULL, 0, 0);
+    cairn_change *b = mk(1, 2, &a->hash, 1, 0);
+    cairn_change *c = mk(1, 3, &b->hash, 1, 0);
+    ck_assert_int_eq(add(d, c), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(add(d, c), CAIRN_DAG_KNOWN); /* pending duplicate */
+    ck_assert_int_eq(add(d, a), CAIRN_DAG_READY);
+    ck_assert_int_eq(add(d, a), CAIRN_DAG_KNOWN); /* ready duplicate */
+    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_int_eq(add(d, a), CAIRN_DAG_KNOWN); /* ordered duplicate */
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_int_eq(add(d, b), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 2);
+    ck_assert_uint_eq(cairn_dag_count(d), 3);
+    check_heads(d, &c->hash, 1);
+    /* NULL change */
+    int state;
+    ck_assert_rc(cairn_dag_add(d, NULL, &state), CAIRN_EINVAL);
+    cairn_change_free(a);
+    cairn_change_free(b);
+    cairn_change_free(c);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(pending_cascade)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *c[6];
+    for (int i = 0; i < 6; i++)
+        c[i] = mk(1, (uint64_t)i + 1, i ? &c[i - 1]->hash : NULL, i ? 1 : 0, 0);
+    for (int i = 5; i >= 1; i--)
+        ck_assert_int_eq(add(d, c[i]), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(cairn_dag_has(d, &c[3]->hash), 2);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, 1); /* only c0 is unknown; c1..c4 are pending */
+    ck_assert_mem_eq(miss[0].b, c[0]->hash.b, 32);
+    free(miss);
+    ck_assert_int_eq(cairn_dag_has(d, &c[0]->hash), 0);
+
+    ck_assert_int_eq(add(d, c[0]), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, 0);
+    free(miss);
+    /* Each order makes exactly the next one ready, oldest first. */
+    for (int i = 0; i < 6; i++) {
+        const cairn_change *r = cairn_dag_peek_ready(d);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_mem_eq(r->hash.b, c[i]->hash.b, 32);
+        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    }
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    check_heads(d, &c[5]->hash, 1);
+    check_topological(d);
+    for (int i = 0; i < 6; i++)
+        cairn_change_free(c[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+/* ---- the sequence rule ------------------------------------------------ */
+
+START_TEST(seq_gap_and_fork)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a1 = mk(1, 1, NULL, 0, 0);
+    cairn_change *a1b = mk(1, 1, NULL, 0, 1); /* fork of a1 */
+    cairn_change *b1 = mk(2, 1, NULL, 0, 0);
+    cairn_change *a3 = mk(1, 3, &a1->hash, 1, 0);  /* skips 2 */
+    cairn_change *a2x = mk(1, 2, &b1->hash, 1, 0); /* a1 not an ancestor */
+    cairn_change *c2 = mk(3, 2, NULL, 0, 0);       /* starts at 2 */
+
+    ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+    ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
+    ck_assert_int_eq(add(d, b1), CAIRN_DAG_READY);
+    ck_assert_int_eq(add(d, c2), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_int_eq(cairn_dag_has(d, &a1b->hash), 0); /* discarded */
+    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_int_eq(add(d, a3), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_int_eq(add(d, a2x), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+    cairn_actor a = actor_n(1);
+    ck_assert_uint_eq(cairn_dag_actor_seq(d, &a), 1);
+    /* A fork arriving after the original is ordered. */
+    ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+
+    /* a1 reached only through another actor's change: allowed. */
+    cairn_change *b2 = mk(2, 2, (cairn_hash[]){a1->hash, b1->hash}, 2, 0);
+    cairn_change *b3 = mk(2, 3, &b2->hash, 1, 0);
+    cairn_change *a2 = mk(1, 2, &b3->hash, 1, 0);
+    ck_assert_int_eq(add(d, b2), CAIRN_DAG_READY);
+    ck_assert_int_eq(add(d, b3), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(add(d, a2), CAIRN_DAG_PENDING);
+    ck_assert_uint_eq(drain(d), 3);
+    ck_assert_uint_eq(cairn_dag_actor_seq(d, &a), 2);
+    check_heads(d, &a2->hash, 1);
+
+    cairn_change *all[] = {a1, a1b, b1, a3, a2x, c2, b2, b3, a2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        cairn_change_free(all[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(discard_keeps_dependents_pending)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a1 = mk(1, 1, NULL, 0, 0);
+    cairn_change *a2 = mk(1, 2, &a1->hash, 1, 0);
+    ck_assert_int_eq(add(d, a2), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+    cairn_dag_discard(d);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_int_eq(cairn_dag_has(d, &a1->hash), 0);
+    ck_assert_int_eq(cairn_dag_has(d, &a2->hash), 2);
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_mem_eq(miss[0].b, a1->hash.b, 32);
+    free(miss);
+    /* Offered again, it can still be ordered and unblocks a2. */
+    ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 2);
+    /* Discarding with nothing ready does nothing. */
+    cairn_dag_discard(d);
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+    /* A discarded change that nobody waits for is forgotten entirely. */
+    cairn_change *b1 = mk(2, 1, NULL, 0, 0);
+    ck_assert_int_eq(add(d, b1), CAIRN_DAG_READY);
+    cairn_dag_discard(d);
+    ck_assert_int_eq(cairn_dag_has(d, &b1->hash), 0);
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, 0);
+    free(miss);
+    cairn_change_free(a1);
+    cairn_change_free(a2);
+    cairn_change_free(b1);
+    cairn_dag_free(d);
+}
+END_TEST
+
+/* ---- ancestry --------------------------------------------------------- */
+
+static void check_indices(uint64_t *v, size_t n, const uint64_t *want, size_t nwant)
+{
+    ck_assert_uint_eq(n, nwant);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_uint_eq(v[i], want[i]);
+    free(v);
+}
+
+START_TEST(diamond_ancestry)
+{
+    /*      a (A1)
+     *     /      \
+     *  b (A2)   c (B1)
+     *     \      /
+     *      e (A3)       f (C1, unrelated)
+     */
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a = mk(1, 1, NULL, 0, 0);
+    cairn_change *b = mk(1, 2, &a->hash, 1, 0);
+    cairn_change *c = mk(2, 1, &a->hash, 1, 0);
+    cairn_change *e = mk(1, 3, (cairn_hash[]){b->hash, c->hash}, 2, 0);
+    cairn_change *f = mk(3, 1, NULL, 0, 0);
+    cairn_change *order[] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        add(d, order[i]);
+    ck_assert_uint_eq(drain(d), 3);
+    cairn_hash bc[2] = {b->hash, c->hash};
+    qsort(bc, 2, sizeof *bc, cmp_hash);
+    check_heads(d, bc, 2);
+    add(d, e);
+    add(d, f);
+    ck_assert_uint_eq(drain(d), 2);
+    cairn_hash ef[2] = {e->hash, f->hash};
+    qsort(ef, 2, sizeof *ef, cmp_hash);
+    check_heads(d, ef, 2);
+    /* indices: a0 b1 c2 e3 f4 */
+    uint64_t *v;
+    size_t n;
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, &b->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){0, 1}, 2);
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, &c->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){0, 2}, 2);
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, bc, 2), 0);
+    check_indices(v, n, (uint64_t[]){0, 1, 2}, 3);
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, &e->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){0, 1, 2, 3}, 4);
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, ef, 2), 0);
+    check_indices(v, n, (uint64_t[]){0, 1, 2, 3, 4}, 5);
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, NULL, 0), 0);
+    check_indices(v, n, NULL, 0);
+
+    ck_assert_rc(cairn_dag_not_ancestors(&v, &n, d, &b->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){2, 3, 4}, 3);
+    ck_assert_rc(cairn_dag_not_ancestors(&v, &n, d, &e->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){4}, 1);
+    ck_assert_rc(cairn_dag_not_ancestors(&v, &n, d, ef, 2), 0);
+    check_indices(v, n, NULL, 0);
+
+    cairn_change *unknown = mk(7, 1, NULL, 0, 0);
+    ck_assert_rc(cairn_dag_not_ancestors(&v, &n, d, &unknown->hash, 1), 0);
+    check_indices(v, n, (uint64_t[]){0, 1, 2, 3, 4}, 5);
+    cairn_hash mixed[2] = {unknown->hash, c->hash};
+    ck_assert_rc(cairn_dag_not_ancestors(&v, &n, d, mixed, 2), 0);
+    check_indices(v, n, (uint64_t[]){1, 3, 4}, 3);
+    v = (uint64_t *)1;
+    ck_assert_rc(cairn_dag_ancestors(&v, &n, d, mixed, 2), CAIRN_ENOTFOUND);
+    ck_assert_ptr_null(v);
+
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &a->hash, &c->hash, 1), 1);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &c->hash, &c->hash, 1), 1);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &b->hash, &c->hash, 1), 0);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &c->hash, &b->hash, 1), 0);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &e->hash, bc, 2), 0);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &c->hash, &e->hash, 1), 1);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &a->hash, &f->hash, 1), 0);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &a->hash, mixed, 2), 1);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &unknown->hash, ef, 2), 0);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &a->hash, NULL, 0), 0);
+
+    cairn_change *all[] = {a, b, c, e, f, unknown};
+    for (size_t i = 0; i < 6; i++)
+        cairn_change_free(all[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(missing_lists_unknown_deps)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *x = mk(1, 1, NULL, 0, 0), *y = mk(2, 1, NULL, 0, 0), *z = mk(3, 1, NULL, 0, 0);
+    cairn_change *p = mk(4, 1, (cairn_hash[]){x->hash, y->hash}, 2, 0);
+    cairn_change *q = mk(5, 1, (cairn_hash[]){y->hash, z->hash, p->hash}, 3, 0);
+    ck_assert_int_eq(add(d, z), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 1);
+    ck_assert_int_eq(add(d, q), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(add(d, p), CAIRN_DAG_PENDING);
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    cairn_hash want[2] = {x->hash, y->hash};
+    qsort(want, 2, sizeof *want, cmp_hash);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_mem_eq(miss, want, sizeof want);
+    free(miss);
+    ck_assert_int_eq(add(d, y), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 1);
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_mem_eq(miss[0].b, x->hash.b, 32);
+    free(miss);
+    ck_assert_int_eq(add(d, x), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 3);
+    check_heads(d, &q->hash, 1);
+    cairn_change *all[] = {x, y, z, p, q};
+    for (size_t i = 0; i < 5; i++)
+        cairn_change_free(all[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+/* ---- random histories, any delivery order ------------------------------ */
+
+/* A history of |n| changes by |nact| actors: each change depends on its
+ * author's previous change and, now and then, on other actors' latest. */
+static cairn_change **history(size_t n, uint32_t nact, uint64_t seed)
+{
+    cairn_change **v = calloc(n, sizeof *v);
+    cairn_change *last[8] = {0};
+    uint64_t seq[8] = {0};
+    uint64_t s = seed;
+    ck_assert_uint_le(nact, 8);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = (uint32_t)(rng_next(&s) % nact);
+        cairn_hash deps[8];
+        size_t nd = 0;
+        if (last[a])
+            deps[nd++] = last[a]->hash;
+        for (uint32_t b = 0; b < nact; b++)
+            if (b != a && last[b] && rng_next(&s) % 3 == 0)
+                deps[nd++] = last[b]->hash;
+        v[i] = mk(a + 1, ++seq[a], deps, nd, i);
+        last[a] = v[i];
+    }
+    return v;
+}
+
+static void free_history(cairn_change **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cairn_change_free(v[i]);
+    free(v);
+}
+
+START_TEST(random_permutations_converge)
+{
+    const size_t n = 300;
+    cairn_change **h = history(n, 4, 0x1234);
+    cairn_dag *ref;
+    ck_assert_rc(cairn_dag_new(&ref), 0);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_eq(add(ref, h[i]), CAIRN_DAG_READY);
+        ck_assert_uint_eq(drain(ref), 1);
+    }
+    const cairn_hash *rh;
+    size_t nrh = cairn_dag_heads(ref, &rh);
+    ck_assert_uint_ge(nrh, 1);
+
+    size_t *perm = malloc(n * sizeof *perm);
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        uint64_t s = seed * 0x9E3779B97F4A7C15ull;
+        for (size_t i = 0; i < n; i++)
+            perm[i] = i;
+        for (size_t i = n - 1; i > 0; i--) {
+            size_t j = (size_t)(rng_next(&s) % (i + 1));
+            size_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        cairn_dag *d;
+        ck_assert_rc(cairn_dag_new(&d), 0);
+        for (size_t i = 0; i < n; i++) {
+            add(d, h[perm[i]]);
+            /* Duplicates mixed in are dropped. */
+            if (rng_next(&s) % 10 == 0)
+                ck_assert_int_eq(add(d, h[perm[rng_next(&s) % (i + 1)]]), CAIRN_DAG_KNOWN);
+            /* Order eagerly only sometimes, so ready queues build up. */
+            if (rng_next(&s) % 2)
+                drain(d);
+        }
+        drain(d);
+        ck_assert_uint_eq(cairn_dag_count(d), n);
+        check_heads(d, rh, nrh);
+        check_topological(d);
+        cairn_hash *miss;
+        size_t nm;
+        ck_assert_rc(cairn_dag_missing(&miss, &nm, d), 0);
+        ck_assert_uint_eq(nm, 0);
+        free(miss);
+        for (uint32_t a = 1; a <= 4; a++) {
+            cairn_actor act = actor_n(a);
+            ck_assert_uint_eq(cairn_dag_actor_seq(d, &act), cairn_dag_actor_seq(ref, &act));
+        }
+        /* The same ancestry as the reference, in index-independent terms. */
+        uint64_t *v;
+        size_t nv;
+        const cairn_change *mid = h[n / 2];
+        ck_assert_rc(cairn_dag_ancestors(&v, &nv, d, &mid->hash, 1), 0);
+        uint64_t *w;
+        size_t nw;
+        ck_assert_rc(cairn_dag_ancestors(&w, &nw, ref, &mid->hash, 1), 0);
+        ck_assert_uint_eq(nv, nw);
+        for (size_t i = 0; i < nv; i++)
+            ck_assert_int_eq(cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1),
+                             1);
+        free(v);
+        free(w);
+        cairn_dag_free(d);
+    }
+    free(perm);
+    cairn_dag_free(ref);
+    free_history(h, n);
+}
+END_TEST
+
+/* ---- limits and scale ------------------------------------------------- */
+
+START_TEST(pending_limit)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_hash unknown;
+    memset(unknown.b, 0xEE, 32);
+    for (uint32_t i = 0; i < CAIRN_DAG_MAX_PENDING; i++) {
+        int state;
+        ck_assert_rc(cairn_dag_add(d, mk(i + 1, 1, &unknown, 1, 0), &state), 0);
+        ck_assert_int_eq(state, CAIRN_DAG_PENDING);
+    }
+    cairn_change *over = mk(CAIRN_DAG_MAX_PENDING + 1, 1, &unknown, 1, 0);
+    cairn_hash over_hash = over->hash;
+    int state;
+    ck_assert_rc(cairn_dag_add(d, over, &state), CAIRN_ELIMIT);
+    ck_assert_int_eq(cairn_dag_has(d, &over_hash), 0);
+    /* A change whose deps are all ordered is not pending: still accepted. */
+    cairn_change *ok = mk(CAIRN_DAG_MAX_PENDING + 2, 1, NULL, 0, 0);
+    ck_assert_int_eq(add(d, ok), CAIRN_DAG_READY);
+    cairn_change_free(ok);
+    cairn_dag_free(d);
+}
+END_TEST
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+START_TEST(long_chain_linear_time)
+{
+    /* 100k changes, 3 interleaved actors; quadratic work here would take
+     * minutes. Changes are handed over directly (no copies). */
+    const size_t n = 100000;
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *prev = NULL;
+    uint64_t seq[3] = {0};
+    cairn_hash first, last;
+    double t0 = now_s();
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = (uint32_t)(i % 3);
+        cairn_change *c = mk(a + 1, ++seq[a], prev ? &prev->hash : NULL, prev ? 1 : 0, i);
+        if (i == 0)
+            first = c->hash;
+        last = c->hash;
+        int state;
+        ck_assert_rc(cairn_dag_add(d, c, &state), 0);
+        ck_assert_int_eq(state, CAIRN_DAG_READY);
+        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        prev = (cairn_change *)cairn_dag_at(d, i);
+    }
+    double t1 = now_s();
+    ck_assert_uint_eq(cairn_dag_count(d), n);
+    check_heads(d, &last, 1);
+    /* Deep ancestry walks are iterative. */
+    uint64_t *v;
+    size_t nv;
+    ck_assert_rc(cairn_dag_ancestors(&v, &nv, d, &last, 1), 0);
+    ck_assert_uint_eq(nv, n);
+    free(v);
+    ck_assert_int_eq(cairn_dag_is_ancestor(d, &first, &last, 1), 1);
+    fprintf(stderr, "dag: %zu chained changes built+added+ordered in %.3f s\n", n, t1 - t0);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(long_chain_reverse_delivery)
+{
+    /* Everything but the root arrives first: one long pending cascade. */
+    const size_t n = 50000;
+    cairn_change **v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = mk(1, i + 1, i ? &v[i - 1]->hash : NULL, i ? 1 : 0, 0);
+    cairn_hash last = v[n - 1]->hash;
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    for (size_t i = n; i-- > 0;) {
+        int state;
+        ck_assert_rc(cairn_dag_add(d, v[i], &state), 0);
+        ck_assert_int_eq(state, i ? CAIRN_DAG_PENDING : CAIRN_DAG_READY);
+    }
+    ck_assert_uint_eq(drain(d), n);
+    check_heads(d, &last, 1);
+    free(v);
+    cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(seq_check_walks_back)
+{
+    /* Actor 1 writes once, then 2000 changes by actor 2 pile on top; actor
+     * 1's next change depends only on the newest, so its predecessor is
+     * found by walking back (bounded by its index), not among its deps. */
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a1 = mk(1, 1, NULL, 0, 0);
+    cairn_hash prev = a1->hash;
+    ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+    drain(d);
+    for (uint64_t i = 0; i < 2000; i++) {
+        cairn_change *b = mk(2, i + 1, &prev, 1, 0);
+        prev = b->hash;
+        int state;
+        ck_assert_rc(cairn_dag_add(d, b, &state), 0);
+        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    }
+    cairn_change *a2 = mk(1, 2, &prev, 1, 0);
+    ck_assert_int_eq(add(d, a2), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    /* An actor-3 branch off a1 that skips actor 1's newer changes. */
+    cairn_change *c1 = mk(3, 1, &a1->hash, 1, 0);
+    cairn_change *a3 = mk(1, 3, &c1->hash, 1, 0);
+    add(d, c1);
+    add(d, a3);
+    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    cairn_change_free(a1);
+    cairn_change_free(a2);
+    cairn_change_free(c1);
+    cairn_change_free(a3);
+    cairn_dag_free(d);
+}
+END_TEST
+
+static Suite *dag_suite(void)
+{
+    Suite *s = suite_create("dag");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, linear_in_order);
+    tcase_add_test(tc, duplicates_dropped);
+    tcase_add_test(tc, pending_cascade);
+    tcase_add_test(tc, seq_gap_and_fork);
+    tcase_add_test(tc, discard_keeps_dependents_pending);
+    tcase_add_test(tc, diamond_ancestry);
+    tcase_add_test(tc, missing_lists_unknown_deps);
+    tcase_add_test(tc, random_permutations_converge);
+    tcase_add_test(tc, pending_limit);
+    tcase_add_test(tc, long_chain_linear_time);
+    tcase_add_test(tc, long_chain_reverse_delivery);
+    tcase_add_test(tc, seq_check_walks_back);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(dag_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,988 @@
+/*
+ * Unit tests for crdt/doc.c: local edits and reads, concurrent edits merged
+ * between replicas (winner = greatest op id, conflicts visible), deletes vs
+ * concurrent sets, nested objects, RGA lists, counters, exact rollback, reads
+ * at past heads, the exact patch sequence an observer sees, and hostile
+ * changes (built with cairn_change_new) rejected with nothing applied.
+ * Changes travel between replicas as bytes (encode -> decode).
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/change.h"
+#include "crdt/dag.h"
+#include "crdt/doc.h"
+#include "crdt/error.h"
+
+/* ---- helpers --------------------------------------------------------- */
+
+static cairn_actor actor_n(uint8_t n)
+{
+    cairn_actor a;
+    memset(a.b, n, sizeof a.b);
+    return a;
+}
+
+static cairn_doc *new_doc(uint8_t n)
+{
+    cairn_doc *d;
+    cairn_actor a = actor_n(n);
+    ck_assert_int_eq(cairn_doc_new(&d, &a), 0);
+    return d;
+}
+
+static cairn_value str_v(const char *s)
+{
+    cairn_value v;
+    memset(&v, 0, sizeof v);
+    v.type = CAIRN_V_STR;
+    v.v.bytes.ptr = (const uint8_t *)s;
+    v.v.bytes.len = strlen(s);
+    return v;
+}
+
+static cairn_value int_v(int64_t i, uint8_t type)
+{
+    cairn_value v;
+    memset(&v, 0, sizeof v);
+    v.type = type;
+    v.v.i = i;
+    return v;
+}
+
+static void put_s(cairn_doc *d, cairn_objid o, const char *k, const char *val)
+{
+    cairn_value v = str_v(val);
+    ck_assert_int_eq(cairn_doc_put(d, o, (const uint8_t *)k, strlen(k), &v), 0);
+}
+
+static void commit(cairn_doc *d)
+{
+    const cairn_change *c;
+    ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+    ck_assert_ptr_nonnull(c);
+}
+
+/* The winner at |k| as a string ("" if absent, "<map>"/"<list>"). */
+static const char *get_s(const cairn_doc *d, cairn_objid o, const char *k)
+{
+    static char buf[256];
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(d, &r, o, (const uint8_t *)k, strlen(k)), 0);
+    if (r.kind == CAIRN_READ_NONE)
+        return "";
+    if (r.kind == CAIRN_READ_MAP)
+        return "<map>";
+    if (r.kind == CAIRN_READ_LIST)
+        return "<list>";
+    if (r.value.type == CAIRN_V_STR || r.value.type == CAIRN_V_BYTES)
+        snprintf(buf, sizeof buf, "%.*s", (int)r.value.v.bytes.len,
+                 (const char *)r.value.v.bytes.ptr);
+    else
+        snprintf(buf, sizeof buf, "%lld", (long long)r.value.v.i);
+    return buf;
+}
+
+/* The visible list as "a,b,c". */
+static const char *list_s(const cairn_doc *d, cairn_objid o)
+{
+    static char buf[1024];
+    size_t n, len = 0;
+    buf[0] = 0;
+    ck_assert_int_eq(cairn_doc_length(d, &n, o), 0);
+    for (size_t i = 0; i < n; i++) {
+        cairn_read r;
+        ck_assert_int_eq(cairn_doc_list_get(d, &r, o, i), 0);
+        ck_assert_int_eq(r.kind, CAIRN_READ_SCALAR);
+        if (r.value.type == CAIRN_V_COUNTER || r.value.type == CAIRN_V_INT)
+            len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%lld", i ? "," : "",
+                                    (long long)r.value.v.i);
+        else
+            len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%.*s", i ? "," : "",
+                                    (int)r.value.v.bytes.len, (const char *)r.value.v.bytes.ptr);
+    }
+    return buf;
+}
+
+/* Sends |from| every change |to| lacks, as bytes. */
+static void deliver(cairn_doc *to, const cairn_doc *from)
+{
+    const cairn_dag *fd = cairn_doc_dag(from);
+    for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
+        const cairn_change *c = cairn_dag_at(fd, i);
+        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+            continue;
+        cairn_change *copy;
+        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
+    }
+}
+
+static void exchange(cairn_doc *a, cairn_doc *b)
+{
+    deliver(a, b);
+    deliver(b, a);
+}
+
+/* Equal dumps and heads. */
+static void assert_same(const cairn_doc *a, const cairn_doc *b)
+{
+    uint8_t *da, *db;
+    size_t la, lb;
+    ck_assert_int_eq(cairn_doc_dump(&da, &la, a), 0);
+    ck_assert_int_eq(cairn_doc_dump(&db, &lb, b), 0);
+    ck_assert_uint_eq(la, lb);
+    ck_assert_mem_eq(da, db, la);
+    free(da);
+    free(db);
+    const cairn_hash *ha, *hb;
+    size_t na = cairn_dag_heads(cairn_doc_dag(a), &ha);
+    size_t nb = cairn_dag_heads(cairn_doc_dag(b), &hb);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_mem_eq(ha, hb, na * sizeof *ha);
+}
+
+static uint8_t *dump_of(const cairn_doc *d, size_t *len)
+{
+    uint8_t *p;
+    ck_assert_int_eq(cairn_doc_dump(&p, len, d), 0);
+    return p;
+}
+
+/* ---- maps ------------------------------------------------------------ */
+
+START_TEST(map_set_get_delete)
+{
+    cairn_doc *d = new_doc(1);
+    size_t n;
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "a"), "");
+    ck_assert_int_eq(cairn_doc_begin(d, 1000), 0);
+    ck_assert_int_eq(cairn_doc_begin(d, 1000), CAIRN_ESTATE);
+    put_s(d, CAIRN_ROOT, "a", "1");
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "a"), "1"); /* visible before commit */
+    put_s(d, CAIRN_ROOT, "b", "2");
+    /* keys are bytes: NUL inside, empty key */
+    cairn_value v = str_v("nul");
+    ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"x\0y", 3, &v), 0);
+    ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"", 0, &v), 0);
+    const cairn_change *c;
+    ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+    ck_assert_uint_eq(c->seq, 1);
+    ck_assert_uint_eq(c->start_op, 1000);
+    ck_assert_uint_eq(c->nops, 4);
+    ck_assert_uint_eq(c->ndeps, 0);
+    ck_assert_int_eq(cairn_doc_length(d, &n, CAIRN_ROOT), 0);
+    ck_assert_uint_eq(n, 4);
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)"x\0y", 3), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_SCALAR);
+    ck_assert_mem_eq(r.value.v.bytes.ptr, "nul", 3);
+    ck_assert_int_eq(cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)"x", 1), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_NONE);
+
+    /* overwrite and delete; the clock is behind: HLC keeps counters rising */
+    ck_assert_int_eq(cairn_doc_begin(d, 5), 0);
+    put_s(d, CAIRN_ROOT, "a", "one");
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"b", 1), 0);
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"zz", 2), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+    ck_assert_uint_eq(c->seq, 2);
+    ck_assert_uint_eq(c->start_op, 1004);
+    ck_assert_uint_eq(c->ndeps, 1);
+    ck_assert_uint_eq(c->ops[0].npred, 1);
+    ck_assert_uint_eq(c->ops[0].pred[0].counter, 1000);
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "a"), "one");
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "b"), "");
+    ck_assert_int_eq(cairn_doc_length(d, &n, CAIRN_ROOT), 0);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)"a", 1), 0);
+    ck_assert_uint_eq(r.id.counter, 1004);
+    ck_assert_uint_eq(r.id.actor, 0);
+
+    /* empty commit commits nothing; edits outside begin fail */
+    ck_assert_int_eq(cairn_doc_begin(d, 0), 0);
+    ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+    ck_assert_ptr_null(c);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(d)), 2);
+    v = str_v("x");
+    ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"a", 1, &v), CAIRN_ESTATE);
+    cairn_doc_free(d);
+}
+END_TEST
+
+static int count_cb(void *arg, const uint8_t *key, size_t key_len, const cairn_read *v)
+{
+    (void)key;
+    (void)key_len;
+    ck_assert_int_eq(v->kind, CAIRN_READ_SCALAR);
+    (*(int *)arg)++;
+    return 0;
+}
+
+START_TEST(map_many_keys_and_foreach)
+{
+    cairn_doc *d = new_doc(1);
+    char k[32], val[32];
+    ck_assert_int_eq(cairn_doc_begin(d, 1), 0);
+    for (int i = 0; i < 5000; i++) {
+        snprintf(k, sizeof k, "key%d", i);
+        snprintf(val, sizeof val, "v%d", i);
+        put_s(d, CAIRN_ROOT, k, val);
+    }
+    commit(d);
+    ck_assert_int_eq(cairn_doc_begin(d, 1), 0);
+    for (int i = 0; i < 5000; i += 2) {
+        snprintf(k, sizeof k, "key%d", i);
+        ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)k, strlen(k)), 0);
+    }
+    commit(d);
+    for (int i = 0; i < 5000; i++) {
+        snprintf(k, sizeof k, "key%d", i);
+        snprintf(val, sizeof val, "v%d", i);
+        ck_assert_str_eq(get_s(d, CAIRN_ROOT, k), i % 2 ? val : "");
+    }
+    int count = 0;
+    ck_assert_int_eq(cairn_doc_map_foreach(d, CAIRN_ROOT, count_cb, &count), 0);
+    ck_assert_int_eq(count, 2500);
+    cairn_doc *e = new_doc(2);
+    deliver(e, d);
+    assert_same(d, e);
+    cairn_doc_free(d);
+    cairn_doc_free(e);
+}
+END_TEST
+
+START_TEST(concurrent_writes_conflict)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    /* same wall clock: equal counters, actor bytes decide (2 > 1) */
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    put_s(a, CAIRN_ROOT, "k", "from-a");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 100), 0);
+    put_s(b, CAIRN_ROOT, "k", "from-b");
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "from-b");
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "k"), "from-b");
+    cairn_read all[4];
+    size_t n;
+    ck_assert_int_eq(cairn_doc_get_all(a, all, 4, &n, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_mem_eq(all[0].value.v.bytes.ptr, "from-b", 6);
+    ck_assert_mem_eq(all[1].value.v.bytes.ptr, "from-a", 6);
+    cairn_actor who;
+    ck_assert_int_eq(cairn_doc_actor_of(a, &who, all[0].id), 0);
+    ck_assert_int_eq(who.b[0], 2);
+    ck_assert_int_eq(cairn_doc_get_all(a, all, 1, &n, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_uint_eq(n, 2);
+
+    /* a later wall clock wins: a writes at t=5000, b at t=4000 */
+    ck_assert_int_eq(cairn_doc_begin(a, 5000), 0);
+    put_s(a, CAIRN_ROOT, "t", "later");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 4000), 0);
+    put_s(b, CAIRN_ROOT, "t", "earlier");
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "t"), "later");
+
+    /* a write that saw both conflicts resolves them */
+    ck_assert_int_eq(cairn_doc_begin(a, 6000), 0);
+    put_s(a, CAIRN_ROOT, "k", "resolved");
+    commit(a);
+    exchange(a, b);
+    ck_assert_int_eq(cairn_doc_get_all(b, all, 4, &n, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "k"), "resolved");
+    assert_same(a, b);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(delete_vs_concurrent_set)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    ck_assert_int_eq(cairn_doc_begin(a, 10), 0);
+    put_s(a, CAIRN_ROOT, "k", "v0");
+    put_s(a, CAIRN_ROOT, "j", "w0");
+    commit(a);
+    exchange(a, b);
+    ck_assert_int_eq(cairn_doc_begin(a, 20), 0);
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    put_s(a, CAIRN_ROOT, "j", "w-a");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 15), 0);
+    put_s(b, CAIRN_ROOT, "k", "v-b");
+    ck_assert_int_eq(cairn_doc_delete(b, CAIRN_ROOT, (const uint8_t *)"j", 1), 0);
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    /* the set survives the concurrent delete, whatever the clocks */
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "v-b");
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "j"), "w-a");
+    cairn_read all[2];
+    size_t n;
+    ck_assert_int_eq(cairn_doc_get_all(a, all, 2, &n, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_uint_eq(n, 1);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(nested_objects)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_objid m, l, m2;
+    ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
+    ck_assert_int_eq(cairn_doc_put_object(a, &m, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
+                                          CAIRN_OBJ_MAP),
+                     0);
+    put_s(a, m, "name", "x");
+    ck_assert_int_eq(cairn_doc_put_object(a, &l, m, (const uint8_t *)"items", 5, CAIRN_OBJ_LIST),
+                     0);
+    cairn_value v = str_v("i0");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
+    ck_assert_int_eq(cairn_doc_list_insert_object(a, &m2, l, 1, CAIRN_OBJ_MAP), 0);
+    put_s(a, m2, "deep", "yes");
+    /* wrong object kinds */
+    ck_assert_int_eq(cairn_doc_put(a, l, (const uint8_t *)"k", 1, &v), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_doc_list_insert(a, m, 0, &v), CAIRN_EINVAL);
+    cairn_objid nope = {999999, 0};
+    ck_assert_int_eq(cairn_doc_put(a, nope, (const uint8_t *)"k", 1, &v), CAIRN_ENOOBJ);
+    commit(a);
+    deliver(b, a);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "cfg"), "<map>");
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"cfg", 3), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_MAP);
+    cairn_objid bm = r.obj;
+    ck_assert_str_eq(get_s(b, bm, "name"), "x");
+    ck_assert_int_eq(cairn_doc_get(b, &r, bm, (const uint8_t *)"items", 5), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_LIST);
+    cairn_objid bl = r.obj;
+    ck_assert_int_eq(cairn_doc_list_get(b, &r, bl, 1), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_MAP);
+    ck_assert_str_eq(get_s(b, r.obj, "deep"), "yes");
+
+    /* concurrent: a replaces cfg with a new map while b edits the old one */
+    ck_assert_int_eq(cairn_doc_begin(a, 50), 0);
+    cairn_objid m3;
+    ck_assert_int_eq(cairn_doc_put_object(a, &m3, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
+                                          CAIRN_OBJ_MAP),
+                     0);
+    put_s(a, m3, "name", "new");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 40), 0);
+    put_s(b, bm, "name", "edited-old");
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"cfg", 3), 0);
+    ck_assert_str_eq(get_s(b, r.obj, "name"), "new");
+    /* the replaced map stays addressable and took b's edit */
+    ck_assert_str_eq(get_s(a, m, "name"), "edited-old");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- lists ------------------------------------------------------------- */
+
+START_TEST(list_ops)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
+    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    const char *vals[] = {"a", "b", "c", "d"};
+    for (size_t i = 0; i < 4; i++) {
+        cairn_value v = str_v(vals[i]);
+        ck_assert_int_eq(cairn_doc_list_insert(a, l, i, &v), 0);
+    }
+    cairn_value v = str_v("x");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 9, &v), CAIRN_EINVAL);
+    ck_assert_str_eq(list_s(a, l), "a,b,c,d");
+    ck_assert_int_eq(cairn_doc_list_delete(a, l, 1), 0);
+    ck_assert_str_eq(list_s(a, l), "a,c,d");
+    ck_assert_int_eq(cairn_doc_list_set(a, l, 2, &v), 0);
+    ck_assert_str_eq(list_s(a, l), "a,c,x");
+    v = str_v("front");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
+    v = str_v("mid");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 2, &v), 0);
+    ck_assert_str_eq(list_s(a, l), "front,a,mid,c,x");
+    ck_assert_int_eq(cairn_doc_list_delete(a, l, 5), CAIRN_ENOTFOUND);
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_list_get(a, &r, l, 5), CAIRN_ENOTFOUND);
+    commit(a);
+    deliver(b, a);
+    assert_same(a, b);
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    ck_assert_str_eq(list_s(b, r.obj), "front,a,mid,c,x");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(list_concurrent_inserts)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2), *c = new_doc(3);
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
+    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    cairn_value v = str_v("base");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
+    commit(a);
+    deliver(b, a);
+    deliver(c, a);
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    cairn_objid lb = r.obj;
+    ck_assert_int_eq(cairn_doc_get(c, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    cairn_objid lc = r.obj;
+    /* all three insert after "base" concurrently; same clock -> by actor,
+     * greatest first: c (3), b (2), a (1). a then continues after its own. */
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    v = str_v("a1");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 1, &v), 0);
+    v = str_v("a2");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 2, &v), 0);
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 100), 0);
+    v = str_v("b1");
+    ck_assert_int_eq(cairn_doc_list_insert(b, lb, 1, &v), 0);
+    commit(b);
+    ck_assert_int_eq(cairn_doc_begin(c, 100), 0);
+    v = str_v("c1");
+    ck_assert_int_eq(cairn_doc_list_insert(c, lc, 1, &v), 0);
+    /* and c inserts at the front */
+    v = str_v("c0");
+    ck_assert_int_eq(cairn_doc_list_insert(c, lc, 0, &v), 0);
+    commit(c);
+    /* different delivery orders */
+    deliver(a, c);
+    deliver(a, b);
+    deliver(b, a);
+    deliver(c, b);
+    assert_same(a, b);
+    assert_same(a, c);
+    ck_assert_str_eq(list_s(a, l), "c0,base,c1,b1,a1,a2");
+    /* a deletes b1 while b sets it: the set resurrects the element */
+    ck_assert_int_eq(cairn_doc_begin(a, 200), 0);
+    ck_assert_int_eq(cairn_doc_list_delete(a, l, 3), 0);
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 200), 0);
+    v = str_v("B1");
+    ck_assert_int_eq(cairn_doc_list_set(b, lb, 3, &v), 0);
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(list_s(a, l), "c0,base,c1,B1,a1,a2");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+    cairn_doc_free(c);
+}
+END_TEST
+
+/* ---- counters ------------------------------------------------------------ */
+
+START_TEST(counters_concurrent_increments)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
+    cairn_value cv = int_v(10, CAIRN_V_COUNTER);
+    ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)"n", 1, &cv), 0);
+    put_s(a, CAIRN_ROOT, "s", "str");
+    ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"s", 1, 1), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"q", 1, 1),
+                     CAIRN_ENOTFOUND);
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &cv), 0);
+    commit(a);
+    exchange(a, b);
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    cairn_objid lb = r.obj;
+    ck_assert_int_eq(cairn_doc_begin(a, 2), 0);
+    ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"n", 1, 5), 0);
+    ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"n", 1, 1), 0);
+    ck_assert_int_eq(cairn_doc_list_increment(a, l, 0, 3), 0);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "n"), "16");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 2), 0);
+    ck_assert_int_eq(cairn_doc_increment(b, CAIRN_ROOT, (const uint8_t *)"n", 1, -7), 0);
+    ck_assert_int_eq(cairn_doc_list_increment(b, lb, 0, 100), 0);
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "n"), "9");
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "n"), "9");
+    ck_assert_str_eq(list_s(b, lb), "113");
+    ck_assert_int_eq(cairn_doc_get(a, &r, CAIRN_ROOT, (const uint8_t *)"n", 1), 0);
+    ck_assert_int_eq(r.value.type, CAIRN_V_COUNTER);
+
+    /* increment concurrent with an overwrite: the increment is dropped */
+    ck_assert_int_eq(cairn_doc_begin(a, 3), 0);
+    put_s(a, CAIRN_ROOT, "n", "plain");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 3), 0);
+    ck_assert_int_eq(cairn_doc_increment(b, CAIRN_ROOT, (const uint8_t *)"n", 1, 1000), 0);
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "n"), "plain");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- rollback ------------------------------------------------------------ */
+
+START_TEST(rollback_restores_exactly)
+{
+    cairn_doc *d = new_doc(1), *peer = new_doc(2);
+    cairn_objid m, l;
+    ck_assert_int_eq(cairn_doc_begin(d, 1), 0);
+    put_s(d, CAIRN_ROOT, "keep", "k");
+    put_s(d, CAIRN_ROOT, "del", "d");
+    ck_assert_int_eq(cairn_doc_put_object(d, &m, CAIRN_ROOT, (const uint8_t *)"m", 1,
+                                          CAIRN_OBJ_MAP),
+                     0);
+    put_s(d, m, "inner", "i");
+    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    cairn_value v = str_v("e0"), cv = int_v(1, CAIRN_V_COUNTER);
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &cv), 0);
+    ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"c", 1, &cv), 0);
+    commit(d);
+    /* a conflict, so that rollback has a multi-op set to restore */
+    ck_assert_int_eq(cairn_doc_begin(peer, 1), 0);
+    put_s(peer, CAIRN_ROOT, "keep", "peer");
+    commit(peer);
+    deliver(d, peer);
+    size_t len0, len1;
+    uint8_t *before = dump_of(d, &len0);
+    const cairn_hash *h;
+    size_t nh0 = cairn_dag_heads(cairn_doc_dag(d), &h);
+    cairn_hash head0[4];
+    memcpy(head0, h, nh0 * sizeof *h);
+
+    ck_assert_int_eq(cairn_doc_begin(d, 50), 0);
+    put_s(d, CAIRN_ROOT, "keep", "changed");
+    put_s(d, CAIRN_ROOT, "keep", "changed twice");
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"del", 3), 0);
+    put_s(d, CAIRN_ROOT, "del", "back");
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"del", 3), 0);
+    put_s(d, CAIRN_ROOT, "new", "n");
+    put_s(d, m, "inner", "i2");
+    ck_assert_int_eq(cairn_doc_delete(d, m, (const uint8_t *)"inner", 5), 0);
+    cairn_objid m2;
+    ck_assert_int_eq(cairn_doc_put_object(d, &m2, CAIRN_ROOT, (const uint8_t *)"m", 1,
+                                          CAIRN_OBJ_MAP),
+                     0);
+    put_s(d, m2, "x", "y");
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &v), 0);
+    ck_assert_int_eq(cairn_doc_list_delete(d, l, 0), 0);
+    ck_assert_int_eq(cairn_doc_list_increment(d, l, 1, 41), 0);
+    ck_assert_int_eq(cairn_doc_list_set(d, l, 0, &cv), 0);
+    ck_assert_int_eq(cairn_doc_increment(d, CAIRN_ROOT, (const uint8_t *)"c", 1, 9), 0);
+    cairn_objid l2;
+    ck_assert_int_eq(cairn_doc_list_insert_object(d, &l2, l, 0, CAIRN_OBJ_LIST), 0);
+    ck_assert_int_eq(cairn_doc_list_insert(d, l2, 0, &v), 0);
+    /* failing edits in the middle change nothing */
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"zz", 2), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(cairn_doc_list_delete(d, l, 99), CAIRN_ENOTFOUND);
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "keep"), "changed twice");
+    cairn_doc_rollback(d);
+
+    uint8_t *after = dump_of(d, &len1);
+    ck_assert_uint_eq(len0, len1);
+    ck_assert_mem_eq(before, after, len0);
+    free(after);
+    size_t nh1 = cairn_dag_heads(cairn_doc_dag(d), &h);
+    ck_assert_uint_eq(nh0, nh1);
+    ck_assert_mem_eq(head0, h, nh0 * sizeof *h);
+    size_t n;
+    ck_assert_int_eq(cairn_doc_length(d, &n, l), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(cairn_doc_length(d, &n, CAIRN_ROOT), 0);
+    ck_assert_uint_eq(n, 5);
+    /* objects made in the rolled-back edit are gone */
+    ck_assert_int_eq(cairn_doc_length(d, &n, m2), CAIRN_ENOOBJ);
+    /* the doc keeps working: a new edit commits and syncs */
+    ck_assert_int_eq(cairn_doc_begin(d, 60), 0);
+    ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"del", 3), 0);
+    commit(d);
+    exchange(d, peer);
+    assert_same(d, peer);
+    free(before);
+    cairn_doc_free(d);
+    cairn_doc_free(peer);
+}
+END_TEST
+
+/* ---- reads at heads ----------------------------------------------------- */
+
+START_TEST(new_at_heads)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
+    put_s(a, CAIRN_ROOT, "k", "v1");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 1), 0);
+    put_s(b, CAIRN_ROOT, "other", "o");
+    commit(b);
+    deliver(a, b);
+    size_t len1;
+    uint8_t *d1 = dump_of(a, &len1);
+    const cairn_hash *h;
+    size_t nh = cairn_dag_heads(cairn_doc_dag(a), &h);
+    ck_assert_uint_eq(nh, 2);
+    cairn_hash heads1[2];
+    memcpy(heads1, h, sizeof heads1);
+    ck_assert_int_eq(cairn_doc_begin(a, 2), 0);
+    put_s(a, CAIRN_ROOT, "k", "v2");
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"other", 5), 0);
+    commit(a);
+
+    cairn_doc *past;
+    ck_assert_int_eq(cairn_doc_new_at(&past, a, heads1, 2), 0);
+    size_t lenp;
+    uint8_t *dp = dump_of(past, &lenp);
+    ck_assert_uint_eq(len1, lenp);
+    ck_assert_mem_eq(d1, dp, len1);
+    ck_assert_str_eq(get_s(past, CAIRN_ROOT, "k"), "v1");
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "v2");
+    ck_assert_int_eq(cairn_doc_begin(past, 3), CAIRN_ESTATE);
+    cairn_doc_free(past);
+    /* only b's change */
+    ck_assert_int_eq(cairn_doc_new_at(&past, a, &heads1[0], 1), 0);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(past)), 1);
+    cairn_doc_free(past);
+    /* empty heads: the empty doc; unknown heads: ENOTFOUND */
+    ck_assert_int_eq(cairn_doc_new_at(&past, a, NULL, 0), 0);
+    size_t n;
+    ck_assert_int_eq(cairn_doc_length(past, &n, CAIRN_ROOT), 0);
+    ck_assert_uint_eq(n, 0);
+    cairn_doc_free(past);
+    cairn_hash bogus;
+    memset(&bogus, 0x5a, sizeof bogus);
+    ck_assert_int_eq(cairn_doc_new_at(&past, a, &bogus, 1), CAIRN_ENOTFOUND);
+    ck_assert_ptr_null(past);
+    free(d1);
+    free(dp);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- observer --------------------------------------------------------------- */
+
+struct log {
+    char s[4096];
+    size_t n;
+};
+
+static void log_change(void *arg, const cairn_change *c, uint64_t index, int begin)
+{
+    struct log *l = arg;
+    l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s#%llu(%u);",
+                             begin ? "begin" : "end", (unsigned long long)index, c->nops);
+}
+
+static void log_patch(void *arg, const cairn_patch *p)
+{
+    struct log *l = arg;
+    static const char *names[] = {"?", "PUT", "DEL", "INSERT", "SET", "REMOVE", "INC"};
+    char val[64] = "";
+    if (p->value.kind == CAIRN_READ_SCALAR) {
+        if (p->value.value.type == CAIRN_V_STR)
+            snprintf(val, sizeof val, "=%.*s", (int)p->value.value.v.bytes.len,
+                     (const char *)p->value.value.v.bytes.ptr);
+        else
+            snprintf(val, sizeof val, "=%lld", (long long)p->value.value.v.i);
+    } else if (p->value.kind == CAIRN_READ_MAP) {
+        snprintf(val, sizeof val, "=<map>");
+    } else if (p->value.kind == CAIRN_READ_LIST) {
+        snprintf(val, sizeof val, "=<list>");
+    }
+    if (p->action == CAIRN_PATCH_PUT || p->action == CAIRN_PATCH_DEL ||
+        (p->action == CAIRN_PATCH_INC && p->key_len))
+        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s %.*s%s n%u;",
+                                 names[p->action], (int)p->key_len, (const char *)p->key, val,
+                                 p->nconflicts);
+    else
+        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s @%llu%s n%u;",
+                                 names[p->action], (unsigned long long)p->index, val,
+                                 p->nconflicts);
+}
+
+/* Delivers |from|'s changes to |to| with a logging observer. */
+static void deliver_logged(cairn_doc *to, const cairn_doc *from, struct log *lg)
+{
+    cairn_doc_observer obs = {lg, log_change, log_patch};
+    const cairn_dag *fd = cairn_doc_dag(from);
+    for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
+        const cairn_change *c = cairn_dag_at(fd, i);
+        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+            continue;
+        cairn_change *copy;
+        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_doc_receive(to, copy, &obs), 0);
+    }
+}
+
+START_TEST(observer_patches)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    struct log la = {.n = 0}, lb = {.n = 0};
+    cairn_doc_observer obs = {&la, log_change, log_patch};
+    const cairn_change *c;
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_begin(a, 10), 0);
+    put_s(a, CAIRN_ROOT, "k1", "v1");
+    put_s(a, CAIRN_ROOT, "k2", "v2");
+    put_s(a, CAIRN_ROOT, "k1", "v1b");
+    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    cairn_value v = str_v("x"), cv = int_v(5, CAIRN_V_COUNTER);
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
+    v = str_v("y");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
+    ck_assert_int_eq(cairn_doc_list_delete(a, l, 1), 0);
+    v = str_v("z");
+    ck_assert_int_eq(cairn_doc_list_set(a, l, 0, &v), 0);
+    ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)"n", 1, &cv), 0);
+    ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"n", 1, 2), 0);
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"k2", 2), 0);
+    ck_assert_int_eq(cairn_doc_commit(a, &c, &obs), 0);
+    const char *want = "begin#0(11);PUT k1=v1 n1;PUT k2=v2 n1;PUT k1=v1b n1;PUT l=<list> n1;"
+                       "INSERT @0=x n1;INSERT @0=y n1;REMOVE @1 n0;SET @0=z n1;PUT n=5 n1;"
+                       "INC n=7 n1;DEL k2 n0;end#0(11);";
+    ck_assert_str_eq(la.s, want);
+    /* a remote replay reports the same sequence */
+    deliver_logged(b, a, &lb);
+    ck_assert_str_eq(lb.s, want);
+
+    /* concurrent writes: the loser reports nothing, the winner a PUT */
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    put_s(a, CAIRN_ROOT, "k1", "a-wins"); /* later clock */
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 19), 0);
+    put_s(b, CAIRN_ROOT, "k1", "b-loses");
+    put_s(b, CAIRN_ROOT, "k3", "b-new");
+    commit(b);
+    la.n = lb.n = 0;
+    la.s[0] = lb.s[0] = 0;
+    deliver_logged(a, b, &la);
+    ck_assert_str_eq(la.s, "begin#2(2);PUT k3=b-new n1;end#2(2);");
+    deliver_logged(b, a, &lb);
+    ck_assert_str_eq(lb.s, "begin#2(1);PUT k1=a-wins n2;end#2(1);");
+    /* rollback reports nothing; a change with no visible effect still
+     * gets begin/end */
+    la.n = 0;
+    la.s[0] = 0;
+    ck_assert_int_eq(cairn_doc_begin(b, 30), 0);
+    put_s(b, CAIRN_ROOT, "gone", "x");
+    cairn_doc_rollback(b);
+    ck_assert_int_eq(cairn_doc_begin(b, 30), 0);
+    ck_assert_int_eq(cairn_doc_delete(b, CAIRN_ROOT, (const uint8_t *)"k3", 2), 0);
+    commit(b);
+    ck_assert_int_eq(cairn_doc_begin(a, 31), 0);
+    put_s(a, CAIRN_ROOT, "k3", "a-over");
+    commit(a);
+    /* b's delete arrives after a's concurrent overwrite: no visible effect */
+    deliver_logged(a, b, &la);
+    ck_assert_str_eq(la.s, "begin#4(1);end#4(1);");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- hostile changes ------------------------------------------------------ */
+
+/* A change by actor |who| (seq 1) on top of |d|'s heads. */
+static cairn_change *hostile(const cairn_doc *d, uint8_t who, uint64_t seq, uint64_t start_op,
+                             cairn_op *ops, uint32_t nops, cairn_actor *others, uint32_t nothers)
+{
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    cairn_actor actors[4];
+    actors[0] = actor_n(who);
+    for (uint32_t i = 0; i < nothers; i++)
+        actors[i + 1] = others[i];
+    t.actor = actors[0];
+    t.seq = seq;
+    t.start_op = start_op;
+    t.time_ms = 1;
+    const cairn_hash *h;
+    t.ndeps = (uint32_t)cairn_dag_heads(cairn_doc_dag(d), &h);
+    t.deps = (cairn_hash *)h;
+    t.nactors = nothers + 1;
+    t.actors = actors;
+    t.nops = nops;
+    t.ops = ops;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    /* through the codec, as from a peer */
+    cairn_change *copy;
+    ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+    cairn_change_free(c);
+    return copy;
+}
+
+static cairn_op set_op(cairn_opid obj_id, const char *key, const char *val)
+{
+    cairn_op op;
+    memset(&op, 0, sizeof op);
+    op.action = CAIRN_OP_SET;
+    op.obj = obj_id;
+    op.key = (const uint8_t *)key;
+    op.key_len = (uint32_t)strlen(key);
+    op.value = str_v(val);
+    return op;
+}
+
+static void expect_rejected(cairn_doc *d, cairn_change *c, int want)
+{
+    size_t l0, l1;
+    uint8_t *before = dump_of(d, &l0);
+    uint64_t count = cairn_dag_count(cairn_doc_dag(d));
+    cairn_hash h = c->hash;
+    ck_assert_int_eq(cairn_doc_receive(d, c, NULL), want);
+    uint8_t *after = dump_of(d, &l1);
+    ck_assert_uint_eq(l0, l1);
+    ck_assert_mem_eq(before, after, l0);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(d)), count);
+    ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(d), &h), 0);
+    free(before);
+    free(after);
+}
+
+START_TEST(hostile_changes_rejected)
+{
+    cairn_doc *d = new_doc(1);
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_begin(d, 100), 0);
+    put_s(d, CAIRN_ROOT, "k", "v");
+    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
+                                          CAIRN_OBJ_LIST),
+                     0);
+    cairn_value v = str_v("e");
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
+    commit(d); /* ops 100 (k), 101 (list), 102 (element) by actor 1 */
+    cairn_actor a1 = actor_n(1);
+    cairn_op ops[2];
+
+    /* a valid op followed by an op on an unknown object: nothing applies */
+    ops[0] = set_op(CAIRN_ROOT, "good", "g");
+    ops[1] = set_op((cairn_opid){55, 0}, "x", "y");
+    expect_rejected(d, hostile(d, 9, 1, 200, ops, 2, NULL, 0), CAIRN_ENOOBJ);
+    ck_assert_str_eq(get_s(d, CAIRN_ROOT, "good"), "");
+
+    /* a list op (insert) on the root map */
+    memset(&ops[1], 0, sizeof ops[1]);
+    ops[1].action = CAIRN_OP_SET;
+    ops[1].insert = 1;
+    ops[1].obj = CAIRN_ROOT;
+    ops[1].value = str_v("y");
+    expect_rejected(d, hostile(d, 9, 1, 200, ops, 2, NULL, 0), CAIRN_EBADOP);
+
+    /* a map op (key) on the list; the list is (101, actor 1 = index 1) */
+    ops[1] = set_op((cairn_opid){101, 1}, "x", "y");
+    expect_rejected(d, hostile(d, 9, 1, 200, ops, 2, &a1, 1), CAIRN_EBADOP);
+
+    /* a list op naming an element that does not exist */
+    memset(&ops[1], 0, sizeof ops[1]);
+    ops[1].action = CAIRN_OP_DEL;
+    ops[1].obj = (cairn_opid){101, 1};
+    ops[1].elem = (cairn_opid){100, 1}; /* exists, but is a map op */
+    expect_rejected(d, hostile(d, 9, 1, 200, ops, 2, &a1, 1), CAIRN_ENOTFOUND);
+
+    /* an object that is a scalar op, not a make */
+    ops[1] = set_op((cairn_opid){100, 1}, "x", "y");
+    expect_rejected(d, hostile(d, 9, 1, 200, ops, 2, &a1, 1), CAIRN_ENOOBJ);
+
+    /* a reference to a counter not below start_op (Lamport rule) */
+    memset(&ops[1], 0, sizeof ops[1]);
+    ops[1].action = CAIRN_OP_SET;
+    ops[1].insert = 1;
+    ops[1].obj = (cairn_opid){101, 1};
+    ops[1].value = str_v("y");
+    expect_rejected(d, hostile(d, 9, 1, 50, ops, 2, &a1, 1), CAIRN_EBADOP);
+
+    /* an actor 1 change that reuses actor 1's op ids (seq 2, start_op 101) */
+    ops[0] = set_op(CAIRN_ROOT, "reuse", "r");
+    expect_rejected(d, hostile(d, 1, 2, 101, ops, 1, NULL, 0), CAIRN_EBADOP);
+
+    /* a valid hostile-looking change still applies afterwards: it makes a
+     * map and writes into it in the same change */
+    memset(ops, 0, sizeof ops);
+    ops[0].action = CAIRN_OP_MAKE_MAP;
+    ops[0].obj = CAIRN_ROOT;
+    ops[0].key = (const uint8_t *)"m";
+    ops[0].key_len = 1;
+    ops[1] = set_op((cairn_opid){300, 0}, "in", "side");
+    cairn_change *ok = hostile(d, 9, 1, 300, ops, 2, NULL, 0);
+    ck_assert_int_eq(cairn_doc_receive(d, ok, NULL), 0);
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(d, &r, CAIRN_ROOT, (const uint8_t *)"m", 1), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_MAP);
+    ck_assert_str_eq(get_s(d, r.obj, "in"), "side");
+    /* receive during a local edit */
+    ck_assert_int_eq(cairn_doc_begin(d, 1000), 0);
+    ops[0] = set_op(CAIRN_ROOT, "late", "l");
+    cairn_change *late = hostile(d, 8, 1, 400, ops, 1, NULL, 0);
+    ck_assert_int_eq(cairn_doc_receive(d, late, NULL), CAIRN_ESTATE);
+    cairn_doc_rollback(d);
+    cairn_doc_free(d);
+}
+END_TEST
+
+static Suite *doc_suite(void)
+{
+    Suite *s = suite_create("doc");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, map_set_get_delete);
+    tcase_add_test(tc, map_many_keys_and_foreach);
+    tcase_add_test(tc, concurrent_writes_conflict);
+    tcase_add_test(tc, delete_vs_concurrent_set);
+    tcase_add_test(tc, nested_objects);
+    tcase_add_test(tc, list_ops);
+    tcase_add_test(tc, list_concurrent_inserts);
+    tcase_add_test(tc, counters_concurrent_increments);
+    tcase_add_test(tc, rollback_restores_exactly);
+    tcase_add_test(tc, new_at_heads);
+    tcase_add_test(tc, observer_patches);
+    tcase_add_test(tc, hostile_changes_rejected);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(doc_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,873 @@
+/*
+ * Sync protocol: two replicas that diverged converge in two round trips;
+ * several replicas converge transitively over a line, a ring and a star;
+ * lossy transport (drops, duplicates, reordering, lost sync state) still
+ * converges; forced Bloom false positives and tiny message bounds still
+ * converge; push; peer_has; the decoder rejects bad bytes with the right
+ * code and the encoding is canonical.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/doc.h"
+#include "crdt/error.h"
+#include "crdt/sync.h"
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+static void salt_next(uint8_t salt[CAIRN_BLOOM_SALT_LEN], uint64_t *rng)
+{
+    for (int i = 0; i < CAIRN_BLOOM_SALT_LEN; i += 8) {
+        uint64_t v = rng_next(rng);
+        memcpy(salt + i, &v, 8);
+    }
+}
+
+static cairn_doc *new_doc(uint8_t id)
+{
+    cairn_actor a;
+    memset(a.b, 0, sizeof a.b);
+    a.b[0] = id;
+    a.b[15] = (uint8_t)(id * 7 + 1);
+    cairn_doc *d = NULL;
+    ck_assert_int_eq(cairn_doc_new(&d, &a), 0);
+    return d;
+}
+
+static uint64_t test_clock = 1000;
+
+/* |n| local changes on |d|, each one Put of a ~40-byte value. */
+static void edit(cairn_doc *d, const char *tag, int n, size_t *bytes)
+{
+    for (int i = 0; i < n; i++) {
+        char key[64], val[64];
+        int kl = snprintf(key, sizeof key, "%s/%d", tag, i);
+        int vl = snprintf(val, sizeof val, "value of %s number %d ........", tag, i);
+        cairn_value v = {.type = CAIRN_V_BYTES};
+        v.v.bytes.ptr = (const uint8_t *)val;
+        v.v.bytes.len = (size_t)vl;
+        ck_assert_int_eq(cairn_doc_begin(d, ++test_clock), 0);
+        ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)key, (size_t)kl, &v), 0);
+        const cairn_change *c = NULL;
+        ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+        ck_assert_ptr_nonnull(c);
+        if (bytes)
+            *bytes += c->len;
+    }
+}
+
+/* Copies every change of |from| into |to| directly (a common base). */
+static void copy_all(cairn_doc *to, const cairn_doc *from)
+{
+    const cairn_dag *d = cairn_doc_dag(from);
+    for (uint64_t i = 0; i < cairn_dag_count(d); i++) {
+        const cairn_change *c = cairn_dag_at(d, i);
+        cairn_change *copy = NULL;
+        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
+    }
+}
+
+static int same_heads(const cairn_doc *a, const cairn_doc *b)
+{
+    const cairn_hash *ha, *hb;
+    size_t na = cairn_dag_heads(cairn_doc_dag(a), &ha);
+    size_t nb = cairn_dag_heads(cairn_doc_dag(b), &hb);
+    return na == nb && (na == 0 || memcmp(ha, hb, na * sizeof *ha) == 0);
+}
+
+static void assert_same_state(const cairn_doc *a, const cairn_doc *b)
+{
+    ck_assert(same_heads(a, b));
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), cairn_dag_count(cairn_doc_dag(b)));
+    uint8_t *da = NULL, *db = NULL;
+    size_t la = 0, lb = 0;
+    ck_assert_int_eq(cairn_doc_dump(&da, &la, a), 0);
+    ck_assert_int_eq(cairn_doc_dump(&db, &lb, b), 0);
+    ck_assert_uint_eq(la, lb);
+    ck_assert(memcmp(da, db, la) == 0);
+    free(da);
+    free(db);
+}
+
+struct stats {
+    size_t msgs, bytes, rounds_to_converge, rounds;
+};
+
+/* Ping-pong until neither side has anything to send: each round is one
+ * message A->B then one B->A. Returns 0 when quiescent within |max| rounds. */
+static int sync_pair(cairn_doc *a, cairn_sync_state *sa, cairn_doc *b, cairn_sync_state *sb,
+                     uint64_t *rng, size_t max, struct stats *st)
+{
+    memset(st, 0, sizeof *st);
+    for (size_t r = 1; r <= max; r++) {
+        int any = 0;
+        for (int dir = 0; dir < 2; dir++) {
+            cairn_doc *from = dir ? b : a, *to = dir ? a : b;
+            cairn_sync_state *sf = dir ? sb : sa, *stt = dir ? sa : sb;
+            uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+            size_t len = 0;
+            salt_next(salt, rng);
+            ck_assert_int_eq(cairn_sync_generate(&m, &len, from, sf, salt), 0);
+            if (!m)
+                continue;
+            any = 1;
+            st->msgs++;
+            st->bytes += len;
+            ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, NULL), 0);
+            free(m);
+            if (!st->rounds_to_converge && same_heads(a, b))
+                st->rounds_to_converge = r;
+        }
+        if (!any) {
+            st->rounds = r - 1;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static cairn_sync_state *new_state(const cairn_sync_limits *l)
+{
+    cairn_sync_state *s = NULL;
+    ck_assert_int_eq(cairn_sync_state_new(&s, l), 0);
+    return s;
+}
+
+/* ---- two replicas ---------------------------------------------------------- */
+
+START_TEST(empty_docs)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 1;
+    struct stats st;
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 5, &st), 0);
+    ck_assert_uint_le(st.msgs, 2);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), 0);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+static void diverged(int k, int base, int keep_state)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 42 + (uint64_t)k;
+    struct stats st;
+    size_t ideal = 0;
+    edit(a, "base", base, NULL);
+    if (keep_state) {
+        ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    } else {
+        copy_all(b, a);
+    }
+    edit(a, "a", k, &ideal);
+    edit(b, "b", k, &ideal);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 20, &st), 0);
+    assert_same_state(a, b);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), (uint64_t)(base + 2 * k));
+    /* Two round trips; the data is there after one and a half. */
+    ck_assert_uint_le(st.rounds_to_converge, 2);
+    ck_assert_uint_le(st.msgs, 4);
+    /* Bytes: the changes themselves, Bloom filters over the k new changes
+     * (and the base when there is no shared state), heads, framing. */
+    size_t slack = 400 + (size_t)(keep_state ? 0 : base) * 3;
+    ck_assert_uint_le(st.bytes, ideal + ideal / 20 + slack);
+    /* Each change crossed the link once. */
+    ck_assert_uint_ge(st.bytes, ideal);
+    /* Both now know the other has everything. */
+    const cairn_dag *d = cairn_doc_dag(a);
+    for (uint64_t i = 0; i < cairn_dag_count(d); i++) {
+        ck_assert_int_eq(cairn_sync_peer_has(sa, a, &cairn_dag_at(d, i)->hash), 1);
+        ck_assert_int_eq(cairn_sync_peer_has(sb, b, &cairn_dag_at(d, i)->hash), 1);
+    }
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+
+START_TEST(diverged_small)
+{
+    diverged(1, 0, 0);
+    diverged(3, 1, 0);
+    diverged(10, 5, 1);
+}
+END_TEST
+
+START_TEST(diverged_large)
+{
+    diverged(300, 50, 1);
+    diverged(300, 50, 0);
+}
+END_TEST
+
+START_TEST(one_side_ahead)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 7;
+    struct stats st;
+    edit(a, "a", 20, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    /* Fresh peers: one round to learn b's heads, then everything at once. */
+    ck_assert_uint_le(st.rounds_to_converge, 2);
+    ck_assert_uint_le(st.msgs, 4);
+    /* Then b moves on alone: with a's heads known, its first message
+     * carries the changes. */
+    edit(b, "b", 5, NULL);
+    ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    ck_assert_uint_le(st.rounds_to_converge, 1);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(peer_has_tracks_acknowledgement)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 9;
+    struct stats st;
+    edit(a, "a", 3, NULL);
+    const cairn_hash *h;
+    ck_assert_uint_eq(cairn_dag_heads(cairn_doc_dag(a), &h), 1);
+    cairn_hash first = cairn_dag_at(cairn_doc_dag(a), 0)->hash;
+    cairn_hash head = h[0];
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &head), 0);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &first), 0);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &head), 1);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &first), 1);
+    /* A new change is not had until acknowledged. */
+    edit(a, "a2", 1, NULL);
+    ck_assert_uint_eq(cairn_dag_heads(cairn_doc_dag(a), &h), 1);
+    cairn_hash fresh = h[0];
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &fresh), 0);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &head), 1);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &fresh), 1);
+    /* b's change is not known to a's view of b until b reports it. */
+    cairn_hash unknown;
+    memset(unknown.b, 0xAB, sizeof unknown.b);
+    ck_assert_int_eq(cairn_sync_peer_has(sa, a, &unknown), 0);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(push_then_sync)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 11;
+    struct stats st;
+    edit(a, "base", 4, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    /* Three fresh changes pushed at once. */
+    const cairn_change *fresh[3];
+    edit(a, "p", 3, NULL);
+    const cairn_dag *da = cairn_doc_dag(a);
+    for (int i = 0; i < 3; i++)
+        fresh[i] = cairn_dag_at(da, cairn_dag_count(da) - 3 + (uint64_t)i);
+    uint8_t *m = NULL;
+    size_t len = 0, np = 0;
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, fresh, 3), 0);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_uint_eq(np, 3);
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    ck_assert_int_eq(dm.has_filter, 0);
+    ck_assert_uint_eq(dm.nchanges, 3);
+    cairn_sync_msg_destroy(&dm);
+    ck_assert_int_eq(cairn_sync_receive(b, sb, m, len, NULL), 0);
+    free(m);
+    assert_same_state(a, b);
+    /* Pushing them again sends nothing: they are in flight already. */
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, fresh, 3), 0);
+    ck_assert_ptr_null(m);
+    /* b acknowledges; a has nothing more to send. */
+    ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
+    ck_assert_uint_le(st.msgs, 2);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(cairn_sync_peer_has(sa, a, &fresh[i]->hash), 1);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- bounds and false positives ------------------------------------------- */
+
+START_TEST(bounded_messages)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_limits l;
+    cairn_sync_limits_default(&l);
+    l.max_changes = 3;
+    l.target_msg_bytes = 300;
+    cairn_sync_state *sa = new_state(&l), *sb = new_state(&l);
+    uint64_t rng = 5;
+    edit(a, "a", 25, NULL);
+    edit(b, "b", 17, NULL);
+    /* Drive by hand to check each message respects the bound. */
+    size_t rounds = 0;
+    for (; rounds < 100; rounds++) {
+        int any = 0;
+        for (int dir = 0; dir < 2; dir++) {
+            cairn_doc *from = dir ? b : a, *to = dir ? a : b;
+            cairn_sync_state *sf = dir ? sb : sa, *stt = dir ? sa : sb;
+            uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+            size_t len = 0;
+            salt_next(salt, &rng);
+            ck_assert_int_eq(cairn_sync_generate(&m, &len, from, sf, salt), 0);
+            if (!m)
+                continue;
+            any = 1;
+            cairn_sync_msg dm;
+            ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, &l), 0);
+            ck_assert_uint_le(dm.nchanges, 3);
+            cairn_sync_msg_destroy(&dm);
+            ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, NULL), 0);
+            free(m);
+        }
+        if (!any)
+            break;
+    }
+    ck_assert_uint_lt(rounds, 100);
+    assert_same_state(a, b);
+    /* The stream is bounded too: a message with more changes is refused. */
+    cairn_sync_limits tiny = l;
+    tiny.max_changes = 1;
+    cairn_sync_state *st1 = new_state(&l), *st2 = new_state(&tiny);
+    cairn_doc *c = new_doc(3);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0}, *m = NULL;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, c, st2, salt), 0);
+    ck_assert_int_eq(cairn_sync_receive(a, st1, m, len, NULL), 0);
+    free(m);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, st1, salt), 0);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(cairn_sync_receive(c, st2, m, len, NULL), CAIRN_ELIMIT);
+    free(m);
+    cairn_sync_state_free(st1);
+    cairn_sync_state_free(st2);
+    cairn_doc_free(c);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(forced_false_positives)
+{
+    /* A one-byte filter with 1 probe: most changes look present, so they are
+     * recovered through need and the exact mode. */
+    for (int variant = 0; variant < 3; variant++) {
+        cairn_doc *a = new_doc(1), *b = new_doc(2);
+        cairn_sync_limits l;
+        cairn_sync_limits_default(&l);
+        l.max_filter_bytes = 1;
+        l.bloom_probes = variant == 2 ? 3 : 1;
+        cairn_sync_state *sa = new_state(&l), *sb = new_state(&l);
+        uint64_t rng = 77 + (uint64_t)variant;
+        struct stats st;
+        edit(a, "base", 3, NULL);
+        copy_all(b, a);
+        edit(a, "a", 12 + variant, NULL);
+        edit(b, "b", 9, NULL);
+        if (variant == 1) {
+            /* and a third writer's branch merged into b only */
+            cairn_doc *c = new_doc(3);
+            copy_all(c, a);
+            edit(c, "c", 6, NULL);
+            copy_all(b, c);
+            cairn_doc_free(c);
+        }
+        ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 60, &st), 0);
+        assert_same_state(a, b);
+        cairn_sync_state_free(sa);
+        cairn_sync_state_free(sb);
+        cairn_doc_free(a);
+        cairn_doc_free(b);
+    }
+}
+END_TEST
+
+/* ---- several replicas ------------------------------------------------------ */
+
+#define NODES 5
+
+struct net {
+    cairn_doc *doc[NODES];
+    cairn_sync_state *st[NODES][NODES]; /* st[i][j]: i's state for peer j */
+    int link[NODES][NODES];
+};
+
+static void net_init(struct net *n, int topo)
+{
+    memset(n, 0, sizeof *n);
+    for (int i = 0; i < NODES; i++) {
+        n->doc[i] = new_doc((uint8_t)(i + 1));
+        for (int j = 0; j < NODES; j++)
+            n->st[i][j] = new_state(NULL);
+    }
+    for (int i = 0; i < NODES; i++)
+        for (int j = 0; j < NODES; j++) {
+            int l = 0;
+            if (topo == 0) /* line */
+                l = (j == i + 1 || i == j + 1);
+            else if (topo == 1) /* ring */
+                l = (j == (i + 1) % NODES || i == (j + 1) % NODES);
+            else /* star around node 0 */
+                l = i != j && (i == 0 || j == 0);
+            n->link[i][j] = l;
+        }
+}
+
+static void net_free(struct net *n)
+{
+    for (int i = 0; i < NODES; i++) {
+        for (int j = 0; j < NODES; j++)
+            cairn_sync_state_free(n->st[i][j]);
+        cairn_doc_free(n->doc[i]);
+    }
+}
+
+/* Every link syncs until nothing moves anywhere; returns passes used. */
+static int net_run(struct net *n, uint64_t *rng, int max_passes)
+{
+    for (int pass = 1; pass <= max_passes; pass++) {
+        int any = 0;
+        for (int i = 0; i < NODES; i++)
+            for (int j = 0; j < NODES; j++) {
+                if (!n->link[i][j])
+                    continue;
+                uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+                size_t len = 0;
+                salt_next(salt, rng);
+                ck_assert_int_eq(cairn_sync_generate(&m, &len, n->doc[i], n->st[i][j], salt), 0);
+                if (!m)
+                    continue;
+                any = 1;
+                ck_assert_int_eq(cairn_sync_receive(n->doc[j], n->st[j][i], m, len, NULL), 0);
+                free(m);
+            }
+        if (!any)
+            return pass;
+    }
+    return -1;
+}
+
+START_TEST(topologies)
+{
+    for (int topo = 0; topo < 3; topo++) {
+        struct net n;
+        net_init(&n, topo);
+        uint64_t rng = 100 + (uint64_t)topo;
+        char tag[16];
+        for (int i = 0; i < NODES; i++) {
+            snprintf(tag, sizeof tag, "n%d", i);
+            edit(n.doc[i], tag, 4 + i, NULL);
+        }
+        ck_assert_int_gt(net_run(&n, &rng, 40), 0);
+        for (int i = 1; i < NODES; i++)
+            assert_same_state(n.doc[0], n.doc[i]);
+        ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(n.doc[0])), 4 + 5 + 6 + 7 + 8);
+        /* Edits at the ends travel across again. */
+        edit(n.doc[NODES - 1], "late", 3, NULL);
+        edit(n.doc[1], "late1", 2, NULL);
+        ck_assert_int_gt(net_run(&n, &rng, 40), 0);
+        for (int i = 1; i < NODES; i++)
+            assert_same_state(n.doc[0], n.doc[i]);
+        net_free(&n);
+    }
+}
+END_TEST
+
+/* ---- lossy transport ---------------------------------------------------- */
+
+struct wire {
+    uint8_t *m[64];
+    size_t len[64];
+    size_t n;
+};
+
+static void wire_push(struct wire *w, uint8_t *m, size_t len)
+{
+    if (w->n == 64) {
+        free(m); /* the network is full: dropped */
+        return;
+    }
+    w->m[w->n] = m;
+    w->len[w->n] = len;
+    w->n++;
+}
+
+static void wire_clear(struct wire *w)
+{
+    for (size_t i = 0; i < w->n; i++)
+        free(w->m[i]);
+    w->n = 0;
+}
+
+/* Delivers message |i| of |w| (removing it) to (doc, state). */
+static void wire_deliver(struct wire *w, size_t i, cairn_doc *d, cairn_sync_state *s)
+{
+    uint8_t *m = w->m[i];
+    size_t len = w->len[i];
+    memmove(&w->m[i], &w->m[i + 1], (w->n - i - 1) * sizeof w->m[0]);
+    memmove(&w->len[i], &w->len[i + 1], (w->n - i - 1) * sizeof w->len[0]);
+    w->n--;
+    ck_assert_int_eq(cairn_sync_receive(d, s, m, len, NULL), 0);
+    free(m);
+}
+
+static void lossy_run(uint64_t seed)
+{
+    cairn_doc *doc[2] = {new_doc(1), new_doc(2)};
+    cairn_sync_state *st[2] = {new_state(NULL), new_state(NULL)};
+    struct wire w[2] = {0}; /* w[i]: messages to node i */
+    uint64_t rng = seed;
+    edit(doc[0], "base", 5, NULL);
+    copy_all(doc[1], doc[0]);
+    for (int step = 0; step < 400; step++) {
+        uint64_t r = rng_next(&rng);
+        int node = (int)(r & 1), other = 1 - node;
+        switch ((r >> 1) % 8) {
+        case 0: /* local edit */
+        {
+            char tag[32];
+            snprintf(tag, sizeof tag, "s%d-%d", node, step);
+            edit(doc[node], tag, 1 + (int)((r >> 8) % 3), NULL);
+            break;
+        }
+        case 1:
+        case 2:
+        case 3: { /* generate; the network drops 1 in 4 and duplicates 1 in 8 */
+            uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+            size_t len = 0;
+            salt_next(salt, &rng);
+            ck_assert_int_eq(cairn_sync_generate(&m, &len, doc[node], st[node], salt), 0);
+            if (!m)
+                break;
+            uint64_t fate = (r >> 12) % 8;
+            if (fate < 2) {
+                free(m);
+            } else {
+                if (fate == 2) {
+                    uint8_t *dup = malloc(len);
+                    memcpy(dup, m, len);
+                    wire_push(&w[other], dup, len);
+                }
+                wire_push(&w[other], m, len);
+            }
+            break;
+        }
+        case 4:
+        case 5:
+        case 6: /* deliver one in-flight message, in any order */
+            if (w[node].n)
+                wire_deliver(&w[node], (size_t)((r >> 16) % w[node].n), doc[node], st[node]);
+            break;
+        case 7: /* a timer fires, or the node restarts and loses its sync state */
+            if ((r >> 20) % 4 == 0) {
+                cairn_sync_state_free(st[node]);
+                st[node] = new_state(NULL);
+            } else {
+                cairn_sync_reset(st[node]);
+            }
+            break;
+        }
+    }
+    /* The network heals: FIFO, no loss. A timer resets in-flight state once. */
+    wire_clear(&w[0]);
+    wire_clear(&w[1]);
+    cairn_sync_reset(st[0]);
+    cairn_sync_reset(st[1]);
+    struct stats s;
+    ck_assert_int_eq(sync_pair(doc[0], st[0], doc[1], st[1], &rng, 50, &s), 0);
+    assert_same_state(doc[0], doc[1]);
+    for (int i = 0; i < 2; i++) {
+        cairn_sync_state_free(st[i]);
+        cairn_doc_free(doc[i]);
+    }
+}
+
+START_TEST(lossy_transport)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        lossy_run(seed * 0x9E3779B97F4A7C15ull);
+}
+END_TEST
+
+START_TEST(restart_from_scratch)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 3;
+    struct stats st;
+    edit(a, "a", 10, NULL);
+    edit(b, "b", 10, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    edit(a, "a2", 4, NULL);
+    /* b restarts: its state for a is gone; a keeps its own. */
+    cairn_sync_state_free(sb);
+    sb = new_state(NULL);
+    ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    ck_assert_uint_le(st.rounds_to_converge, 2);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* ---- encoding ----------------------------------------------------------- */
+
+/* A message with heads, need, filter and two changes. */
+static void sample_msg(uint8_t **m, size_t *len, cairn_doc **keep)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    edit(a, "a", 2, NULL);
+    edit(b, "b", 2, NULL);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {1, 2, 3};
+    ck_assert_int_eq(cairn_sync_generate(m, len, a, sa, salt), 0);
+    ck_assert_int_eq(cairn_sync_receive(b, sb, *m, *len, NULL), 0);
+    free(*m);
+    ck_assert_int_eq(cairn_sync_generate(m, len, b, sb, salt), 0);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(b);
+    *keep = a;
+}
+
+START_TEST(decode_canonical_roundtrip)
+{
+    uint8_t *m;
+    size_t len;
+    cairn_doc *a;
+    sample_msg(&m, &len, &a);
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    ck_assert_uint_eq(dm.nheads, 1);
+    ck_assert_uint_eq(dm.nneed, 1); /* a's head, unknown to b */
+    ck_assert_int_eq(dm.has_filter, 1);
+    ck_assert_uint_eq(dm.nchanges, 2);
+    uint8_t *re;
+    size_t relen;
+    ck_assert_int_eq(cairn_sync_msg_encode(&re, &relen, &dm), 0);
+    ck_assert_uint_eq(relen, len);
+    ck_assert(memcmp(re, m, len) == 0);
+    free(re);
+    /* The encoder refuses non-canonical input. */
+    cairn_hash tmp[2];
+    memset(tmp[0].b, 2, 32);
+    memset(tmp[1].b, 1, 32);
+    cairn_hash *saved = dm.heads;
+    size_t savedn = dm.nheads;
+    dm.heads = tmp;
+    dm.nheads = 2;
+    ck_assert_int_eq(cairn_sync_msg_encode(&re, &relen, &dm), CAIRN_EINVAL);
+    dm.heads = saved;
+    dm.nheads = savedn;
+    cairn_sync_msg_destroy(&dm);
+    free(m);
+    cairn_doc_free(a);
+}
+END_TEST
+
+START_TEST(decode_rejects)
+{
+    uint8_t *m;
+    size_t len;
+    cairn_doc *a;
+    sample_msg(&m, &len, &a);
+    cairn_sync_msg dm;
+    /* Every strict prefix fails (never accepted, never crashes). */
+    for (size_t n = 0; n < len; n++) {
+        int rc = cairn_sync_msg_decode(&dm, m, n, NULL);
+        ck_assert_int_lt(rc, 0);
+        ck_assert_ptr_null(dm.heads);
+    }
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, 1, NULL), CAIRN_ETRUNCATED);
+    /* Trailing byte. */
+    uint8_t *big = malloc(len + 1);
+    memcpy(big, m, len);
+    big[len] = 0;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, big, len + 1, NULL), CAIRN_ENONCANON);
+    free(big);
+    uint8_t *c = malloc(len);
+    /* Version and flags. */
+    memcpy(c, m, len);
+    c[0] = 2;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_EBADVERSION);
+    memcpy(c, m, len);
+    c[1] |= 4;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
+    /* Over the size limit. */
+    cairn_sync_limits l;
+    cairn_sync_limits_default(&l);
+    l.max_msg_bytes = len - 1;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, &l), CAIRN_ELIMIT);
+    cairn_sync_limits_default(&l);
+    l.max_changes = 1;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, &l), CAIRN_ELIMIT);
+    cairn_sync_limits_default(&l);
+    l.max_filter_bytes = 1;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, &l), CAIRN_ELIMIT);
+    /* A change whose bytes were altered: never accepted under its old id. */
+    cairn_sync_msg good;
+    ck_assert_int_eq(cairn_sync_msg_decode(&good, m, len, NULL), 0);
+    cairn_hash orig = good.changes[1]->hash;
+    cairn_sync_msg_destroy(&good);
+    for (size_t i = len - 30; i < len; i++) {
+        memcpy(c, m, len);
+        c[i] ^= 0x01;
+        int rc = cairn_sync_msg_decode(&dm, c, len, NULL);
+        if (rc == 0) {
+            ck_assert(cairn_hash_cmp(&dm.changes[1]->hash, &orig) != 0);
+            cairn_sync_msg_destroy(&dm);
+        }
+    }
+    free(c);
+    /* Hand-made messages. */
+    static const uint8_t huge_heads[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL),
+                     CAIRN_ELIMIT);
+    static const uint8_t trunc_heads[] = {1, 0, 2, 0, 0, 0};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_heads, sizeof trunc_heads, NULL),
+                     CAIRN_ETRUNCATED);
+    static const uint8_t nonmin[] = {1, 0, 0x80, 0x00, 0, 0};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, nonmin, sizeof nonmin, NULL), CAIRN_ENONCANON);
+    static const uint8_t over64[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0x02};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, over64, sizeof over64, NULL), CAIRN_ENONCANON);
+    static const uint8_t empty_ok[] = {1, 0, 0, 0, 0};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, empty_ok, sizeof empty_ok, NULL), 0);
+    cairn_sync_msg_destroy(&dm);
+    static const uint8_t zero_probes[] = {1, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                          9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, zero_probes, sizeof zero_probes, NULL),
+                     CAIRN_ENONCANON);
+    static const uint8_t many_changes[] = {1, 0, 0, 0, 0xff, 0x7f, 1, 1};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, many_changes, sizeof many_changes, NULL),
+                     CAIRN_ELIMIT);
+    static const uint8_t long_change[] = {1, 0, 0, 0, 1, 0x7f, 1, 2};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, long_change, sizeof long_change, NULL),
+                     CAIRN_ETRUNCATED);
+    static const uint8_t empty_change[] = {1, 0, 0, 0, 1, 0, 0};
+    ck_assert_int_lt(cairn_sync_msg_decode(&dm, empty_change, sizeof empty_change, NULL), 0);
+    /* Unsorted heads. */
+    uint8_t uns[2 + 1 + 64 + 2] = {1, 0, 2};
+    memset(uns + 3, 9, 32);
+    memset(uns + 35, 8, 32);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, uns, sizeof uns, NULL), CAIRN_EUNSORTED);
+    memset(uns + 35, 9, 32); /* duplicate */
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, uns, sizeof uns, NULL), CAIRN_EUNSORTED);
+    /* receive() of a bad message leaves the document untouched. */
+    cairn_sync_state *s = new_state(NULL);
+    uint64_t before = cairn_dag_count(cairn_doc_dag(a));
+    ck_assert_int_eq(cairn_sync_receive(a, s, m, len - 1, NULL), CAIRN_ETRUNCATED);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), before);
+    const cairn_hash *th;
+    ck_assert_uint_eq(cairn_sync_their_heads(s, &th), 0);
+    cairn_sync_state_free(s);
+    free(m);
+    cairn_doc_free(a);
+}
+END_TEST
+
+START_TEST(hostile_need_and_heads)
+{
+    /* A peer that asks for and claims hashes nobody has: no crash, no
+     * endless exchange. */
+    cairn_doc *a = new_doc(1);
+    edit(a, "a", 3, NULL);
+    cairn_sync_state *s = new_state(NULL);
+    cairn_sync_msg hm = {0};
+    cairn_hash fake[3];
+    for (int i = 0; i < 3; i++)
+        memset(fake[i].b, 0x10 * (i + 1), 32);
+    hm.heads = fake;
+    hm.nheads = 3;
+    hm.need = fake;
+    hm.nneed = 2;
+    uint8_t *m;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_msg_encode(&m, &len, &hm), 0);
+    ck_assert_int_eq(cairn_sync_receive(a, s, m, len, NULL), 0);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0};
+    uint8_t *out;
+    size_t olen;
+    ck_assert_int_eq(cairn_sync_generate(&out, &olen, a, s, salt), 0);
+    ck_assert_ptr_nonnull(out);
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, out, olen, NULL), 0);
+    ck_assert_uint_eq(dm.nneed, 3); /* we ask for the unknown heads */
+    ck_assert_int_eq(dm.has_filter, 1);
+    cairn_sync_msg_destroy(&dm);
+    free(out);
+    /* Same message again: nothing new to say. */
+    ck_assert_int_eq(cairn_sync_receive(a, s, m, len, NULL), 0);
+    ck_assert_int_eq(cairn_sync_generate(&out, &olen, a, s, salt), 0);
+    ck_assert_ptr_null(out);
+    free(m);
+    cairn_sync_state_free(s);
+    cairn_doc_free(a);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("sync");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, empty_docs);
+    tcase_add_test(tc, diverged_small);
+    tcase_add_test(tc, diverged_large);
+    tcase_add_test(tc, one_side_ahead);
+    tcase_add_test(tc, peer_has_tracks_acknowledgement);
+    tcase_add_test(tc, push_then_sync);
+    tcase_add_test(tc, bounded_messages);
+    tcase_add_test(tc, forced_false_positives);
+    tcase_add_test(tc, topologies);
+    tcase_add_test(tc, lossy_transport);
+    tcase_add_test(tc, restart_from_scratch);
+    tcase_add_test(tc, decode_canonical_roundtrip);
+    tcase_add_test(tc, decode_rejects);
+    tcase_add_test(tc, hostile_need_and_heads);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
