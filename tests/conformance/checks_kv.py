@@ -918,6 +918,18 @@ def _(c):
             ok(c.txn(compare=[c.cmp("r/", "CREATE", "EQUAL", 1, end=PREFIX)]))]
 
 
+@check("cmp", "cmp.range_lease")
+def _(c):
+    lid = c.grant()
+    c.put("l/a", "1", lease=lid)
+    c.put("l/b", "1", lease=lid)
+    c.put("l/c", "1")
+    return [ok(c.txn(compare=[c.cmp("l/", "LEASE", "EQUAL", lid, end="l/c")])),
+            ok(c.txn(compare=[c.cmp("l/", "LEASE", "EQUAL", lid, end=PREFIX)])),
+            ok(c.txn(compare=[c.cmp("l/", "LEASE", "LESS", lid + 1, end=PREFIX)])),
+            ok(c.txn(compare=[c.cmp("l/", "LEASE", "NOT_EQUAL", 0, end=PREFIX)]))]
+
+
 @check("cmp", "cmp.range_with_no_keys")
 def _(c):
     _cmprange(c)

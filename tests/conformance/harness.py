@@ -60,6 +60,10 @@ class HarnessError(Exception):
     pass
 
 
+class HardTimeout(BaseException):
+    """Raised by SIGALRM; not an Exception, so no check can swallow it."""
+
+
 # --------------------------------------------------------------------------
 # Protobuf modules, generated at run time
 
@@ -139,6 +143,15 @@ def free_port(taken):
     raise HarnessError("no free port")
 
 
+def _die_with_parent():
+    """In the child: SIGKILL it if the harness dies without cleaning up."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Server:
     """One etcd or cairn process, started with etcd's flag names."""
 
@@ -165,7 +178,8 @@ class Server:
                 "--initial-cluster", "default=" + purl] + self.extra_args
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir)
+                                     stdin=subprocess.DEVNULL, cwd=self.dir,
+                                     preexec_fn=_die_with_parent)
         # Wait for the port first: a gRPC channel that meets a refused
         # connection backs off for seconds before it tries again.
         deadline = time.monotonic() + START_TIMEOUT
@@ -475,27 +489,31 @@ from checks_kv import CHECKS, SUITES  # noqa: E402
 # Running
 
 def run_target(kind, binary, msgs, workdir, selected, extra_args):
-    """Run the selected checks on fresh servers of one kind; {name: result}."""
+    """Run the selected checks on fresh servers of one kind; {name: result}.
+
+    Each suite gets a new server. A server that dies during a check is
+    blamed on that check, and a new one is started for the rest of the
+    suite, so one crash does not hide every later answer."""
     results = {}
     for suite in SUITES:
         todo = [(n, f) for s, n, f in CHECKS if s == suite and n in selected]
-        if not todo:
-            continue
-        srv = Server(kind, binary, workdir, extra_args)
+        srv = None
         try:
-            try:
-                srv.start(msgs)
-            except HarnessError as e:
-                for n, _f in todo:
-                    results[n] = {"harness": "server did not start"}
-                print("  %s: suite %s: %s" % (kind, suite, e), file=sys.stderr)
-                continue
-            # The "fresh" suite keeps absolute revisions: base 0.
             for n, f in todo:
-                if not srv.alive():
-                    results[n] = {"harness": "server exited (%s)" % srv.proc.returncode}
-                    continue
+                if srv is None or not srv.alive():
+                    if srv is not None:
+                        srv.stop()
+                    srv = Server(kind, binary, workdir, extra_args)
+                    try:
+                        srv.start(msgs)
+                    except HarnessError as e:
+                        print("  %s: suite %s: %s" % (kind, suite, e), file=sys.stderr)
+                        results[n] = {"harness": "server did not start"}
+                        srv.stop()
+                        srv = None
+                        continue
                 try:
+                    # The "fresh" suite keeps absolute revisions: base 0.
                     base = 0 if suite == "fresh" else Ctx(srv, msgs, n, 0).absrev_now()
                     results[n] = f(Ctx(srv, msgs, n, base))
                 except grpc.RpcError as e:
@@ -504,11 +522,15 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                     results[n] = {"harness": "check raised %s: %s" % (type(e).__name__, e)}
                     if os.environ.get("HARNESS_DEBUG"):
                         traceback.print_exc()
-            if not srv.alive():
-                print("  %s exited during suite %s; log tail:\n%s"
-                      % (kind, suite, srv.log_tail()), file=sys.stderr)
+                if not srv.alive():
+                    time.sleep(0.1)
+                    results[n] = {"harness": "server exited during the check (%s)"
+                                  % srv.proc.returncode}
+                    print("  %s exited during %s; log tail:\n%s"
+                          % (kind, n, srv.log_tail()), file=sys.stderr)
         finally:
-            srv.stop()
+            if srv is not None:
+                srv.stop()
     return results
 
 
@@ -529,8 +551,9 @@ def load_ledger(path):
     return ledger
 
 
-def compare(left_name, left, right_name, right, ledger, selected):
-    names = [n for _s, n, _f in CHECKS if n in selected]
+def compare(left_name, left, right_name, right, ledger, names, all_names):
+    """Print the summary; True when every check matched or is ledgered and
+    every ledger entry still deviates (and names an existing check)."""
     matched, ledgered, failures = 0, [], []
     for n in names:
         a, b = left.get(n), right.get(n)
@@ -546,7 +569,7 @@ def compare(left_name, left, right_name, right, ledger, selected):
         else:
             failures.append((n, "deviation", a, b))
     for n in ledger:
-        if n not in names and len(selected) == len(CHECKS):
+        if n not in all_names:
             failures.append((n, "ledger names a check that does not exist", None, None))
     print("\n%d checks, %d matched, %d ledgered deviations, %d failures"
           % (len(names), matched, len(ledgered), len(failures)))
@@ -587,11 +610,14 @@ def main():
         print("%d checks" % len(CHECKS))
         return 0
 
-    selected = {n for _s, n, _f in CHECKS if not args.only or re.search(args.only, n)}
+    all_names = [n for _s, n, _f in CHECKS]
+    names = [n for n in all_names if not args.only or re.search(args.only, n)]
+    selected = set(names)
 
     def on_alarm(_sig, _frm):
-        raise HarnessError("hard timeout of %ds reached" % HARD_TIMEOUT)
+        raise HardTimeout()
     signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGTERM, on_alarm)   # ctest's timeout: still clean up
     signal.alarm(HARD_TIMEOUT)
 
     # tmpfs when there is one: fsync is free there, and the run is about
@@ -632,7 +658,7 @@ def main():
         print("ran in %.1fs" % (time.monotonic() - t0))
         if args.target == "both":
             ok = compare("etcd", etcd_res, "cairn", cairn_res,
-                         load_ledger(args.ledger), selected)
+                         load_ledger(args.ledger), names, all_names)
         else:
             if not os.path.exists(args.recording):
                 print("no recording at %s: nothing to compare with" % args.recording)
@@ -641,10 +667,13 @@ def main():
                 recorded = json.load(f)
             live = etcd_res if args.target == "etcd" else cairn_res
             ledger = load_ledger(args.ledger) if args.target == "cairn" else {}
-            ok = compare("rec", recorded, args.target, live, ledger, selected)
+            ok = compare("rec", recorded, args.target, live, ledger, names, all_names)
         return 0 if ok else 1
     except HarnessError as e:
         print("harness error: %s" % e, file=sys.stderr)
+        return 2
+    except HardTimeout:
+        print("harness error: hard timeout of %ds reached" % HARD_TIMEOUT, file=sys.stderr)
         return 2
     finally:
         signal.alarm(0)
