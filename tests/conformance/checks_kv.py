@@ -86,6 +86,14 @@ def _(c):
     return keys(c.range(b"\x00", end=FROMKEY, sort_order="DESCEND"))
 
 
+@check("fresh", "fresh.delete_fromkey_partial")
+def _(c):
+    c.put("x1", "1")
+    c.put("x2", "2")
+    return [c.delete("x2", end=FROMKEY, prev_kv=True),
+            keys(c.range(b"\x00", end=FROMKEY))]
+
+
 @check("fresh", "fresh.delete_all_fromkey")
 def _(c):
     return [c.delete(b"\x00", end=FROMKEY, prev_kv=True), c.rev(),
@@ -601,6 +609,15 @@ def _(c):
     return [r, c.rev(), c.range("", end=PREFIX)]
 
 
+@check("txn", "txn.atomic_at_its_revision")
+def _(c):
+    c.put("p/0", "0")                                                   # r+1
+    c.txn(success=[c.op_put("p/1", "1"), c.op_put("p/2", "2"),
+                   c.op_del("p/0")])                                    # r+2
+    c.put("p/3", "3")                                                   # r+3
+    return [keys(c.range("p/", end=PREFIX, rev=r)) for r in (1, 2, 3)]
+
+
 @check("txn", "txn.put_and_delete_one_revision")
 def _(c):
     c.put("x", "0")
@@ -621,6 +638,13 @@ def _(c):
     return [c.txn(compare=[c.cmp("a", "VALUE", "EQUAL", "2")],
                   success=[c.op_put("a", "3")], failure=[c.op_put("b", "f")]),
             c.rev(), keys(c.range("", end=PREFIX))]
+
+
+@check("txn", "txn.failure_branch_read_only")
+def _(c):
+    c.put("a", "1")
+    return [c.txn(compare=[c.cmp("a", "VERSION", "EQUAL", 5)],
+                  success=[c.op_put("a", "2")], failure=[c.op_range("a")]), c.rev()]
 
 
 @check("txn", "txn.delete_of_nothing_in_txn")
