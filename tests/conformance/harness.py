@@ -157,7 +157,7 @@ class Server:
 
     def __init__(self, kind, binary, workdir, extra_args=()):
         self.kind = kind
-        self.binary = binary
+        self.binary = os.path.abspath(binary)
         self.extra_args = list(extra_args)
         self.dir = tempfile.mkdtemp(prefix=kind + "-", dir=workdir)
         self.proc = None
@@ -177,9 +177,12 @@ class Server:
                 "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
                 "--initial-cluster", "default=" + purl] + self.extra_args
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir,
-                                     preexec_fn=_die_with_parent)
+        try:
+            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=self.dir,
+                                         preexec_fn=_die_with_parent)
+        except OSError as e:
+            raise HarnessError("cannot start %s: %s" % (self.binary, e))
         # Wait for the port first: a gRPC channel that meets a refused
         # connection backs off for seconds before it tries again.
         deadline = time.monotonic() + START_TIMEOUT
@@ -498,8 +501,12 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
     for suite in SUITES:
         todo = [(n, f) for s, n, f in CHECKS if s == suite and n in selected]
         srv = None
+        gave_up = False
         try:
             for n, f in todo:
+                if gave_up:
+                    results[n] = {"harness": "server did not start"}
+                    continue
                 if srv is None or not srv.alive():
                     if srv is not None:
                         srv.stop()
@@ -511,6 +518,7 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                         results[n] = {"harness": "server did not start"}
                         srv.stop()
                         srv = None
+                        gave_up = True
                         continue
                 try:
                     # The "fresh" suite keeps absolute revisions: base 0.
