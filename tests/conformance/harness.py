@@ -559,6 +559,27 @@ def load_ledger(path):
     return ledger
 
 
+def first_diff(a, b, path=""):
+    """Where two normalised results first differ: (path, a part, b part)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return (path + "." + k, a.get(k, "<absent>"), b.get(k, "<absent>"))
+            d = first_diff(a[k], b[k], path + "." + k)
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_diff(x, y, "%s[%d]" % (path, i))
+            if d:
+                return d
+        if len(a) != len(b):
+            return (path + ".length", len(a), len(b))
+        return None
+    return None if canon(a) == canon(b) else (path or "(top)", a, b)
+
+
 def compare(left_name, left, right_name, right, ledger, names, all_names):
     """Print the summary; True when every check matched or is ledgered and
     every ledger entry still deviates (and names an existing check)."""
@@ -587,6 +608,10 @@ def compare(left_name, left, right_name, right, ledger, names, all_names):
         print("\nFAIL %s: %s" % (n, why))
         print("  %-5s: %s" % (left_name, canon(a)))
         print("  %-5s: %s" % (right_name, canon(b)))
+        d = first_diff(a, b) if why == "deviation" else None
+        if d:
+            print("  first difference at %s: %s %s, %s %s"
+                  % (d[0], left_name, canon(d[1]), right_name, canon(d[2])))
     return not failures
 
 
