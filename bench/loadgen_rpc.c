@@ -187,6 +187,23 @@ static ProtobufCBinaryData pick_value(op_ctx *c)
     return bin(c->eng->value_pool + off, c->eng->cfg->value_size);
 }
 
+/* Packs |m| into the context's buffer, growing it if request_cap() guessed
+ * short (it should not). */
+static size_t pack(op_ctx *c, const ProtobufCMessage *m)
+{
+    size_t need = protobuf_c_message_get_packed_size(m);
+    if (need > c->buf_cap) {
+        uint8_t *nb = realloc(c->buf, need);
+        if (nb == NULL) {
+            fprintf(stderr, "cairn-loadgen: out of memory\n");
+            abort();
+        }
+        c->buf = nb;
+        c->buf_cap = need;
+    }
+    return protobuf_c_message_pack(m, c->buf);
+}
+
 /* ---- building requests ------------------------------------------------ */
 
 static const char *build_request(op_ctx *c, size_t *len)
@@ -206,14 +223,14 @@ static const char *build_request(op_ctx *c, size_t *len)
             r.range_end = bin(c->endbuf, ks - 2);
         }
         r.serializable = cfg->serializable != 0;
-        *len = etcdserverpb__range_request__pack(&r, c->buf);
+        *len = pack(c, &r.base);
         return "/etcdserverpb.KV/Range";
     }
     if (c->kind == LG_KIND_WRITE) {
         Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
         p.key = key;
         p.value = pick_value(c);
-        *len = etcdserverpb__put_request__pack(&p, c->buf);
+        *len = pack(c, &p.base);
         return "/etcdserverpb.KV/Put";
     }
     if (c->cas_step == 0) {
@@ -221,7 +238,7 @@ static const char *build_request(op_ctx *c, size_t *len)
         Etcdserverpb__RangeRequest r = ETCDSERVERPB__RANGE_REQUEST__INIT;
         r.key = key;
         r.serializable = cfg->serializable != 0;
-        *len = etcdserverpb__range_request__pack(&r, c->buf);
+        *len = pack(c, &r.base);
         return "/etcdserverpb.KV/Range";
     }
     /* If(mod_revision(key) == seen) Then(Put) Else(Get): the else branch
@@ -252,7 +269,7 @@ static const char *build_request(op_ctx *c, size_t *len)
     t.success = oks;
     t.n_failure = 1;
     t.failure = fails;
-    *len = etcdserverpb__txn_request__pack(&t, c->buf);
+    *len = pack(c, &t.base);
     return "/etcdserverpb.KV/Txn";
 }
 
