@@ -94,6 +94,7 @@ struct engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     op_ctx *free_list;
+    op_ctx *parked; /* closed loop: clients waiting out an UNAVAILABLE */
 };
 
 static const char *const workload_names[LG_WL_COUNT] = {
@@ -562,6 +563,19 @@ static void on_complete(op_ctx *c, poller *p, int batch_ok)
         verify_read(c, p);
     record(c, p, code, done);
     drop_reply(c);
+    if (!e->cfg->open_loop && code == GRPC_STATUS_UNAVAILABLE) {
+        /* A server that is down fails calls at once; rather than spin on
+         * a shared machine, the client waits for the next tick of
+         * run_closed(). stop is read under the lock that unpark() takes. */
+        pthread_mutex_lock(&e->mu);
+        if (!atomic_load(&e->stop)) {
+            c->next_free = e->parked;
+            e->parked = c;
+            pthread_mutex_unlock(&e->mu);
+            return;
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
     if (!e->cfg->open_loop && !atomic_load(&e->stop) && begin_op(c, now_ns()) == 0)
         return;
     release(c);
@@ -767,6 +781,21 @@ static uint64_t run_open(engine *e)
     return unsent;
 }
 
+/* Restarts the parked clients, or (once stop is set) retires them. */
+static void unpark(engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    op_ctx *c = e->parked;
+    e->parked = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (c) {
+        op_ctx *next = c->next_free;
+        if (atomic_load(&e->stop) || begin_op(c, now_ns()) != 0)
+            atomic_fetch_sub(&e->inflight, 1);
+        c = next;
+    }
+}
+
 static void run_closed(engine *e)
 {
     uint64_t start = now_ns();
@@ -788,6 +817,7 @@ static void run_closed(engine *e)
             break;
         uint64_t next = now + 10 * 1000 * 1000ull;
         sleep_until(next < e->w1 ? next : e->w1);
+        unpark(e);
     }
 }
 
@@ -828,6 +858,7 @@ int lg_run(lg_result *res, const lg_config *cfg)
     else
         run_closed(e);
     atomic_store(&e->stop, 1);
+    unpark(e);
     /* Drain: calls in flight end by their deadline; multi-step operations
      * get one more deadline's worth, then are abandoned. */
     uint64_t grace = (uint64_t)((cfg->timeout_s + 1.0) * 1e9);
