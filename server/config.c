@@ -237,6 +237,7 @@ static int parse_cluster(cairn_config *cfg, const char *s, char *err, size_t err
     cfg->initial_cluster = m;
     cfg->ninitial_cluster = n;
     m = NULL;
+    n = 0;
     rc = 0;
 out:
     free_cluster(m, n);

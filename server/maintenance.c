@@ -72,7 +72,7 @@ void maint_status(rpc_call *c, const uint8_t *req, size_t len)
     etcdserverpb__status_response__init(&out);
     out.header = &ph;
     out.version = (char *)CAIRN_ETCD_VERSION;
-    uint64_t size = cairn_store_disk_bytes(srv->store);
+    uint64_t size = rpc_disk_bytes(srv, 1);
     out.dbsize = (int64_t)size;
     out.dbsizeinuse = (int64_t)size;
     out.leader = h.member_id; /* no raft: every node leads itself */

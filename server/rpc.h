@@ -151,8 +151,8 @@ void rpc_write_end(rpc_call *c);
 int rpc_quota_check(cairn_server *srv, uint64_t cost);
 /* Raises (|on|) or clears an alarm; returns 1 if the set changed. */
 int rpc_alarm_set(cairn_server *srv, uint64_t member, int type, int on);
-/* Current backend size (cached for a few ms). */
-uint64_t rpc_disk_bytes(cairn_server *srv);
+/* Current backend size in bytes (cached for 100 ms unless |fresh|). */
+uint64_t rpc_disk_bytes(cairn_server *srv, int fresh);
 
 /* Handlers, by service file. */
 void kv_range(rpc_call *c, const uint8_t *req, size_t len);

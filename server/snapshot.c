@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -64,6 +65,7 @@ struct snapshot_stream {
     int fd;
     uint64_t off;   /* within the current file or padding */
     uint64_t trail; /* trailer bytes written */
+    uint64_t mtime; /* of every entry: when the copy was made */
     crypto_hash_sha256_state sha;
     uint8_t buf[CHUNK_BYTES];
 };
@@ -343,6 +345,7 @@ static int snapshot_open(snapshot_stream **out, cairn_server *srv)
     for (size_t i = 0; i < s->nfiles; i++)
         s->total += 512 + (s->files[i].size + 511) / 512 * 512;
     crypto_hash_sha256_init(&s->sha);
+    s->mtime = (uint64_t)time(NULL);
     cairn_log(CAIRN_LOG_INFO, "sending a snapshot of %zu files, %" PRIu64 " bytes", s->nfiles,
               s->total);
 out:
@@ -368,7 +371,8 @@ static void octal(char *field, size_t width, uint64_t v)
     }
 }
 
-static void tar_header(uint8_t block[512], const char *name, uint64_t size, int dir)
+static void tar_header(uint8_t block[512], const char *name, uint64_t size, int dir,
+                       uint64_t mtime)
 {
     memset(block, 0, 512);
     char *b = (char *)block;
@@ -377,7 +381,7 @@ static void tar_header(uint8_t block[512], const char *name, uint64_t size, int 
     octal(b + 108, 8, 0);
     octal(b + 116, 8, 0);
     octal(b + 124, 12, size);
-    octal(b + 136, 12, 0);
+    octal(b + 136, 12, mtime);
     b[156] = dir ? '5' : '0';
     memcpy(b + 257, "ustar", 6);
     memcpy(b + 263, "00", 2);
@@ -399,7 +403,7 @@ static ssize_t fill(snapshot_stream *s, uint8_t *out, size_t cap)
         case PH_DIR:
             if (cap - n < 512)
                 return (ssize_t)n;
-            tar_header(out + n, "db/", 0, 1);
+            tar_header(out + n, "db/", 0, 1, s->mtime);
             n += 512;
             s->phase = PH_HEADER;
             break;
@@ -410,7 +414,7 @@ static ssize_t fill(snapshot_stream *s, uint8_t *out, size_t cap)
             }
             if (cap - n < 512)
                 return (ssize_t)n;
-            tar_header(out + n, s->files[s->fi].name, s->files[s->fi].size, 0);
+            tar_header(out + n, s->files[s->fi].name, s->files[s->fi].size, 0, s->mtime);
             n += 512;
             s->fd = open(s->files[s->fi].path, O_RDONLY | O_CLOEXEC);
             if (s->fd < 0)
