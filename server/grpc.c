@@ -190,7 +190,7 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg,
     grpc_op ops[4];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
-    if (resp && !c->sent_initial_md) {
+    if (!c->sent_initial_md) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
         n++;
         c->sent_initial_md = 1;
