@@ -15,7 +15,7 @@
 #
 # Usage: bench/scripts/kv-compare.sh [--reps N] [--duration S] [--clients N]
 #          [--conns N] [--keys N] [--workloads "put range"] [--build DIR]
-#          [--out FILE] [--no-pin] [-- extra cairn-loadgen flags]
+#          [--out FILE] [--no-pin] [--etcd-only] [-- extra cairn-loadgen flags]
 # Data dirs go under $TMPDIR (default /tmp): set it to put both servers on
 # another filesystem.
 # Needs: <build>/cairn-loadgen (cmake --build build --target cairn-loadgen),
@@ -31,6 +31,7 @@ WORKLOADS="put range"
 BUILD=build
 OUT=""
 PIN=1
+ETCD_ONLY=0
 EXTRA=()
 
 while [ $# -gt 0 ]; do
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-pin) PIN=0; shift ;;
+    --etcd-only) ETCD_ONLY=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "kv-compare: unknown argument $1" >&2; exit 2 ;;
@@ -79,7 +81,9 @@ SYSTEMS=(etcd)
 declare -A EP
 lib_start_server etcd "$(command -v etcd)"
 EP[etcd]=$ENDPOINT
-if [ -x "$CAIRN" ]; then
+if [ "$ETCD_ONLY" = 1 ]; then
+  echo "kv-compare: --etcd-only: measuring etcd only"
+elif [ -x "$CAIRN" ]; then
   lib_start_server cairn "$CAIRN"
   EP[cairn]=$ENDPOINT
   SYSTEMS+=(cairn)
