@@ -863,11 +863,14 @@ def _(c):
 
 
 # ==========================================================================
-# cmp: Txn compares. The key "k" has version 3, create r+1, mod r+3,
-# value "m", lease L1; each entry is whether the compare succeeded.
+# cmp: Txn compares. The key "k" has version 3, create r+1, mod r+4,
+# value "m" (and lease L1 for the LEASE checks); each entry is whether the
+# compare succeeded.
 
-def _cmpdata(c):
-    lid = c.grant()
+def _cmpdata(c, with_lease):
+    """The lease only for LEASE compares, so that the others do not lean
+    on the Lease service."""
+    lid = c.grant() if with_lease else None
     c.put("k", "m", lease=lid)     # r+1
     c.put("o", "x")                # r+2
     c.put("k", "m", lease=lid)     # r+3
@@ -887,7 +890,7 @@ for _t in ("VERSION", "CREATE", "MOD", "VALUE", "LEASE"):
     for _r in ("EQUAL", "GREATER", "LESS", "NOT_EQUAL"):
         def _mkc(target, result):
             def fn(c):
-                lid = _cmpdata(c)
+                lid = _cmpdata(c, target == "LEASE")
                 out = []
                 for v in _CMP_VALUES[target](lid):
                     out.append(ok(c.txn(compare=[c.cmp("k", target, result, v)])))
