@@ -171,12 +171,24 @@ class Server:
         curl = "http://127.0.0.1:%d" % cport
         purl = "http://127.0.0.1:%d" % pport
         self.target = "127.0.0.1:%d" % cport
-        args = [self.binary, "--name", "default",
-                "--data-dir", os.path.join(self.dir, "data"),
-                "--listen-client-urls", curl, "--advertise-client-urls", curl,
-                "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                "--initial-cluster", "default=" + purl] + self.extra_args
-        self.log = open(self.log_path, "wb")
+        self.cport = cport
+        self.args = [self.binary, "--name", "default",
+                     "--data-dir", os.path.join(self.dir, "data"),
+                     "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                     "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                     "--initial-cluster", "default=" + purl] + self.extra_args
+        self._spawn(msgs)
+
+    def restart(self, msgs, kill=False):
+        """Stop (SIGTERM, or SIGKILL when kill) and start again on the same
+        data dir and ports."""
+        self.stop(kill=kill)
+        self._spawn(msgs)
+
+    def _spawn(self, msgs):
+        args = self.args
+        cport = self.cport
+        self.log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.dir,
@@ -234,10 +246,13 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self):
+    def stop(self, kill=False):
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        if self.proc is not None and self.proc.poll() is None and kill:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -453,6 +468,11 @@ class Ctx:
         return self.call("/etcdserverpb.KV/Compact",
                          self.M("CompactionRequest")(revision=rev, physical=physical),
                          "CompactionResponse")
+
+    def restart(self, kill=False):
+        """Restart the server on its data dir (SIGTERM, or SIGKILL)."""
+        self.server.restart(self.msgs, kill=kill)
+        self._stubs = {}
 
     def rev(self):
         """Current revision, relative ('r+N'), by a Range of a missing key."""
