@@ -1250,3 +1250,82 @@ def _(c):
     c.restart()
     c.restart(kill=True)
     return [c.rev(), c.put("z", "1")["header"]]
+
+
+# ==========================================================================
+# concurrency: results that must not depend on scheduling
+
+@check("concurrency", "concurrency.cas_increments_are_serialised")
+def _(c):
+    """4 clients x 25 compare-and-swap increments of one counter, each
+    retried until its compare holds: every success takes its own revision,
+    no increment is lost, and the compare is evaluated under the write."""
+    import threading
+    c.put("n", "0")
+    won, errors = [], []
+
+    def client():
+        done = 0
+        for _ in range(2000):
+            if done == 25:
+                return
+            r = c.range("n")
+            if "error" in r:
+                errors.append(r["error"])
+                return
+            kv = r["kvs"][0]
+            mod = int(kv["mod_revision"][1:])
+            t = c.txn(compare=[c.cmp("n", "MOD", "EQUAL", mod)],
+                      success=[c.op_put("n", str(int(kv["value"]) + 1))])
+            if "error" in t:
+                errors.append(t["error"])
+                return
+            if t["succeeded"]:
+                won.append(t["header"]["revision"])
+                done += 1
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    revs = sorted(int(r[1:]) for r in won)
+    return {"errors": errors, "successes": len(won),
+            "distinct_consecutive_revisions": revs == list(range(2, 2 + len(revs))),
+            "final": c.range("n"), "rev": c.rev()}
+
+
+@check("concurrency", "concurrency.readers_never_see_half_a_txn")
+def _(c):
+    """A writer puts the same value into p/a and p/b in one txn, 60 times;
+    two readers read the prefix meanwhile and count reads where they differ."""
+    import threading
+    c.txn(success=[c.op_put("p/a", "0"), c.op_put("p/b", "0")])
+    stop = threading.Event()
+    torn, reads, errors = [], [0], []
+
+    def reader():
+        while not stop.is_set():
+            r = c.range("p/", end=PREFIX)
+            if "error" in r:
+                errors.append(r["error"])
+                return
+            vals = [kv.get("value") for kv in r.get("kvs", [])]
+            reads[0] += 1
+            if len(vals) != 2 or vals[0] != vals[1]:
+                torn.append(vals)
+
+    rs = [threading.Thread(target=reader) for _ in range(2)]
+    for t in rs:
+        t.start()
+    try:
+        for i in range(1, 61):
+            w = c.txn(success=[c.op_put("p/a", str(i)), c.op_put("p/b", str(i))])
+            if "error" in w:
+                errors.append(w["error"])
+                break
+    finally:
+        stop.set()
+        for t in rs:
+            t.join()
+    return {"errors": errors, "torn_reads": torn[:5], "some_reads": reads[0] > 0,
+            "rev": c.rev(), "final": keys(c.range("p/", end=PREFIX))}
