@@ -1329,3 +1329,40 @@ def _(c):
             t.join()
     return {"errors": errors, "torn_reads": torn[:5], "some_reads": reads[0] > 0,
             "rev": c.rev(), "final": keys(c.range("p/", end=PREFIX))}
+
+
+# ==========================================================================
+# status: Maintenance.Status of a single member
+
+@check("status", "status.identity")
+def _(c):
+    s = c.status()
+    return {"version": s.version, "leader_is_self": s.leader == s.header.member_id,
+            "is_learner": s.isLearner, "errors": list(s.errors),
+            "db_size_positive": s.dbSize > 0,
+            "db_size_in_use_le_db_size": 0 < s.dbSizeInUse <= s.dbSize}
+
+
+@check("status", "status.raft_term")
+def _(c):
+    s = c.status()
+    return {"raft_term": s.raftTerm, "header_raft_term": s.header.raft_term}
+
+
+@check("status", "status.raft_index_counts_proposals")
+def _(c):
+    """How far raftIndex / raftAppliedIndex move for each kind of request."""
+    out = {}
+    steps = (("3 puts", lambda: [c.put("k%d" % i, "v") for i in range(3)]),
+             ("2 ranges", lambda: [c.range("k0"), c.range("k1")]),
+             ("failed put", lambda: c.put("missing", ignore_value=True)),
+             ("delete of nothing", lambda: c.delete("missing")),
+             ("read-only txn", lambda: c.txn(success=[c.op_range("k0")])),
+             ("compact", lambda: c.compact(1)))
+    for name, step in steps:
+        before = c.status()
+        step()
+        after = c.status()
+        out[name] = [after.raftIndex - before.raftIndex,
+                     after.raftAppliedIndex - before.raftAppliedIndex]
+    return out

@@ -483,6 +483,11 @@ class Ctx:
                      self.M("RangeRequest")(key=b"\x00rev-probe"), "RangeResponse")
         return r.header.revision
 
+    def status(self):
+        """Maintenance.Status, raw (the check picks what it compares)."""
+        return self.raw("/etcdserverpb.Maintenance/Status",
+                        self.M("StatusRequest")(), "StatusResponse")
+
     def grant(self, ttl=600):
         """Grant a lease; it is shown as L1, L2, ... in results."""
         r = self.raw("/etcdserverpb.Lease/LeaseGrant",
