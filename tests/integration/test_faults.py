@@ -83,12 +83,16 @@ def range_req(key, range_end=b"", count_only=False):
 
 
 def nested_txn(depth):
-    """TxnRequest{success: [RequestOp{request_txn: TxnRequest{...}}]}."""
-    inner = b""
+    """TxnRequest{success: [RequestOp{request_txn: TxnRequest{...}}]}, built
+    from the lengths outward (concatenating inward would be quadratic)."""
+    heads = []
+    txn_len = 0                                        # innermost: empty
     for _ in range(depth):
-        op = field_bytes(4, inner)        # RequestOp.request_txn
-        inner = field_bytes(2, op)        # TxnRequest.success
-    return inner
+        op_len = 1 + len(varint(txn_len)) + txn_len    # RequestOp.request_txn (4)
+        heads.append(b"\x22" + varint(txn_len))
+        txn_len = 1 + len(varint(op_len)) + op_len     # TxnRequest.success (2)
+        heads.append(b"\x12" + varint(op_len))
+    return b"".join(reversed(heads))
 
 
 def call(ch, method, payload, timeout=10):
@@ -235,8 +239,10 @@ def quota_checks(binary):
         srv.start()
         ch = grpc.insecure_channel(srv.endpoint)
         hit = None
+        rnd = random.Random(SEED)  # incompressible: LevelDB compresses tables
         for i in range(100):
-            st, msg = call(ch, KV + "Put", put_req(b"q%d" % i, b"z" * 20000))
+            value = bytes(rnd.getrandbits(8) for _ in range(20000))
+            st, msg = call(ch, KV + "Put", put_req(b"q%d" % i, value))
             if st != "OK":
                 hit = (st, msg)
                 break
