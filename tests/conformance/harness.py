@@ -246,6 +246,21 @@ class Server:
         except OSError:
             return ""
 
+    SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                       "runtime error:", "WARNING: ThreadSanitizer")
+
+    def sanitizer_report(self):
+        """The first sanitizer report in the server's log, or None."""
+        try:
+            with open(self.log_path, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return None
+        for i, line in enumerate(lines):
+            if any(m in line for m in self.SANITIZER_MARKS):
+                return "\n".join(lines[i:i + 40])
+        return None
+
     def stop(self, kill=False):
         if self.channel is not None:
             self.channel.close()
@@ -523,6 +538,14 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
     blamed on that check, and a new one is started for the rest of the
     suite, so one crash does not hide every later answer."""
     results = {}
+    problems = []
+
+    def retire(srv):
+        srv.stop()
+        rep = srv.sanitizer_report()
+        if rep:
+            problems.append("%s (suite %s): sanitizer report:\n%s" % (kind, suite, rep))
+
     for suite in SUITES:
         todo = [(n, f) for s, n, f in CHECKS if s == suite and n in selected]
         srv = None
@@ -534,14 +557,14 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                     continue
                 if srv is None or not srv.alive():
                     if srv is not None:
-                        srv.stop()
+                        retire(srv)
                     srv = Server(kind, binary, workdir, extra_args)
                     try:
                         srv.start(msgs)
                     except HarnessError as e:
                         print("  %s: suite %s: %s" % (kind, suite, e), file=sys.stderr)
                         results[n] = {"harness": "server did not start"}
-                        srv.stop()
+                        retire(srv)
                         srv = None
                         gave_up = True
                         continue
@@ -563,8 +586,8 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                           % (kind, n, srv.log_tail()), file=sys.stderr)
         finally:
             if srv is not None:
-                srv.stop()
-    return results
+                retire(srv)
+    return results, problems
 
 
 def canon(x):
@@ -658,6 +681,10 @@ def main():
     ap.add_argument("--only", metavar="REGEX", help="run only checks whose name matches")
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     ap.add_argument("--show", action="store_true", help="print every result")
+    ap.add_argument("--sanitizer-only", action="store_true",
+                    help="fail only on sanitizer reports in the servers' logs "
+                         "(for a cairn built with ASan/UBSan; deviations are "
+                         "conformance_kv's business)")
     ap.add_argument("--cairn-arg", action="append", default=[],
                     help="extra argument for cairn (repeatable)")
     args = ap.parse_args()
@@ -693,10 +720,12 @@ def main():
         msgs = load_messages(proto_dir, workdir)
         t0 = time.monotonic()
         etcd_res = cairn_res = None
+        problems = []
         if args.target in ("both", "etcd"):
             if not os.access(args.etcd, os.X_OK):
                 raise HarnessError("etcd binary %s not found" % args.etcd)
-            etcd_res = run_target("etcd", args.etcd, msgs, workdir, selected, [])
+            etcd_res, probs = run_target("etcd", args.etcd, msgs, workdir, selected, [])
+            problems += probs
             if args.record:
                 with open(args.record, "w") as f:
                     json.dump({n: etcd_res[n] for _s, n, _f in CHECKS if n in etcd_res},
@@ -705,8 +734,9 @@ def main():
         if args.target in ("both", "cairn"):
             if not os.access(args.cairn, os.X_OK):
                 raise HarnessError("cairn binary %s not found" % args.cairn)
-            cairn_res = run_target("cairn", args.cairn, msgs, workdir, selected,
-                                   args.cairn_arg)
+            cairn_res, probs = run_target("cairn", args.cairn, msgs, workdir, selected,
+                                          args.cairn_arg)
+            problems += probs
         if args.show:
             for _s, n, _f in CHECKS:
                 if n in selected:
@@ -714,6 +744,11 @@ def main():
                         n, canon(etcd_res.get(n)) if etcd_res else "-",
                         canon(cairn_res.get(n)) if cairn_res else "-"))
         print("ran in %.1fs" % (time.monotonic() - t0))
+        for p in problems:
+            print("\nFAIL server problem: %s" % p)
+        if args.sanitizer_only:
+            print("%d sanitizer reports" % len(problems))
+            return 1 if problems else 0
         if args.target == "both":
             ok = compare("etcd", etcd_res, "cairn", cairn_res,
                          load_ledger(args.ledger), names, all_names)
@@ -726,7 +761,7 @@ def main():
             live = etcd_res if args.target == "etcd" else cairn_res
             ledger = load_ledger(args.ledger) if args.target == "cairn" else {}
             ok = compare("rec", recorded, args.target, live, ledger, names, all_names)
-        return 0 if ok else 1
+        return 0 if ok and not problems else 1
     except HarnessError as e:
         print("harness error: %s" % e, file=sys.stderr)
         return 2

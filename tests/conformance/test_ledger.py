@@ -83,6 +83,19 @@ class Verdict(unittest.TestCase):
             self.assertIn(check, names)
 
 
+class Sanitizer(unittest.TestCase):
+    def test_report_found_in_log(self):
+        d = tempfile.mkdtemp()
+        srv = harness.Server("cairn", "/bin/true", d)
+        with open(srv.log_path, "w") as f:
+            f.write("starting\n==1==ERROR: LeakSanitizer: detected memory leaks\n"
+                    "Direct leak of 8 byte(s)\n")
+        self.assertIn("Direct leak", srv.sanitizer_report())
+        with open(srv.log_path, "w") as f:
+            f.write("starting\nstopped\n")
+        self.assertIsNone(srv.sanitizer_report())
+
+
 class Normalise(unittest.TestCase):
     def test_prefix_end(self):
         self.assertEqual(harness.prefix_end(b"a"), b"b")
