@@ -526,6 +526,12 @@ def err(e):
 # The checks (checks_kv.py registers them, in order, into CHECKS)
 
 from checks_kv import CHECKS, SUITES  # noqa: E402
+import checks_watch  # noqa: E402,F401  (registers the suite "watch")
+import checks_lease  # noqa: E402,F401  (registers the suite "lease")
+
+# Suites run only when named with --suite (cairn does not serve Watch and
+# Lease yet). Remove a name here to run that suite by default.
+OPT_IN_SUITES = {"watch", "lease"}
 
 
 # --------------------------------------------------------------------------
@@ -679,6 +685,9 @@ def main():
     ap.add_argument("--etcd-protos", action="store_true",
                     help="use a stripped copy of etcd's own protos (probing only)")
     ap.add_argument("--only", metavar="REGEX", help="run only checks whose name matches")
+    ap.add_argument("--suite", metavar="LIST",
+                    help="comma-separated suites to run, or 'all' (default: every "
+                         "suite but the opt-in ones: %s)" % ",".join(sorted(OPT_IN_SUITES)))
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     ap.add_argument("--show", action="store_true", help="print every result")
     ap.add_argument("--sanitizer-only", action="store_true",
@@ -696,7 +705,17 @@ def main():
         return 0
 
     all_names = [n for _s, n, _f in CHECKS]
-    names = [n for n in all_names if not args.only or re.search(args.only, n)]
+    if args.suite is None:
+        suites = set(SUITES) - OPT_IN_SUITES
+    elif args.suite == "all":
+        suites = set(SUITES)
+    else:
+        suites = set(args.suite.split(","))
+        if suites - set(SUITES):
+            raise SystemExit("unknown suite(s): %s (known: %s)"
+                             % (",".join(sorted(suites - set(SUITES))), ",".join(SUITES)))
+    names = [n for s, n, _f in CHECKS
+             if s in suites and (not args.only or re.search(args.only, n))]
     selected = set(names)
 
     def on_alarm(_sig, _frm):
