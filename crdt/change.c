@@ -13,7 +13,9 @@
  * arena) sized from those counts, then a filling pass. The arena holds the
  * change struct, its arrays and a copy of the bytes; keys, values and deps
  * point into that copy. Nothing is allocated before the counts are shown to
- * fit in the input (count * minimum encoded size <= bytes left).
+ * fit in the input (count * minimum encoded size <= bytes left), so the arena
+ * is at most about 20 times the input (a 5-byte op becomes a 96-byte
+ * cairn_op; a 2-byte pred a 16-byte cairn_opid).
  *
  * ENCODING, version 1. "v" is an unsigned LEB128 varint (7 bits per byte, low
  * group first, high bit = more), at most 10 bytes, minimal: a multi-byte
@@ -32,7 +34,7 @@
  *           v       nothers = nactors - 1, <= CAIRN_CHANGE_MAX_ACTORS - 1
  *           16*n    actors[1..], strictly ascending, none equal to the
  *                   author                             else ENONCANON
- *           v       nops
+ *           v       nops (each op takes >= 5 bytes)     else ELIMIT
  *           ...     nops ops, each:
  *
  *   op      size    field
@@ -79,6 +81,7 @@
  */
 #include "crdt/change.h"
 
+#include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,8 +96,19 @@
 
 /* ---- helpers ---------------------------------------------------------- */
 
+/* libsodium wants sodium_init() before use (it picks the fastest BLAKE2b
+ * code for this CPU); once per process, whoever hashes first. */
+static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
+
+static void init_sodium(void)
+{
+    if (sodium_init() < 0)
+        return; /* no entropy source: hashing still works, unaccelerated */
+}
+
 void cairn_hash_bytes(cairn_hash *out, const uint8_t *buf, size_t len)
 {
+    pthread_once(&sodium_once, init_sodium);
     crypto_generichash(out->b, CAIRN_HASH_LEN, buf, len, NULL, 0);
 }
 
@@ -388,8 +402,7 @@ static int parse(const uint8_t *buf, size_t len, struct counts *n, cairn_change 
     const uint8_t *deps = r.p;
     r.p += (size_t)n->ndeps * CAIRN_HASH_LEN;
     for (uint32_t i = 1; i < n->ndeps; i++)
-        if (memcmp(deps + (i - 1) * CAIRN_HASH_LEN, deps + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >=
-            0)
+        if (memcmp(deps + (i - 1) * CAIRN_HASH_LEN, deps + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >= 0)
             return CAIRN_EUNSORTED;
 
     if ((rc = rd_count(&r, &nothers, CAIRN_CHANGE_MAX_ACTORS - 1, CAIRN_ACTOR_LEN)))
@@ -489,8 +502,6 @@ int cairn_change_decode(cairn_change **out, const uint8_t *buf, size_t len,
         free(mem);
         return rc; /* cannot happen: the same bytes passed above */
     }
-    if (n.nops == 0)
-        c->ops = NULL;
     if (n.ndeps == 0)
         c->deps = NULL;
     *out = c;

@@ -6,9 +6,10 @@
  * Every hash the DAG has heard of is a node in one open-addressing table
  * (linear probing, backward-shift deletion). A node is ORDERED (in the apply
  * order, with an index), READY (all deps ordered, queued for the caller),
- * PENDING (some dep not ordered yet) or a STUB: a hash that pending changes
- * depend on but that we have never seen. Every node that is not ordered keeps
- * the list of pending nodes waiting for it; ordering it decrements their
+ * PENDING (some dep not ordered yet), a STUB: a hash that pending changes
+ * depend on but that we have never seen, or REJECTED: a change that broke
+ * the sequence rule and that pending changes still wait for (forever). Every node that is not
+ * ordered keeps the list of pending nodes waiting for it; ordering it decrements their
  * missing-count and queues those that reach zero. So delivery in any order
  * costs O(deps) per change, with no rescans of the pending buffer.
  *
@@ -22,8 +23,14 @@
  * ordered since the author's previous one. Walks use explicit stacks and
  * per-node epoch marks, never recursion.
  *
- * Table slots are placed by a multiply-shift hash with a per-DAG random key,
- * so a peer that grinds change hashes cannot make probe chains long.
+ * Table slots are placed by SipHash with a per-DAG random key, so a peer
+ * that picks dependency hashes (or grinds change hashes) cannot make probe
+ * chains long.
+ *
+ * Worst case of the sequence check: a walk visits the ancestors ordered
+ * since the author's previous change. Honest histories keep that short (the
+ * author's previous change is almost always a direct dep); a hostile history
+ * can make one walk O(n), bounded by the DAG's size, never recursive.
  */
 #include "crdt/dag.h"
 
@@ -39,7 +46,7 @@
 #define MAX_PENDING_EDGES (8u * CAIRN_DAG_MAX_PENDING)
 #define MAX_PENDING_BYTES ((size_t)256 << 20)
 
-enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3 };
+enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3, ST_REJECTED = 4 };
 
 #define NO_POS UINT32_MAX
 
@@ -56,11 +63,12 @@ typedef struct node {
     uint8_t state;
 } node;
 
-/* Open-addressing hash table of pointers, keyed by 16 leading bytes. */
+/* Open-addressing hash table of pointers to entries that start with their key. */
 struct table {
     void **slot;
     size_t cap, n; /* cap is a power of two, n <= cap / 2 */
     int shift;
+    size_t klen; /* key bytes */
 };
 
 struct actor_rec {
@@ -75,7 +83,7 @@ struct vec { /* a growable array of pointers */
 };
 
 struct cairn_dag {
-    uint64_t k0, k1; /* table hash key */
+    uint8_t key[crypto_shorthash_KEYBYTES]; /* table hash key */
     struct table nodes;
     struct table actors;
     node **order;
@@ -109,53 +117,42 @@ static int vec_push(struct vec *v, void *p)
     return 0;
 }
 
-static uint64_t load64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return v;
-}
-
+/* The slot for a key of |t|'s kind: SipHash-2-4 with a per-DAG random key
+ * over all of the key's bytes (a peer chooses dep hashes freely, so any byte
+ * left out could be used to pile entries onto one slot). */
 static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
-    uint64_t x = (load64(key) ^ d->k0) * (d->k1 | 1);
-    x ^= load64(key + 8);
-    x *= (d->k0 | 1);
+    uint8_t out[crypto_shorthash_BYTES];
+    uint64_t x;
+    crypto_shorthash(out, key, t->klen, d->key);
+    memcpy(&x, out, sizeof x);
     return (size_t)(x >> t->shift);
 }
 
-static const uint8_t *node_key(const void *p)
+/* Every table entry (node, actor_rec) starts with its key. */
+static const uint8_t *key_of(const void *entry)
 {
-    return ((const node *)p)->hash.b;
+    return entry;
 }
 
-static const uint8_t *actor_key(const void *p)
-{
-    return ((const struct actor_rec *)p)->actor.b;
-}
-
-typedef const uint8_t *(*key_fn)(const void *);
-
-/* The slot holding |key| (len bytes compared), or the empty slot where it
+/* The slot holding |key|, or the empty slot where it
  * would go. */
-static size_t tab_find(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
-                       size_t klen)
+static size_t tab_find(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
     size_t mask = t->cap - 1, i = slot_of(d, t, key);
-    while (t->slot[i] && memcmp(kf(t->slot[i]), key, klen) != 0)
+    while (t->slot[i] && memcmp(key_of(t->slot[i]), key, t->klen) != 0)
         i = (i + 1) & mask;
     return i;
 }
 
-static void *tab_get(const cairn_dag *d, const struct table *t, key_fn kf, const uint8_t *key,
-                     size_t klen)
+static void *tab_get(const cairn_dag *d, const struct table *t, const uint8_t *key)
 {
     if (!t->cap)
         return NULL;
-    return t->slot[tab_find(d, t, kf, key, klen)];
+    return t->slot[tab_find(d, t, key)];
 }
 
-static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
+static int tab_grow(const cairn_dag *d, struct table *t)
 {
     size_t cap = t->cap ? t->cap * 2 : 64;
     int shift = 64;
@@ -164,10 +161,10 @@ static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
     void **slot = calloc(cap, sizeof *slot);
     if (!slot)
         return CAIRN_ENOMEM;
-    struct table nt = {slot, cap, t->n, shift};
+    struct table nt = {slot, cap, t->n, shift, t->klen};
     for (size_t i = 0; i < t->cap; i++) {
         if (t->slot[i]) {
-            size_t j = slot_of(d, &nt, kf(t->slot[i]));
+            size_t j = slot_of(d, &nt, key_of(t->slot[i]));
             while (nt.slot[j])
                 j = (j + 1) & (cap - 1);
             nt.slot[j] = t->slot[i];
@@ -179,10 +176,10 @@ static int tab_grow(const cairn_dag *d, struct table *t, key_fn kf)
 }
 
 /* Makes room for |extra| more entries without a later failure. */
-static int tab_reserve(const cairn_dag *d, struct table *t, key_fn kf, size_t extra)
+static int tab_reserve(const cairn_dag *d, struct table *t, size_t extra)
 {
     while ((t->n + extra) * 2 > t->cap) {
-        int rc = tab_grow(d, t, kf);
+        int rc = tab_grow(d, t);
         if (rc)
             return rc;
     }
@@ -190,17 +187,16 @@ static int tab_reserve(const cairn_dag *d, struct table *t, key_fn kf, size_t ex
 }
 
 /* Inserts |p| (whose key is absent); room must be reserved. */
-static void tab_put(const cairn_dag *d, struct table *t, key_fn kf, void *p, size_t klen)
+static void tab_put(const cairn_dag *d, struct table *t, void *p)
 {
-    size_t i = tab_find(d, t, kf, kf(p), klen);
+    size_t i = tab_find(d, t, key_of(p));
     t->slot[i] = p;
     t->n++;
 }
 
-static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_t *key,
-                    size_t klen)
+static void tab_del(const cairn_dag *d, struct table *t, const uint8_t *key)
 {
-    size_t mask = t->cap - 1, i = tab_find(d, t, kf, key, klen);
+    size_t mask = t->cap - 1, i = tab_find(d, t, key);
     if (!t->slot[i])
         return;
     t->slot[i] = NULL;
@@ -208,7 +204,7 @@ static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_
     /* Backward shift: pull later entries of the run into the hole when their
      * home slot does not lie strictly between the hole and them. */
     for (size_t j = (i + 1) & mask; t->slot[j]; j = (j + 1) & mask) {
-        size_t home = slot_of(d, t, kf(t->slot[j]));
+        size_t home = slot_of(d, t, key_of(t->slot[j]));
         if (((j - home) & mask) >= ((j - i) & mask)) {
             t->slot[i] = t->slot[j];
             t->slot[j] = NULL;
@@ -219,7 +215,7 @@ static void tab_del(const cairn_dag *d, struct table *t, key_fn kf, const uint8_
 
 static node *get_node(const cairn_dag *d, const cairn_hash *h)
 {
-    return tab_get(d, &d->nodes, node_key, h->b, CAIRN_HASH_LEN);
+    return tab_get(d, &d->nodes, h->b);
 }
 
 static node *get_ordered(const cairn_dag *d, const cairn_hash *h)
@@ -238,9 +234,10 @@ int cairn_dag_new(cairn_dag **out)
     cairn_dag *d = calloc(1, sizeof *d);
     if (!d)
         return CAIRN_ENOMEM;
-    randombytes_buf(&d->k0, sizeof d->k0);
-    randombytes_buf(&d->k1, sizeof d->k1);
-    if (tab_grow(d, &d->nodes, node_key) || tab_grow(d, &d->actors, actor_key)) {
+    randombytes_buf(d->key, sizeof d->key);
+    d->nodes.klen = CAIRN_HASH_LEN;
+    d->actors.klen = CAIRN_ACTOR_LEN;
+    if (tab_grow(d, &d->nodes) || tab_grow(d, &d->actors)) {
         cairn_dag_free(d);
         return CAIRN_ENOMEM;
     }
@@ -340,7 +337,7 @@ static void ready_push(cairn_dag *d, node *n)
 /* Removes a node that nothing refers to from the table and frees it. */
 static void drop_node(cairn_dag *d, node *n)
 {
-    tab_del(d, &d->nodes, node_key, n->hash.b, CAIRN_HASH_LEN);
+    tab_del(d, &d->nodes, n->hash.b);
     node_free(n);
 }
 
@@ -358,7 +355,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         return 0;
     }
     /* Room for this node and a stub per dep, so no insert below fails. */
-    if ((rc = tab_reserve(d, &d->nodes, node_key, (size_t)c->ndeps + 1)))
+    if ((rc = tab_reserve(d, &d->nodes, (size_t)c->ndeps + 1)))
         goto fail;
 
     uint32_t missing = 0;
@@ -383,7 +380,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         }
         n->hash = c->hash;
         n->pos = NO_POS;
-        tab_put(d, &d->nodes, node_key, n, CAIRN_HASH_LEN);
+        tab_put(d, &d->nodes, n);
     }
 
     if (missing) {
@@ -402,7 +399,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
                 }
                 dep->hash = c->deps[done];
                 dep->state = ST_STUB;
-                tab_put(d, &d->nodes, node_key, dep, CAIRN_HASH_LEN);
+                tab_put(d, &d->nodes, dep);
             }
             if ((rc = add_waiter(dep, n))) {
                 if (dep->state == ST_STUB && dep->nwaiters == 0) {
@@ -494,6 +491,22 @@ void cairn_dag_discard(cairn_dag *d)
     drop_node(d, n);
 }
 
+/* Drops the front ready change for breaking the sequence rule. That verdict
+ * is final (its ancestors are fixed, and the change it forks stays ordered),
+ * so if pending changes wait for it a body-less REJECTED node stays: has()
+ * reports it known, missing() does not ask for it again, add() drops it. */
+static void reject(cairn_dag *d)
+{
+    node *n = ready_pop(d);
+    cairn_change_free(n->c);
+    n->c = NULL;
+    if (n->nwaiters) {
+        n->state = ST_REJECTED;
+        return;
+    }
+    drop_node(d, n);
+}
+
 static void next_epoch(cairn_dag *d)
 {
     if (++d->epoch == 0) {
@@ -547,14 +560,14 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
     node *n = d->ready[d->rhead];
     cairn_change *c = n->c;
 
-    struct actor_rec *a = tab_get(d, &d->actors, actor_key, c->actor.b, CAIRN_ACTOR_LEN);
+    struct actor_rec *a = tab_get(d, &d->actors, c->actor.b);
     uint64_t max = a ? a->max_seq : 0;
     if (c->seq <= max) {
-        cairn_dag_discard(d);
+        reject(d);
         return CAIRN_EFORK;
     }
     if (c->seq > max + 1) {
-        cairn_dag_discard(d);
+        reject(d);
         return CAIRN_ESEQGAP;
     }
     if (max > 0) {
@@ -562,7 +575,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
         if (rc < 0)
             return rc; /* ENOMEM: still ready, may be retried */
         if (rc == 0) {
-            cairn_dag_discard(d);
+            reject(d);
             return CAIRN_ESEQGAP;
         }
     }
@@ -570,13 +583,13 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
     /* Reserve everything first so that the state changes below cannot fail
      * half-way. */
     if (!a) {
-        if ((rc = tab_reserve(d, &d->actors, actor_key, 1)))
+        if ((rc = tab_reserve(d, &d->actors, 1)))
             return rc;
         a = calloc(1, sizeof *a);
         if (!a)
             return CAIRN_ENOMEM;
         a->actor = c->actor;
-        tab_put(d, &d->actors, actor_key, a, CAIRN_ACTOR_LEN);
+        tab_put(d, &d->actors, a);
     }
     if (d->norder == d->caporder) {
         size_t cap = d->caporder ? d->caporder * 2 : 64;
@@ -606,7 +619,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
 
     for (uint32_t i = 0; i < c->ndeps; i++) {
         node *dep = get_ordered(d, &c->deps[i]);
-        if (dep->pos != NO_POS)
+        if (dep && dep->pos != NO_POS)
             list_remove(&d->heads, dep);
     }
     list_add(&d->heads, n); /* room reserved above */
@@ -690,7 +703,7 @@ size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads)
 
 uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor)
 {
-    struct actor_rec *a = tab_get(d, &d->actors, actor_key, actor->b, CAIRN_ACTOR_LEN);
+    struct actor_rec *a = tab_get(d, &d->actors, actor->b);
     return a ? a->max_seq : 0;
 }
 
@@ -703,8 +716,8 @@ static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *
 {
     struct vec st = {0};
     int rc = 0;
-#define SEEN(i) (bits[((i) - floor) >> 6] >> (((i) - floor) & 63) & 1)
-#define SET(i) (bits[((i) - floor) >> 6] |= (uint64_t)1 << (((i) - floor) & 63))
+#define SEEN(i) (bits[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+#define SET(i) (bits[((i)-floor) >> 6] |= (uint64_t)1 << (((i)-floor) & 63))
     for (size_t i = 0; i < nheads; i++) {
         node *n = get_ordered(d, &heads[i]);
         if (!n) {
@@ -764,31 +777,166 @@ static int collect(uint64_t **out, size_t *n, const uint64_t *bits, uint64_t cou
     return 0;
 }
 
-static int ancestry(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
-                    size_t nheads, int strict, int want)
+int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
+                        size_t nheads)
 {
     *out = NULL;
     *n = 0;
     uint64_t *bits = calloc(d->norder / 64 + 1, sizeof *bits);
     if (!bits)
         return CAIRN_ENOMEM;
-    int rc = mark_ancestors(bits, d, heads, nheads, strict, 0, UINT64_MAX);
+    int rc = mark_ancestors(bits, d, heads, nheads, 1, 0, UINT64_MAX);
     if (rc == 0)
-        rc = collect(out, n, bits, d->norder, want);
+        rc = collect(out, n, bits, d->norder, 1);
     free(bits);
     return rc;
 }
 
-int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
-                        size_t nheads)
+/* A max-heap of apply indices. */
+struct heap {
+    uint64_t *v;
+    size_t n, cap;
+};
+
+static int heap_push(struct heap *h, uint64_t x)
 {
-    return ancestry(out, n, d, heads, nheads, 1, 1);
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        uint64_t *nv = realloc(h->v, cap * sizeof *nv);
+        if (!nv)
+            return CAIRN_ENOMEM;
+        h->v = nv;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0 && h->v[(i - 1) / 2] < x) {
+        h->v[i] = h->v[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->v[i] = x;
+    return 0;
 }
 
+static uint64_t heap_pop(struct heap *h)
+{
+    uint64_t top = h->v[0], x = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && h->v[c + 1] > h->v[c])
+            c++;
+        if (h->v[c] <= x)
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n)
+        h->v[i] = x;
+    return top;
+}
+
+#define BIT(b, i) ((b)[(i) >> 6] >> ((i)&63) & 1)
+#define SETBIT(b, i) ((b)[(i) >> 6] |= (uint64_t)1 << ((i)&63))
+
+/*
+ * Walks down from their heads and ours at once, newest index first. A node
+ * reached from theirs is their ancestor; one reached only from ours, once
+ * popped, cannot be reached from theirs any more (its descendants all have
+ * larger indices and were popped before it), so it is in the answer. The walk
+ * stops as soon as no node of ours is left on the heap: everything older is
+ * reachable from theirs. So a peer that is nearly up to date costs about the
+ * size of the difference, not of the history.
+ */
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads)
 {
-    return ancestry(out, n, d, heads, nheads, 0, 0);
+    struct heap h = {0};
+    uint64_t *v = NULL;
+    size_t nv = 0, capv = 0, mine = 0;
+    int rc = CAIRN_ENOMEM;
+    *out = NULL;
+    *n = 0;
+    /* calloc of large zeroed blocks is lazy: untouched pages cost nothing. */
+    size_t words = d->norder / 64 + 1;
+    uint64_t *seen = calloc(words, sizeof *seen), *theirs = calloc(words, sizeof *theirs);
+    if (!seen || !theirs)
+        goto out;
+    for (size_t i = 0; i < nheads; i++) {
+        node *x = get_ordered(d, &heads[i]);
+        if (!x || BIT(seen, x->index))
+            continue;
+        SETBIT(seen, x->index);
+        SETBIT(theirs, x->index);
+        if (heap_push(&h, x->index))
+            goto out;
+    }
+    if (h.n == 0) { /* nothing in common known: everything */
+        rc = collect(out, n, seen, d->norder, 0);
+        goto out;
+    }
+    for (size_t i = 0; i < d->heads.n; i++) {
+        node *x = d->heads.p[i];
+        if (BIT(seen, x->index))
+            continue;
+        SETBIT(seen, x->index);
+        mine++;
+        if (heap_push(&h, x->index))
+            goto out;
+    }
+    while (mine) {
+        uint64_t i = heap_pop(&h);
+        const cairn_change *c = d->order[i]->c;
+        int t = BIT(theirs, i);
+        if (!t) {
+            mine--;
+            if (nv == capv) {
+                size_t cap = capv ? capv * 2 : 64;
+                uint64_t *nw = realloc(v, cap * sizeof *nw);
+                if (!nw)
+                    goto out;
+                v = nw;
+                capv = cap;
+            }
+            v[nv++] = i;
+        }
+        for (uint32_t k = 0; k < c->ndeps; k++) {
+            node *y = get_ordered(d, &c->deps[k]);
+            if (!y)
+                continue;
+            if (!BIT(seen, y->index)) {
+                SETBIT(seen, y->index);
+                if (t)
+                    SETBIT(theirs, y->index);
+                else
+                    mine++;
+                if (heap_push(&h, y->index))
+                    goto out;
+            } else if (t && !BIT(theirs, y->index)) {
+                SETBIT(theirs, y->index); /* still on the heap, now theirs */
+                mine--;
+            }
+        }
+    }
+    /* Popped newest first: reverse into ascending order. */
+    for (size_t i = 0; i < nv / 2; i++) {
+        uint64_t tmp = v[i];
+        v[i] = v[nv - 1 - i];
+        v[nv - 1 - i] = tmp;
+    }
+    if (!v && !(v = malloc(sizeof *v)))
+        goto out;
+    *out = v;
+    *n = nv;
+    v = NULL;
+    rc = 0;
+out:
+    free(v);
+    free(h.v);
+    free(seen);
+    free(theirs);
+    return rc;
 }
 
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
@@ -801,10 +949,10 @@ int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_h
     uint64_t span = d->norder - t->index;
     uint64_t *bits = calloc(span / 64 + 1, sizeof *bits);
     if (!bits)
-        return CAIRN_ENOMEM;
+        return 0; /* out of memory: "not known to be", the safe answer for sync */
     int rc = mark_ancestors(bits, d, heads, nheads, 0, t->index, t->index);
     free(bits);
-    return rc;
+    return rc == 1;
 }
 
 int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d)

@@ -15,6 +15,9 @@
  * Sequence rule (checked in cairn_dag_order): a change with seq n > 1 must
  * have the author's change n-1 among its ancestors, and no other change with
  * the same (actor, seq) may be known (CAIRN_ESEQGAP / CAIRN_EFORK).
+ *
+ * Threads: a DAG has no lock. Callers serialise every call, the const ones
+ * included (cairn_dag_heads fills a cache).
  */
 
 #include <stddef.h>
@@ -31,7 +34,8 @@ enum {
 };
 
 /* Bound on buffered pending changes (hostile peers): beyond it, add fails with
- * CAIRN_ELIMIT and nothing is kept. */
+ * CAIRN_ELIMIT and nothing is kept. dag.c also bounds the pending buffer's
+ * total dependency edges (8x this) and bytes (256 MiB) the same way. */
 #define CAIRN_DAG_MAX_PENDING 100000u
 
 int cairn_dag_new(cairn_dag **out);
@@ -49,8 +53,12 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
- * Fails (and discards the change) with CAIRN_ESEQGAP or CAIRN_EFORK. *index
- * (if not NULL) receives its index. */
+ * Fails (and discards the change; changes depending on it stay pending, and
+ * while they do, offering it again is CAIRN_DAG_KNOWN) with CAIRN_ESEQGAP or
+ * CAIRN_EFORK. *index
+ * (if not NULL) receives its index. CAIRN_ESTATE if nothing is ready;
+ * CAIRN_ENOMEM leaves the change ready and the DAG unchanged (retry or
+ * discard it). */
 int cairn_dag_order(cairn_dag *d, uint64_t *index);
 
 /* Drops the peeked ready change (the document rejected it). Changes that
@@ -67,7 +75,9 @@ const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index);
 /* Ordered change by hash: 0 and *index set, or CAIRN_ENOTFOUND. */
 int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index);
 
-/* 1 if |h| is ordered, 2 if ready or pending, 0 if unknown. */
+/* 1 if |h| is ordered, 2 if ready or pending (or rejected by the sequence
+ * rule while pending changes depend on it: known, never to be fetched
+ * again), 0 if unknown. */
 int cairn_dag_has(const cairn_dag *d, const cairn_hash *h);
 
 /* The heads (ordered changes no ordered change depends on), sorted ascending.
@@ -89,7 +99,9 @@ int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cai
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads);
 
-/* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|. */
+/* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|,
+ * else 0 (also when out of memory). Unknown heads are ignored. Cost: the
+ * ancestors of |heads| ordered after |h|. */
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
                           size_t nheads);
 

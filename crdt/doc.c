@@ -53,6 +53,32 @@
 
 #define COUNTER_LIMIT (UINT64_C(1) << 62)
 
+/* Allocation failure injection for tests (SQLite's test_malloc idea): while
+ * cairn_doc_fail_alloc_ > 0 it counts down on every allocation made here,
+ * and the allocation that brings it to zero fails. Not thread-safe; only
+ * tests set it. */
+long cairn_doc_fail_alloc_;
+
+static int alloc_fails(void)
+{
+    return cairn_doc_fail_alloc_ > 0 && --cairn_doc_fail_alloc_ == 0;
+}
+
+static void *xmalloc(size_t n)
+{
+    return alloc_fails() ? NULL : malloc(n);
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    return alloc_fails() ? NULL : calloc(n, size);
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    return alloc_fails() ? NULL : realloc(p, n);
+}
+
 /* ---- ids, hashing ------------------------------------------------------ */
 
 int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, uint32_t a2)
@@ -108,7 +134,7 @@ static int ptab_reserve(ptab *t, uint32_t extra)
         cap *= 2;
     if (cap > (UINT64_C(1) << 31))
         return CAIRN_ELIMIT;
-    void **slots = calloc((size_t)cap, sizeof *slots);
+    void **slots = xcalloc((size_t)cap, sizeof *slots);
     if (!slots)
         return CAIRN_ENOMEM;
     ptab nt = {slots, (uint32_t)cap, 0};
@@ -175,11 +201,11 @@ static int actor_intern(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
         return 0;
     if (d->nactors == d->actors_cap) {
         uint32_t cap = d->actors_cap ? d->actors_cap * 2 : 8;
-        cairn_actor *na = realloc(d->actors, (size_t)cap * sizeof *na);
+        cairn_actor *na = xrealloc(d->actors, (size_t)cap * sizeof *na);
         if (!na)
             return CAIRN_ENOMEM;
         d->actors = na;
-        uint64_t *nm = realloc(d->actor_max, (size_t)cap * sizeof *nm);
+        uint64_t *nm = xrealloc(d->actor_max, (size_t)cap * sizeof *nm);
         if (!nm)
             return CAIRN_ENOMEM;
         d->actor_max = nm;
@@ -187,7 +213,7 @@ static int actor_intern(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     }
     if ((uint64_t)(d->nactors + 1) * 2 > d->acap) {
         uint32_t cap = d->acap ? d->acap * 2 : 16;
-        uint32_t *ns = calloc(cap, sizeof *ns);
+        uint32_t *ns = xcalloc(cap, sizeof *ns);
         if (!ns)
             return CAIRN_ENOMEM;
         for (uint32_t x = 0; x < d->nactors; x++) {
@@ -288,7 +314,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
     }
     memset(out, 0, sizeof *out);
     if (total >= 2) {
-        dst = malloc(total * sizeof *dst);
+        dst = xmalloc(total * sizeof *dst);
         if (!dst)
             return CAIRN_ENOMEM;
     }
@@ -305,8 +331,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
         }
         if (in_preds(&src[i], pred, npred))
             continue;
-        if (add && !added &&
-            opcmp(d, add->counter, add->actor, src[i].counter, src[i].actor) > 0) {
+        if (add && !added && opcmp(d, add->counter, add->actor, src[i].counter, src[i].actor) > 0) {
             dst[k++] = *add;
             added = 1;
         }
@@ -367,8 +392,7 @@ static void read_of(cairn_read *r, const vop *v)
     }
 }
 
-static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action,
-                     const cairn_value *v)
+static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v)
 {
     memset(o, 0, sizeof *o);
     o->counter = counter;
@@ -457,7 +481,7 @@ static int obj_prepare(cairn_doc *d, obj **out, uint8_t action, uint64_t counter
     *out = NULL;
     if (action != CAIRN_OP_MAKE_MAP && action != CAIRN_OP_MAKE_LIST)
         return 0;
-    obj *o = calloc(1, sizeof *o);
+    obj *o = xcalloc(1, sizeof *o);
     if (!o)
         return CAIRN_ENOMEM;
     int rc = ptab_reserve(&d->objs, 1);
@@ -495,7 +519,8 @@ static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, ui
     uint32_t mask = o->keys.cap - 1;
     for (uint32_t i = h & mask; o->keys.slots[i]; i = (i + 1) & mask) {
         mkey *r = o->keys.slots[i];
-        if (r->hash == h && r->key_len == key_len && memcmp(r->key, key, key_len) == 0)
+        if (r->hash == h && r->key_len == key_len &&
+            (!key_len || memcmp(r->key, key, key_len) == 0))
             return r;
     }
     return NULL;
@@ -503,8 +528,8 @@ static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, ui
 
 /* Applies one map op with id (counter, actor); preds in document indices. */
 static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
-                     uint32_t actor, uint8_t action, const cairn_value *v,
-                     const cairn_opid *pred, uint32_t npred)
+                     uint32_t actor, uint8_t action, const cairn_value *v, const cairn_opid *pred,
+                     uint32_t npred)
 {
     uint32_t h = hash_bytes(d, key, key_len);
     mkey *rec = map_lookup(d, o, key, key_len, h);
@@ -523,7 +548,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         return rc;
     mkey *nrec = NULL;
     if (!rec && out.n > 0) {
-        nrec = malloc(sizeof *nrec + key_len);
+        nrec = xmalloc(sizeof *nrec + key_len);
         if (!nrec || (rc = ptab_reserve(&o->keys, 1)) != 0) {
             free(nrec);
             vs_free(&out);
@@ -531,7 +556,8 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         }
         nrec->hash = h;
         nrec->key_len = key_len;
-        memcpy(nrec->key, key, key_len);
+        if (key_len)
+            memcpy(nrec->key, key, key_len);
         nrec->vs.n = 0;
     }
     obj *no = NULL;
@@ -626,7 +652,7 @@ static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t co
     }
     while (p < o->n && opcmp(d, o->items[p]->counter, o->items[p]->actor, counter, actor) > 0)
         p++;
-    elem *e = malloc(sizeof *e);
+    elem *e = xmalloc(sizeof *e);
     if (!e)
         return CAIRN_ENOMEM;
     e->counter = counter;
@@ -635,7 +661,7 @@ static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t co
     vop_make(&e->vs.u.one, counter, actor, action, v);
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 4;
-        elem **ni = realloc(o->items, cap * sizeof *ni);
+        elem **ni = xrealloc(o->items, cap * sizeof *ni);
         if (!ni) {
             free(e);
             return CAIRN_ENOMEM;
@@ -745,7 +771,7 @@ int cairn_doc_new(cairn_doc **out, const cairn_actor *actor)
         return CAIRN_EINVAL;
     if (sodium_init() < 0)
         return CAIRN_ENOMEM;
-    cairn_doc *d = calloc(1, sizeof *d);
+    cairn_doc *d = xcalloc(1, sizeof *d);
     if (!d)
         return CAIRN_ENOMEM;
     randombytes_buf(d->hkey, sizeof d->hkey);
@@ -846,7 +872,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t size)
     size_t nc = *cap ? *cap * 2 : 16;
     while (nc < need)
         nc *= 2;
-    void *np = realloc(*p, nc * size);
+    void *np = xrealloc(*p, nc * size);
     if (!np)
         return CAIRN_ENOMEM;
     *p = np;
@@ -891,12 +917,12 @@ static int pop_build(pop *p, uint8_t action, uint8_t insert, cairn_objid objid, 
     size_t vlen = 0;
     if (v && (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR))
         vlen = v->v.bytes.len;
-    p->buf = malloc(key_len + vlen + 1);
+    p->buf = xmalloc(key_len + vlen + 1);
     if (!p->buf)
         return CAIRN_ENOMEM;
     uint32_t npred = vs ? (winner_only && vs->n ? 1 : vs->n) : 0;
     if (npred) {
-        p->op.pred = malloc(npred * sizeof *p->op.pred);
+        p->op.pred = xmalloc(npred * sizeof *p->op.pred);
         if (!p->op.pred) {
             free(p->buf);
             p->buf = NULL;
@@ -972,8 +998,7 @@ static int map_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, const uin
             return CAIRN_EINVAL;
     }
     pop p;
-    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs,
-                   action == CAIRN_OP_INC);
+    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs, action == CAIRN_OP_INC);
     if (rc)
         return rc;
     return pop_apply(d, &p, out);
@@ -1237,10 +1262,10 @@ static int build_change(cairn_doc *d, cairn_change **out)
     size_t nref = 0, ntot = 0;
     for (size_t i = 0; i < d->npops; i++)
         nref += 2 + d->pops[i].op.npred, ntot += d->pops[i].op.npred;
-    struct actor_ix *ax = malloc((nref + 1) * sizeof *ax);
-    uint32_t *others = malloc((nref + 1) * sizeof *others);
-    cairn_op *ops = malloc(d->npops * sizeof *ops);
-    cairn_opid *preds = malloc((ntot + 1) * sizeof *preds);
+    struct actor_ix *ax = xmalloc((nref + 1) * sizeof *ax);
+    uint32_t *others = xmalloc((nref + 1) * sizeof *others);
+    cairn_op *ops = xmalloc(d->npops * sizeof *ops);
+    cairn_opid *preds = xmalloc((ntot + 1) * sizeof *preds);
     cairn_actor *actors = NULL;
     if (!ax || !others || !ops || !preds)
         goto out;
@@ -1266,7 +1291,7 @@ static int build_change(cairn_doc *d, cairn_change **out)
         rc = CAIRN_ELIMIT;
         goto out;
     }
-    actors = malloc((nothers + 1) * sizeof *actors);
+    actors = xmalloc((nothers + 1) * sizeof *actors);
     if (!actors)
         goto out;
     actors[0] = d->actors[0];
@@ -1372,8 +1397,11 @@ int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_o
     }
     uint64_t index;
     rc = cairn_dag_order(doc->dag, &index);
-    if (rc)
+    if (rc) {
+        if (rc == CAIRN_ENOMEM)
+            cairn_dag_discard(doc->dag); /* else it would stay ready */
         goto fail;
+    }
     repoint(doc, r);
     uint64_t last = doc->p_start + doc->npops - 1;
     if (last > doc->max_counter)
@@ -1417,8 +1445,8 @@ static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *o
     return 0;
 }
 
-static int elem_exists(const cairn_change *c, size_t i, const obj *list,
-                       cairn_opid e, const uint32_t *amap)
+static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
+                       const uint32_t *amap)
 {
     ptrdiff_t own;
     int rc = check_ref(c, i, e, &own);
@@ -1440,8 +1468,7 @@ static int elem_exists(const cairn_change *c, size_t i, const obj *list,
 static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
 {
     if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
-        c->nops > COUNTER_LIMIT - c->start_op ||
-        cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
+        c->nops > COUNTER_LIMIT - c->start_op || cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
         return CAIRN_EBADOP;
     for (uint32_t k = 0; k < c->nactors; k++) {
         int rc = actor_intern(d, &c->actors[k], &amap[k]);
@@ -1567,6 +1594,10 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
         uint64_t index;
         rc = cairn_dag_order(doc->dag, &index);
         if (rc) {
+            /* the sequence rule discarded it; out of memory leaves it ready,
+             * and retrying here could spin: drop it (a peer resends) */
+            if (rc == CAIRN_ENOMEM)
+                cairn_dag_discard(doc->dag);
             if (!first)
                 first = rc;
             continue;

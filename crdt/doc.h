@@ -60,6 +60,14 @@ typedef enum cairn_patch_action {
     CAIRN_PATCH_INC = 6     /* counter changed (map key or list index) */
 } cairn_patch_action;
 
+/* Patches report changes of the visible winner only: PUT (maps) / SET
+ * (lists) when the winning op id changes, DEL / REMOVE when nothing stays
+ * visible, INSERT when a list element becomes visible (also a tombstone
+ * revived by a concurrent set), INC when the winner is a counter whose total
+ * changed. An op that loses to the current winner, or only removes a losing
+ * conflict, reports nothing (nconflicts changed, the winner did not). Local
+ * edits are reported at commit, in edit order, with the indexes each edit
+ * saw. */
 typedef struct cairn_patch {
     uint8_t action; /* cairn_patch_action */
     cairn_objid obj;
@@ -90,7 +98,11 @@ const cairn_actor *cairn_doc_actor(const cairn_doc *doc);
  * Edits between begin and commit form one change. Each edit is applied (and
  * visible to reads) at once; commit seals them into a change, rollback undoes
  * them all. A failing edit changes nothing. Only one pending change at a
- * time (CAIRN_ESTATE otherwise). */
+ * time (CAIRN_ESTATE otherwise; also for edits outside begin/commit and on a
+ * read-only doc). Errors: CAIRN_ENOOBJ unknown object; CAIRN_EINVAL wrong
+ * object kind, bad value, insert index > length, increment of a non-counter;
+ * CAIRN_ENOTFOUND delete/increment of an absent key, list index >= length.
+ * A bytes/str value is copied; |key| is copied. */
 int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms);
 int cairn_doc_put(cairn_doc *doc, cairn_objid obj, const uint8_t *key, size_t key_len,
                   const cairn_value *v);
@@ -109,7 +121,8 @@ int cairn_doc_list_increment(cairn_doc *doc, cairn_objid obj, size_t index, int6
 /* Seals the pending edits into one change (deps = heads, next seq), orders
  * it in the DAG and reports it to |obs| (may be NULL) as if received. *out
  * is the change (borrowed from the DAG), or NULL when there were no edits
- * (then nothing is committed). */
+ * (then nothing is committed). On failure the pending edits are rolled
+ * back. */
 int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs);
 void cairn_doc_rollback(cairn_doc *doc);
 
@@ -119,10 +132,17 @@ void cairn_doc_rollback(cairn_doc *doc);
  * buffered change it unblocks, in order, reporting each to |obs|. A change
  * that is invalid against the document (unknown object, bad reference, wrong
  * seq) is rejected with nothing applied; the return code is the first such
- * error while valid ones still apply. CAIRN_ESTATE during a local edit. */
+ * error while valid ones still apply. CAIRN_ESTATE during a local edit.
+ * Validation checks existence against this replica's state, not against the
+ * change's causal past: an honest change only names ops it has seen, but a
+ * hostile one naming a concurrent op may be accepted here and rejected on a
+ * replica that has not seen that op yet. */
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
 
-/* ---- reads --------------------------------------------------------------*/
+/* ---- reads ----------------------------------------------------------------
+ * An absent map key reads as kind CAIRN_READ_NONE (rc 0); a list index out
+ * of range is CAIRN_ENOTFOUND; an unknown object CAIRN_ENOOBJ; a map read on
+ * a list (or the reverse) CAIRN_EINVAL. */
 int cairn_doc_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj, const uint8_t *key,
                   size_t key_len);
 /* All visible values at a key, greatest op id first; *n = total (may exceed

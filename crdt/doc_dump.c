@@ -26,7 +26,7 @@
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 
-#define DUMP_MAX_DEPTH 10000
+#define DUMP_MAX_DEPTH 1000 /* recursion; far beyond any real nesting */
 
 typedef struct out {
     uint8_t *p;
@@ -192,8 +192,7 @@ int cairn_doc_dump(uint8_t **outp, size_t *len, const cairn_doc *doc)
     return 0;
 }
 
-int cairn_doc_new_at(cairn_doc **outp, const cairn_doc *doc, const cairn_hash *heads,
-                     size_t nheads)
+int cairn_doc_new_at(cairn_doc **outp, const cairn_doc *doc, const cairn_hash *heads, size_t nheads)
 {
     *outp = NULL;
     uint64_t *idx = NULL;

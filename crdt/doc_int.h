@@ -74,8 +74,8 @@ typedef struct obj {
     uint8_t type; /* CAIRN_OBJ_MAP / CAIRN_OBJ_LIST */
     uint32_t actor;
     uint64_t counter;
-    size_t nvis; /* visible keys / elements */
-    ptab keys;   /* maps: mkey* */
+    size_t nvis;  /* visible keys / elements */
+    ptab keys;    /* maps: mkey* */
     elem **items; /* lists: RGA order, tombstones included */
     size_t n, cap;
 } obj;
@@ -130,6 +130,9 @@ struct cairn_doc {
     cairn_opid *tpred;
     size_t tpred_cap;
 };
+
+/* Test hook: fail the n-th allocation of doc.c from now (0 = off). */
+extern long cairn_doc_fail_alloc_;
 
 /* Op id order: counter, then actor bytes. */
 int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, uint32_t a2);

@@ -16,6 +16,8 @@
  *   cairn_sync_reset()     when a message may have been lost (timer,
  *                          reconnect): forgets what is in flight, keeps the
  *                          shared heads. A new state (restart) also works.
+ *                          The next message says so ("hello"), and the peer
+ *                          then forgets what it had in flight to us too.
  *
  * A message carries the sender's heads, the hashes it knows it is missing
  * (need), optionally a Bloom filter of the sender's changes since a set of
@@ -40,6 +42,8 @@
 #include "crdt/doc.h"
 
 #define CAIRN_SYNC_VERSION 1
+/* Most hashes in a message's history sample (log2 of any history, +1). */
+#define CAIRN_SYNC_MAX_SAMPLE 65u
 
 typedef struct cairn_sync_limits {
     /* Hard caps: a message beyond them is never produced and is rejected
@@ -56,10 +60,14 @@ typedef struct cairn_sync_limits {
     /* Filter shape for messages we generate. */
     uint32_t bloom_bits_per_entry;
     uint32_t bloom_probes;
+    /* With no common base and more than this many changes, the first message
+     * carries a history sample instead of a whole-history filter. */
+    uint64_t sample_min_changes;
 } cairn_sync_limits;
 
 /* Defaults: 80 MiB / 4096 heads / 4096 need / 4096 changes / 4 MiB filter;
- * target 1 MiB; 10 bits per entry, 7 probes (~1% false positives). */
+ * target 1 MiB; 10 bits per entry, 7 probes (~1% false positives); sample
+ * above 512 changes. */
 void cairn_sync_limits_default(cairn_sync_limits *l);
 
 typedef struct cairn_sync_state cairn_sync_state;
@@ -114,10 +122,14 @@ size_t cairn_sync_shared_heads(const cairn_sync_state *s, const cairn_hash **hea
 /* ---- the message itself (for tests, fuzzing and tools) ------------------ */
 
 typedef struct cairn_sync_msg {
+    int hello; /* the sender's state for us is new or reset */
     size_t nheads;
     cairn_hash *heads; /* sorted ascending, unique */
     size_t nneed;
     cairn_hash *need; /* sorted ascending, unique */
+    int has_sample;
+    size_t nsample;
+    cairn_hash *sample; /* some of the sender's changes; sorted, unique */
     int has_filter;
     size_t nsince;
     cairn_hash *since;  /* filter base: hashes both sides have; sorted, unique */

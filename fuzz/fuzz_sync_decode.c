@@ -25,8 +25,8 @@ static cairn_doc *small_doc(void)
         uint8_t key = (uint8_t)('k' + i);
         cairn_value v = {.type = CAIRN_V_INT};
         v.v.i = i;
-        if (cairn_doc_begin(d, 1000 + (uint64_t)i) ||
-            cairn_doc_put(d, CAIRN_ROOT, &key, 1, &v) || cairn_doc_commit(d, NULL, NULL))
+        if (cairn_doc_begin(d, 1000 + (uint64_t)i) || cairn_doc_put(d, CAIRN_ROOT, &key, 1, &v) ||
+            cairn_doc_commit(d, NULL, NULL))
             abort();
     }
     return d;

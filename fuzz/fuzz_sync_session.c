@@ -1,8 +1,8 @@
 /*
  * Fuzz target: a two-replica sync session driven by the input. The input's
  * first byte picks the limits (a tiny, almost always false-positive filter;
- * tiny messages); every following byte is an operation: local edits on
- * either side (keys from the input, so writes conflict), optimistic pushes,
+ * tiny messages; history samples even for short histories); every following byte is an operation:
+ * local edits on either side (keys from the input, so writes conflict), optimistic pushes,
  * generating a message into the network, delivering any in-flight message
  * (reordering), dropping or duplicating one, a timer reset, a restart that
  * loses the sync state. Then the network becomes reliable: after one reset
@@ -159,6 +159,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s.lim.max_changes = 2;
         s.lim.target_msg_bytes = 64;
     }
+    if (data[0] & 4)
+        s.lim.sample_min_changes = data[0] >> 3 & 1; /* samples from 1-2 changes on */
     for (int i = 0; i < 2; i++) {
         cairn_actor a;
         memset(a.b, 0, sizeof a.b);
@@ -228,8 +230,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         cairn_sync_reset(s.st[i]);
     }
-    uint64_t total = cairn_dag_count(cairn_doc_dag(s.doc[0])) +
-                     cairn_dag_count(cairn_doc_dag(s.doc[1]));
+    uint64_t total =
+        cairn_dag_count(cairn_doc_dag(s.doc[0])) + cairn_dag_count(cairn_doc_dag(s.doc[1]));
     uint64_t bound = 8 + 2 * total, r;
     for (r = 0; r < bound; r++) {
         int a = 0, b = 0;

@@ -7,8 +7,10 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "crdt/change.h"
 #include "crdt/error.h"
@@ -138,8 +140,7 @@ static void check_equal(const cairn_change *a, const cairn_change *b)
         case CAIRN_V_STR:
             ck_assert_uint_eq(x->value.v.bytes.len, y->value.v.bytes.len);
             if (x->value.v.bytes.len)
-                ck_assert_mem_eq(x->value.v.bytes.ptr, y->value.v.bytes.ptr,
-                                 x->value.v.bytes.len);
+                ck_assert_mem_eq(x->value.v.bytes.ptr, y->value.v.bytes.ptr, x->value.v.bytes.len);
             break;
         }
         ck_assert_uint_eq(x->npred, y->npred);
@@ -194,13 +195,14 @@ static cairn_change rich_tmpl(void)
     /* 100: make a map at root["m"] overwriting two earlier ops */
     p1[0] = (cairn_opid){7, 1}; /* counter tie: actor bytes 2.. < 9.. */
     p1[1] = (cairn_opid){7, 2};
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP, .key = (const uint8_t *)"m", .key_len = 1,
-                          .npred = 2, .pred = p1};
+    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP,
+                          .key = (const uint8_t *)"m",
+                          .key_len = 1,
+                          .npred = 2,
+                          .pred = p1};
     /* 101: make a list at m["l"] (refers back to op 100) */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_LIST,
-                          .obj = {100, 0},
-                          .key = (const uint8_t *)"l",
-                          .key_len = 1};
+    ops[k++] = (cairn_op){
+        .action = CAIRN_OP_MAKE_LIST, .obj = {100, 0}, .key = (const uint8_t *)"l", .key_len = 1};
     /* 102..: inserts into the list, each value type */
     cairn_value vals[8];
     memset(vals, 0, sizeof vals);
@@ -223,15 +225,12 @@ static cairn_change rich_tmpl(void)
     vals[7].v.i = -3;
     for (int i = 0; i < 8; i++) {
         cairn_opid after = i == 0 ? (cairn_opid){0, 0} : (cairn_opid){(uint64_t)(101 + i), 0};
-        ops[k++] = (cairn_op){.action = CAIRN_OP_SET,
-                              .insert = 1,
-                              .obj = {101, 0},
-                              .elem = after,
-                              .value = vals[i]};
+        ops[k++] = (cairn_op){
+            .action = CAIRN_OP_SET, .insert = 1, .obj = {101, 0}, .elem = after, .value = vals[i]};
     }
     /* 110: insert an object as a list element */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_MAKE_MAP, .insert = 1, .obj = {101, 0},
-                          .elem = {109, 0}};
+    ops[k++] =
+        (cairn_op){.action = CAIRN_OP_MAKE_MAP, .insert = 1, .obj = {101, 0}, .elem = {109, 0}};
     /* 111: set an existing element of someone else's list */
     p2[0] = (cairn_opid){40, 2};
     ops[k++] = (cairn_op){.action = CAIRN_OP_SET,
@@ -241,8 +240,8 @@ static cairn_change rich_tmpl(void)
                           .npred = 1,
                           .pred = p2};
     /* 112: delete a list element; 113: increment a list counter */
-    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL, .obj = {30, 1}, .elem = {41, 1}, .npred = 1,
-                          .pred = p2};
+    ops[k++] =
+        (cairn_op){.action = CAIRN_OP_DEL, .obj = {30, 1}, .elem = {41, 1}, .npred = 1, .pred = p2};
     ops[k++] = (cairn_op){.action = CAIRN_OP_INC,
                           .obj = {30, 1},
                           .elem = {42, 2},
@@ -253,8 +252,11 @@ static cairn_change rich_tmpl(void)
     p3[0] = (cairn_opid){3, 1}; /* actor_n(2) sorts before the author actor_n(5) */
     p3[1] = (cairn_opid){3, 0};
     p3[2] = (cairn_opid){113, 0};
-    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL, .key = (const uint8_t *)"a\0b", .key_len = 3,
-                          .npred = 3, .pred = p3};
+    ops[k++] = (cairn_op){.action = CAIRN_OP_DEL,
+                          .key = (const uint8_t *)"a\0b",
+                          .key_len = 3,
+                          .npred = 3,
+                          .pred = p3};
     /* 115: increment a map counter at an empty key */
     ops[k++] = (cairn_op){.action = CAIRN_OP_INC,
                           .obj = {100, 0},
@@ -404,21 +406,21 @@ START_TEST(layout_matches_table)
     struct raw r = {.n = 0};
     r_byte(&r, 0xC1);
     r_bytes(&r, a[0].b, 16);
-    r_byte(&r, 2);                  /* seq */
+    r_byte(&r, 2);                   /* seq */
     r_byte(&r, 0xAC), r_byte(&r, 2); /* start_op 300 */
-    r_byte(&r, 1);                  /* time */
-    r_byte(&r, 1);                  /* ndeps */
+    r_byte(&r, 1);                   /* time */
+    r_byte(&r, 1);                   /* ndeps */
     r_bytes(&r, dep.b, 32);
     r_byte(&r, 1); /* one other actor */
     r_bytes(&r, a[1].b, 16);
-    r_byte(&r, 1);                        /* nops */
-    r_byte(&r, 3), r_byte(&r, 0);         /* SET, flags */
-    r_byte(&r, 0);                        /* obj root */
-    r_byte(&r, 2), r_bytes(&r, "ab", 2);  /* key */
-    r_byte(&r, 2), r_byte(&r, 3);         /* INT, zigzag(-2) = 3 */
-    r_byte(&r, 1);                        /* npred */
-    r_byte(&r, 0xAC), r_byte(&r, 2);      /* pred counter 300 */
-    r_byte(&r, 1);                        /* actor index 1 */
+    r_byte(&r, 1);                       /* nops */
+    r_byte(&r, 3), r_byte(&r, 0);        /* SET, flags */
+    r_byte(&r, 0);                       /* obj root */
+    r_byte(&r, 2), r_bytes(&r, "ab", 2); /* key */
+    r_byte(&r, 2), r_byte(&r, 3);        /* INT, zigzag(-2) = 3 */
+    r_byte(&r, 1);                       /* npred */
+    r_byte(&r, 0xAC), r_byte(&r, 2);     /* pred counter 300 */
+    r_byte(&r, 1);                       /* actor index 1 */
     ck_assert_uint_eq(c->len, r.n);
     ck_assert_mem_eq(c->bytes, r.b, r.n);
     cairn_change_free(c);
@@ -455,6 +457,62 @@ START_TEST(size_one_key_put)
      * op: 1+1+1+(1+18)+(1+1+32)+1 */
     ck_assert_uint_eq(c->len, 30 + 33 + 1 + 1 + 57);
     cairn_change_free(c);
+}
+END_TEST
+
+/* CPU time of this process: the rate printed below is not diluted by other
+ * processes sharing the machine. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Decode + hash check of the one-key change, and of the 16-op rich one,
+ * many times over; prints the rate (informational, no time assertion). */
+START_TEST(decode_throughput)
+{
+    cairn_actor a = actor_n(1);
+    cairn_hash dep = hash_n(1);
+    uint8_t key[18], val[32];
+    memset(key, 'k', sizeof key);
+    memset(val, 'v', sizeof val);
+    cairn_op op = {.action = CAIRN_OP_SET,
+                   .key = key,
+                   .key_len = 18,
+                   .value = {.type = CAIRN_V_BYTES, .v.bytes = {val, 32}}};
+    cairn_change t = {0};
+    t.actor = a;
+    t.seq = 100;
+    t.start_op = 1764440000000ull;
+    t.time_ms = 1764440000000ull;
+    t.ndeps = 1;
+    t.deps = &dep;
+    t.nactors = 1;
+    t.actors = &a;
+    t.nops = 1;
+    t.ops = &op;
+    cairn_change rich = rich_tmpl();
+    const cairn_change *tmpls[2] = {&t, &rich};
+    const char *names[2] = {"one-key", "16-op"};
+    for (int k = 0; k < 2; k++) {
+        cairn_change *c;
+        ck_assert_rc(cairn_change_new(&c, tmpls[k]), 0);
+        const int rounds = 100000;
+        int bad = 0; /* ck_assert in the loop would cost a syscall per round */
+        double t0 = now_s();
+        for (int i = 0; i < rounds; i++) {
+            cairn_change *d;
+            bad |= cairn_change_decode(&d, c->bytes, c->len, &c->hash);
+            cairn_change_free(d);
+        }
+        double dt = now_s() - t0;
+        ck_assert_int_eq(bad, 0);
+        fprintf(stderr, "change: decode+hash %s (%zu B): %.0f changes/s, %.1f MB/s (CPU time)\n",
+                names[k], c->len, rounds / dt, rounds * (double)c->len / dt / 1e6);
+        cairn_change_free(c);
+    }
 }
 END_TEST
 
@@ -727,8 +785,7 @@ static int dec_op(const uint8_t *op, size_t n)
     return dec(&r);
 }
 
-#define OP(...)                                                                                    \
-    dec_op((const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
+#define OP(...) dec_op((const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
 
 START_TEST(reject_ops)
 {
@@ -884,6 +941,25 @@ START_TEST(encode_rejects_noncanonical)
     op.action = 9;
     ck_assert_rc(cairn_change_new(&c, &u), CAIRN_EINVAL);
 
+    /* Larger than CAIRN_CHANGE_MAX_BYTES once encoded. */
+    size_t big = CAIRN_CHANGE_MAX_BYTES;
+    uint8_t *blob = calloc(1, big);
+    ck_assert_ptr_nonnull(blob);
+    cairn_op bigop = {.action = CAIRN_OP_SET,
+                      .key = (const uint8_t *)"k",
+                      .key_len = 1,
+                      .value = {.type = CAIRN_V_BYTES, .v.bytes = {blob, big}}};
+    u = t;
+    u.nops = 1;
+    u.ops = &bigop;
+    ck_assert_rc(cairn_change_new(&c, &u), CAIRN_ELIMIT);
+    ck_assert_ptr_null(c);
+    bigop.value.v.bytes.len = big - 100; /* just fits */
+    ck_assert_rc(cairn_change_new(&c, &u), 0);
+    ck_assert_uint_le(c->len, CAIRN_CHANGE_MAX_BYTES);
+    cairn_change_free(c);
+    free(blob);
+
     /* encode on a caller-built change owns its bytes (freed by free()). */
     u = t;
     ck_assert_rc(cairn_change_encode(&u), 0);
@@ -904,6 +980,7 @@ static Suite *change_suite(void)
     tcase_add_test(tc, roundtrip_values);
     tcase_add_test(tc, layout_matches_table);
     tcase_add_test(tc, size_one_key_put);
+    tcase_add_test(tc, decode_throughput);
     tcase_add_test(tc, hash_and_hex);
     tcase_add_test(tc, reject_every_prefix);
     tcase_add_test(tc, flip_every_byte);

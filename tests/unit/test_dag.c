@@ -19,6 +19,14 @@
 #define ck_assert_rc(got, want)                                                                    \
     ck_assert_msg((got) == (want), "rc %s, want %s", cairn_error_name(got), cairn_error_name(want))
 
+/* For hot loops: unlike ck_assert_*, costs nothing when it holds (Check's
+ * asserts record a checkpoint, a syscall, every time). */
+#define REQUIRE(cond)                                                                              \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            ck_abort_msg("%s:%d: %s", __FILE__, __LINE__, #cond);                                  \
+    } while (0)
+
 static cairn_actor actor_n(uint32_t n)
 {
     cairn_actor a;
@@ -39,7 +47,7 @@ static cairn_change *mk(uint32_t who, uint64_t seq, const cairn_hash *deps, size
                         uint64_t salt)
 {
     cairn_hash sorted[64];
-    ck_assert_uint_le(ndeps, 64);
+    REQUIRE(ndeps <= 64);
     if (ndeps)
         memcpy(sorted, deps, ndeps * sizeof *deps);
     qsort(sorted, ndeps, sizeof *sorted, cmp_hash);
@@ -60,7 +68,7 @@ static cairn_change *mk(uint32_t who, uint64_t seq, const cairn_hash *deps, size
     t.nops = 1;
     t.ops = &op;
     cairn_change *c = NULL;
-    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    REQUIRE(cairn_change_new(&c, &t) == 0);
     return c;
 }
 
@@ -84,7 +92,7 @@ static size_t drain(cairn_dag *d)
 {
     size_t n = 0;
     while (cairn_dag_peek_ready(d)) {
-        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        REQUIRE(cairn_dag_order(d, NULL) == 0);
         n++;
     }
     return n;
@@ -264,6 +272,28 @@ START_TEST(seq_gap_and_fork)
     ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
     ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
+
+    /* A rejected fork that others depend on is remembered, not asked for. */
+    cairn_change *fork = mk(1, 1, NULL, 0, 2);
+    cairn_change *child = mk(4, 1, &fork->hash, 1, 0);
+    ck_assert_int_eq(add(d, child), CAIRN_DAG_PENDING);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 1);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_int_eq(cairn_dag_has(d, &fork->hash), 2);
+    ck_assert_int_eq(cairn_dag_has(d, &child->hash), 2);
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 0);
+    free(miss);
+    ck_assert_int_eq(add(d, fork), CAIRN_DAG_KNOWN);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
+    ck_assert_uint_eq(cairn_dag_count(d), 2);
+    cairn_change_free(fork);
+    cairn_change_free(child);
 
     /* a1 reached only through another actor's change: allowed. */
     cairn_change *b2 = mk(2, 2, (cairn_hash[]){a1->hash, b1->hash}, 2, 0);
@@ -538,8 +568,8 @@ START_TEST(random_permutations_converge)
         ck_assert_rc(cairn_dag_ancestors(&w, &nw, ref, &mid->hash, 1), 0);
         ck_assert_uint_eq(nv, nw);
         for (size_t i = 0; i < nv; i++)
-            ck_assert_int_eq(cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1),
-                             1);
+            ck_assert_int_eq(
+                cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1), 1);
         free(v);
         free(w);
         cairn_dag_free(d);
@@ -547,6 +577,45 @@ START_TEST(random_permutations_converge)
     free(perm);
     cairn_dag_free(ref);
     free_history(h, n);
+}
+END_TEST
+
+/* not_ancestors (a bounded two-sided walk) against the complement of
+ * ancestors (a full walk), for random head sets of random histories. */
+START_TEST(not_ancestors_matches_complement)
+{
+    const size_t n = 400;
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        cairn_change **h = history(n, 5, seed * 77);
+        cairn_dag *d;
+        ck_assert_rc(cairn_dag_new(&d), 0);
+        for (size_t i = 0; i < n; i++)
+            add(d, h[i]);
+        ck_assert_uint_eq(drain(d), n);
+        uint64_t s = seed;
+        for (int round = 0; round < 50; round++) {
+            cairn_hash pick[6];
+            size_t np = (size_t)(rng_next(&s) % 6);
+            for (size_t i = 0; i < np; i++)
+                pick[i] = h[rng_next(&s) % n]->hash;
+            uint64_t *anc, *not ;
+            size_t na, nn;
+            ck_assert_rc(cairn_dag_ancestors(&anc, &na, d, pick, np), 0);
+            ck_assert_rc(cairn_dag_not_ancestors(&not, &nn, d, pick, np), 0);
+            ck_assert_uint_eq(na + nn, n);
+            size_t ia = 0, in = 0;
+            for (uint64_t i = 0; i < n; i++) {
+                if (ia < na && anc[ia] == i)
+                    ia++;
+                else
+                    ck_assert_uint_eq(not [in++], i);
+            }
+            free(anc);
+            free(not );
+        }
+        cairn_dag_free(d);
+        free_history(h, n);
+    }
 }
 END_TEST
 
@@ -560,8 +629,8 @@ START_TEST(pending_limit)
     memset(unknown.b, 0xEE, 32);
     for (uint32_t i = 0; i < CAIRN_DAG_MAX_PENDING; i++) {
         int state;
-        ck_assert_rc(cairn_dag_add(d, mk(i + 1, 1, &unknown, 1, 0), &state), 0);
-        ck_assert_int_eq(state, CAIRN_DAG_PENDING);
+        REQUIRE(cairn_dag_add(d, mk(i + 1, 1, &unknown, 1, 0), &state) == 0);
+        REQUIRE(state == CAIRN_DAG_PENDING);
     }
     cairn_change *over = mk(CAIRN_DAG_MAX_PENDING + 1, 1, &unknown, 1, 0);
     cairn_hash over_hash = over->hash;
@@ -576,10 +645,58 @@ START_TEST(pending_limit)
 }
 END_TEST
 
+START_TEST(pending_edge_limit)
+{
+    /* Changes that each wait for 1024 unknown hashes: the buffer holds at
+     * most 8 * CAIRN_DAG_MAX_PENDING such edges, far fewer than
+     * CAIRN_DAG_MAX_PENDING changes. */
+    static cairn_hash deps[CAIRN_CHANGE_MAX_DEPS];
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    const uint32_t per = CAIRN_CHANGE_MAX_DEPS, fits = 8u * CAIRN_DAG_MAX_PENDING / per;
+    for (uint32_t i = 0; i <= fits; i++) {
+        for (uint32_t j = 0; j < per; j++) {
+            /* Ascending in j (bytes 0-1), distinct per change (bytes 4-7). */
+            memset(deps[j].b, 0, 32);
+            deps[j].b[0] = (uint8_t)(j >> 8);
+            deps[j].b[1] = (uint8_t)j;
+            memcpy(deps[j].b + 4, &i, sizeof i);
+        }
+        cairn_actor a = actor_n(i + 1);
+        cairn_change t = {0};
+        t.actor = a;
+        t.seq = 1;
+        t.start_op = 1;
+        t.ndeps = per;
+        t.deps = deps;
+        t.nactors = 1;
+        t.actors = &a;
+        cairn_change *c;
+        ck_assert_rc(cairn_change_new(&c, &t), 0);
+        cairn_hash h = c->hash;
+        int state;
+        int rc = cairn_dag_add(d, c, &state);
+        if (i < fits) {
+            ck_assert_rc(rc, 0);
+            ck_assert_int_eq(state, CAIRN_DAG_PENDING);
+        } else {
+            ck_assert_rc(rc, CAIRN_ELIMIT);
+            ck_assert_int_eq(cairn_dag_has(d, &h), 0);
+        }
+    }
+    cairn_hash *miss;
+    size_t n;
+    ck_assert_rc(cairn_dag_missing(&miss, &n, d), 0);
+    ck_assert_uint_eq(n, (size_t)fits * per); /* no stubs left by the refused one */
+    free(miss);
+    cairn_dag_free(d);
+}
+END_TEST
+
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -601,9 +718,9 @@ START_TEST(long_chain_linear_time)
             first = c->hash;
         last = c->hash;
         int state;
-        ck_assert_rc(cairn_dag_add(d, c, &state), 0);
-        ck_assert_int_eq(state, CAIRN_DAG_READY);
-        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        REQUIRE(cairn_dag_add(d, c, &state) == 0);
+        REQUIRE(state == CAIRN_DAG_READY);
+        REQUIRE(cairn_dag_order(d, NULL) == 0);
         prev = (cairn_change *)cairn_dag_at(d, i);
     }
     double t1 = now_s();
@@ -616,7 +733,8 @@ START_TEST(long_chain_linear_time)
     ck_assert_uint_eq(nv, n);
     free(v);
     ck_assert_int_eq(cairn_dag_is_ancestor(d, &first, &last, 1), 1);
-    fprintf(stderr, "dag: %zu chained changes built+added+ordered in %.3f s\n", n, t1 - t0);
+    fprintf(stderr, "dag: %zu chained changes built+added+ordered in %.3f s (CPU time)\n", n,
+            t1 - t0);
     cairn_dag_free(d);
 }
 END_TEST
@@ -633,8 +751,8 @@ START_TEST(long_chain_reverse_delivery)
     ck_assert_rc(cairn_dag_new(&d), 0);
     for (size_t i = n; i-- > 0;) {
         int state;
-        ck_assert_rc(cairn_dag_add(d, v[i], &state), 0);
-        ck_assert_int_eq(state, i ? CAIRN_DAG_PENDING : CAIRN_DAG_READY);
+        REQUIRE(cairn_dag_add(d, v[i], &state) == 0);
+        REQUIRE(state == (i ? CAIRN_DAG_PENDING : CAIRN_DAG_READY));
     }
     ck_assert_uint_eq(drain(d), n);
     check_heads(d, &last, 1);
@@ -679,6 +797,180 @@ START_TEST(seq_check_walks_back)
 }
 END_TEST
 
+/* ---- allocation failure ------------------------------------------------
+ * Outside sanitizer builds, this executable replaces malloc/calloc/realloc
+ * (glibc supports that; free stays glibc's) so that the n-th allocation made
+ * inside a DAG or change call can be made to fail. ASan builds skip it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NO_MALLOC_HOOK 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+#define NO_MALLOC_HOOK 1
+#endif
+#endif
+
+#ifndef NO_MALLOC_HOOK
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+
+static int armed;       /* count allocations only inside library calls */
+static long fail_at;    /* index of the armed allocation to fail, or -1 */
+static long armed_seen; /* armed allocations so far */
+static int injected;      /* the failure was injected */
+
+static int should_fail(void)
+{
+    if (!armed)
+        return 0;
+    if (armed_seen++ == fail_at) {
+        injected = 1;
+        return 1;
+    }
+    return 0;
+}
+
+void *malloc(size_t n)
+{
+    return should_fail() ? NULL : __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t size)
+{
+    return should_fail() ? NULL : __libc_calloc(n, size);
+}
+
+void *realloc(void *p, size_t n)
+{
+    return should_fail() ? NULL : __libc_realloc(p, n);
+}
+
+/* Evaluates a library call with allocation counting on; its value is rc. */
+#define ARMED(expr) (armed = 1, rc = (expr), armed = 0, rc)
+
+/* A fixed script over a DAG; every library call that fails with ENOMEM is
+ * retried. The result (apply order) must not depend on where it injected. */
+static void script(cairn_change **h, size_t n, cairn_hash *order_out, size_t *enomem)
+{
+    cairn_dag *d;
+    int rc;
+    while (ARMED(cairn_dag_new(&d)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0);
+    for (size_t k = 0; k < n; k++) {
+        /* Deliver newest-first in blocks of 5, so pending chains build up. */
+        size_t i = (k / 5) * 5 + (4 - k % 5);
+        if (i >= n)
+            i = k;
+        int state;
+        for (;;) {
+            cairn_change *c = copy(h[i]);
+            if (ARMED(cairn_dag_add(d, c, &state)) != CAIRN_ENOMEM)
+                break;
+            ++*enomem;
+            REQUIRE(cairn_dag_has(d, &h[i]->hash) == 0);
+        }
+        REQUIRE(rc == 0);
+        while (cairn_dag_peek_ready(d)) {
+            uint64_t before = cairn_dag_count(d);
+            if (ARMED(cairn_dag_order(d, NULL)) == CAIRN_ENOMEM) {
+                ++*enomem;
+                REQUIRE(cairn_dag_count(d) == before);
+                continue;
+            }
+            REQUIRE(rc == 0);
+        }
+        cairn_hash *miss;
+        size_t nm;
+        while (ARMED(cairn_dag_missing(&miss, &nm, d)) == CAIRN_ENOMEM)
+            ++*enomem;
+        REQUIRE(rc == 0);
+        free(miss);
+    }
+    REQUIRE(cairn_dag_count(d) == n);
+    const cairn_hash *heads;
+    size_t nh;
+    while ((nh = (armed = 1, cairn_dag_heads(d, &heads))) == 0) {
+        armed = 0;
+        ++*enomem;
+    }
+    armed = 0;
+    uint64_t *v;
+    size_t nv;
+    while (ARMED(cairn_dag_ancestors(&v, &nv, d, heads, nh)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0 && nv == n);
+    free(v);
+    while (ARMED(cairn_dag_not_ancestors(&v, &nv, d, &h[n / 2]->hash, 1)) == CAIRN_ENOMEM)
+        ++*enomem;
+    REQUIRE(rc == 0 && nv > 0);
+    free(v);
+    for (size_t i = 0; i < n; i++)
+        order_out[i] = cairn_dag_at(d, i)->hash;
+    cairn_dag_free(d);
+}
+
+START_TEST(alloc_failure_anywhere)
+{
+    const size_t n = 40;
+    cairn_change **h = history(n, 3, 99);
+    cairn_hash clean[40], got[40];
+    size_t enomem = 0;
+    fail_at = -1;
+    armed_seen = 0;
+    script(h, n, clean, &enomem);
+    ck_assert_uint_eq(enomem, 0);
+    long total = armed_seen;
+    fprintf(stderr, "dag: %ld allocations in the script, each made to fail once\n", total);
+    ck_assert_int_gt(total, 50);
+    for (long k = 0; k < total; k++) {
+        fail_at = k;
+        armed_seen = 0;
+        injected = 0;
+        enomem = 0;
+        script(h, n, got, &enomem);
+        ck_assert_msg(injected, "allocation %ld never happened", k);
+        ck_assert_mem_eq(got, clean, sizeof clean);
+    }
+    fail_at = -1;
+    free_history(h, n);
+}
+END_TEST
+
+START_TEST(alloc_failure_change)
+{
+    cairn_change **h = history(3, 2, 5);
+    for (long k = 0;; k++) {
+        int rc;
+        cairn_change *c = (cairn_change *)1;
+        fail_at = k;
+        armed_seen = 0;
+        injected = 0;
+        rc = ARMED(cairn_change_decode(&c, h[2]->bytes, h[2]->len, NULL));
+        if (!injected) {
+            ck_assert_int_eq(rc, 0);
+            cairn_change_free(c);
+            break;
+        }
+        ck_assert_rc(rc, CAIRN_ENOMEM);
+        ck_assert_ptr_null(c);
+        c = (cairn_change *)1;
+        armed_seen = 0;
+        injected = 0;
+        rc = ARMED(cairn_change_new(&c, h[2]));
+        if (injected) {
+            ck_assert_rc(rc, CAIRN_ENOMEM);
+            ck_assert_ptr_null(c);
+        } else {
+            cairn_change_free(c);
+        }
+    }
+    fail_at = -1;
+    free_history(h, 3);
+}
+END_TEST
+#endif
+
 static Suite *dag_suite(void)
 {
     Suite *s = suite_create("dag");
@@ -692,10 +984,16 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, diamond_ancestry);
     tcase_add_test(tc, missing_lists_unknown_deps);
     tcase_add_test(tc, random_permutations_converge);
+    tcase_add_test(tc, not_ancestors_matches_complement);
     tcase_add_test(tc, pending_limit);
+    tcase_add_test(tc, pending_edge_limit);
     tcase_add_test(tc, long_chain_linear_time);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);
+#ifndef NO_MALLOC_HOOK
+    tcase_add_test(tc, alloc_failure_anywhere);
+    tcase_add_test(tc, alloc_failure_change);
+#endif
     suite_add_tcase(s, tc);
     return s;
 }

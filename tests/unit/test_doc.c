@@ -2,8 +2,9 @@
  * Unit tests for crdt/doc.c: local edits and reads, concurrent edits merged
  * between replicas (winner = greatest op id, conflicts visible), deletes vs
  * concurrent sets, nested objects, RGA lists, counters, exact rollback, reads
- * at past heads, the exact patch sequence an observer sees, and hostile
- * changes (built with cairn_change_new) rejected with nothing applied.
+ * at past heads, the exact patch sequence an observer sees, hostile
+ * changes (built with cairn_change_new) rejected with nothing applied, and
+ * injected allocation failures in every edit and in commit.
  * Changes travel between replicas as bytes (encode -> decode).
  */
 #include <check.h>
@@ -15,6 +16,7 @@
 #include "crdt/change.h"
 #include "crdt/dag.h"
 #include "crdt/doc.h"
+#include "crdt/doc_int.h" /* cairn_doc_fail_alloc_ */
 #include "crdt/error.h"
 
 /* ---- helpers --------------------------------------------------------- */
@@ -341,9 +343,8 @@ START_TEST(nested_objects)
     cairn_doc *a = new_doc(1), *b = new_doc(2);
     cairn_objid m, l, m2;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &m, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &m, CAIRN_ROOT, (const uint8_t *)"cfg", 3, CAIRN_OBJ_MAP), 0);
     put_s(a, m, "name", "x");
     ck_assert_int_eq(cairn_doc_put_object(a, &l, m, (const uint8_t *)"items", 5, CAIRN_OBJ_LIST),
                      0);
@@ -375,9 +376,8 @@ START_TEST(nested_objects)
     /* concurrent: a replaces cfg with a new map while b edits the old one */
     ck_assert_int_eq(cairn_doc_begin(a, 50), 0);
     cairn_objid m3;
-    ck_assert_int_eq(cairn_doc_put_object(a, &m3, CAIRN_ROOT, (const uint8_t *)"cfg", 3,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &m3, CAIRN_ROOT, (const uint8_t *)"cfg", 3, CAIRN_OBJ_MAP), 0);
     put_s(a, m3, "name", "new");
     commit(a);
     ck_assert_int_eq(cairn_doc_begin(b, 40), 0);
@@ -401,9 +401,8 @@ START_TEST(list_ops)
     cairn_doc *a = new_doc(1), *b = new_doc(2);
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     const char *vals[] = {"a", "b", "c", "d"};
     for (size_t i = 0; i < 4; i++) {
         cairn_value v = str_v(vals[i]);
@@ -439,9 +438,8 @@ START_TEST(list_concurrent_inserts)
     cairn_doc *a = new_doc(1), *b = new_doc(2), *c = new_doc(3);
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(a, 1), 0);
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("base");
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
     commit(a);
@@ -509,9 +507,8 @@ START_TEST(counters_concurrent_increments)
     ck_assert_int_eq(cairn_doc_increment(a, CAIRN_ROOT, (const uint8_t *)"q", 1, 1),
                      CAIRN_ENOTFOUND);
     cairn_objid l;
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &cv), 0);
     commit(a);
     exchange(a, b);
@@ -560,13 +557,11 @@ START_TEST(rollback_restores_exactly)
     ck_assert_int_eq(cairn_doc_begin(d, 1), 0);
     put_s(d, CAIRN_ROOT, "keep", "k");
     put_s(d, CAIRN_ROOT, "del", "d");
-    ck_assert_int_eq(cairn_doc_put_object(d, &m, CAIRN_ROOT, (const uint8_t *)"m", 1,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &m, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP), 0);
     put_s(d, m, "inner", "i");
-    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("e0"), cv = int_v(1, CAIRN_V_COUNTER);
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &cv), 0);
@@ -594,9 +589,8 @@ START_TEST(rollback_restores_exactly)
     put_s(d, m, "inner", "i2");
     ck_assert_int_eq(cairn_doc_delete(d, m, (const uint8_t *)"inner", 5), 0);
     cairn_objid m2;
-    ck_assert_int_eq(cairn_doc_put_object(d, &m2, CAIRN_ROOT, (const uint8_t *)"m", 1,
-                                          CAIRN_OBJ_MAP),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &m2, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP), 0);
     put_s(d, m2, "x", "y");
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &v), 0);
     ck_assert_int_eq(cairn_doc_list_delete(d, l, 0), 0);
@@ -725,13 +719,13 @@ static void log_patch(void *arg, const cairn_patch *p)
     }
     if (p->action == CAIRN_PATCH_PUT || p->action == CAIRN_PATCH_DEL ||
         (p->action == CAIRN_PATCH_INC && p->key_len))
-        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s %.*s%s n%u;",
-                                 names[p->action], (int)p->key_len, (const char *)p->key, val,
-                                 p->nconflicts);
+        l->n +=
+            (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s %.*s%s n%u;", names[p->action],
+                             (int)p->key_len, (const char *)p->key, val, p->nconflicts);
     else
-        l->n += (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s @%llu%s n%u;",
-                                 names[p->action], (unsigned long long)p->index, val,
-                                 p->nconflicts);
+        l->n +=
+            (size_t)snprintf(l->s + l->n, sizeof l->s - l->n, "%s @%llu%s n%u;", names[p->action],
+                             (unsigned long long)p->index, val, p->nconflicts);
 }
 
 /* Delivers |from|'s changes to |to| with a logging observer. */
@@ -760,9 +754,8 @@ START_TEST(observer_patches)
     put_s(a, CAIRN_ROOT, "k1", "v1");
     put_s(a, CAIRN_ROOT, "k2", "v2");
     put_s(a, CAIRN_ROOT, "k1", "v1b");
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("x"), cv = int_v(5, CAIRN_V_COUNTER);
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &v), 0);
     v = str_v("y");
@@ -883,9 +876,8 @@ START_TEST(hostile_changes_rejected)
     cairn_objid l;
     ck_assert_int_eq(cairn_doc_begin(d, 100), 0);
     put_s(d, CAIRN_ROOT, "k", "v");
-    ck_assert_int_eq(cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1,
-                                          CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value v = str_v("e");
     ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &v), 0);
     commit(d); /* ops 100 (k), 101 (list), 102 (element) by actor 1 */
@@ -957,6 +949,158 @@ START_TEST(hostile_changes_rejected)
 }
 END_TEST
 
+/* ---- allocation failure ------------------------------------------------------- */
+
+/* A doc with a key conflict, a counter conflict, a nested map and a list. */
+static cairn_doc *base_doc(cairn_doc **peer, cairn_objid *m, cairn_objid *l)
+{
+    cairn_doc *d = new_doc(1), *p = new_doc(2);
+    cairn_value cv = int_v(1, CAIRN_V_COUNTER), v = str_v("e");
+    ck_assert_int_eq(cairn_doc_begin(d, 10), 0);
+    put_s(d, CAIRN_ROOT, "a", "1");
+    ck_assert_int_eq(cairn_doc_put_object(d, m, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP),
+                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
+    ck_assert_int_eq(cairn_doc_list_insert(d, *l, 0, &v), 0);
+    ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"cnt", 3, &cv), 0);
+    commit(d);
+    ck_assert_int_eq(cairn_doc_begin(p, 10), 0);
+    ck_assert_int_eq(cairn_doc_put(p, CAIRN_ROOT, (const uint8_t *)"cnt", 3, &cv), 0);
+    put_s(p, CAIRN_ROOT, "a", "2");
+    commit(p);
+    deliver(d, p);
+    *peer = p;
+    return d;
+}
+
+#define NSTEPS 30
+static int fail_step(cairn_doc *d, cairn_objid m, cairn_objid l, int i)
+{
+    cairn_value v = str_v("val"), cv = int_v(3, CAIRN_V_COUNTER);
+    cairn_objid made;
+    char key[16];
+    switch (i) {
+    case 0:
+        return cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)"fresh", 5, &v);
+    case 1:
+        return cairn_doc_increment(d, CAIRN_ROOT, (const uint8_t *)"cnt", 3, 5);
+    case 2:
+        return cairn_doc_put_object(d, &made, CAIRN_ROOT, (const uint8_t *)"o", 1, CAIRN_OBJ_MAP);
+    case 3:
+        return cairn_doc_list_insert(d, l, 1, &v);
+    case 4:
+        return cairn_doc_list_set(d, l, 0, &cv);
+    case 5:
+        return cairn_doc_list_increment(d, l, 0, 2);
+    case 6:
+        return cairn_doc_put(d, m, (const uint8_t *)"k", 1, &v);
+    case 7:
+        return cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)"a", 1);
+    case 8:
+        return cairn_doc_list_insert_object(d, &made, l, 0, CAIRN_OBJ_LIST);
+    case 9:
+        return cairn_doc_list_delete(d, l, 1);
+    default:
+        snprintf(key, sizeof key, "g%d", i);
+        return cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)key, strlen(key), &v);
+    }
+}
+
+START_TEST(alloc_failure_changes_nothing)
+{
+    int failures = 0;
+    for (long k = 1;; k++) {
+        cairn_doc *peer;
+        cairn_objid m, l;
+        cairn_doc *d = base_doc(&peer, &m, &l);
+        size_t l0, lb, la;
+        uint8_t *d0 = dump_of(d, &l0);
+        ck_assert_int_eq(cairn_doc_begin(d, 100), 0);
+        cairn_doc_fail_alloc_ = k;
+        for (int i = 0; i < NSTEPS; i++) {
+            long left = cairn_doc_fail_alloc_;
+            cairn_doc_fail_alloc_ = 0;
+            uint8_t *before = dump_of(d, &lb);
+            cairn_doc_fail_alloc_ = left;
+            int rc = fail_step(d, m, l, i);
+            int hit = left > 0 && cairn_doc_fail_alloc_ == 0;
+            left = cairn_doc_fail_alloc_;
+            cairn_doc_fail_alloc_ = 0;
+            /* an injected failure gives ENOMEM; a later step may then fail
+             * for want of what the failed one would have made */
+            if (hit)
+                ck_assert_int_eq(rc, CAIRN_ENOMEM);
+            if (rc) {
+                uint8_t *after = dump_of(d, &la);
+                ck_assert_uint_eq(la, lb);
+                ck_assert_mem_eq(after, before, la);
+                free(after);
+                failures++;
+            }
+            free(before);
+            cairn_doc_fail_alloc_ = left;
+        }
+        long left = cairn_doc_fail_alloc_;
+        cairn_doc_fail_alloc_ = 0;
+        cairn_doc_rollback(d);
+        uint8_t *d1 = dump_of(d, &la);
+        ck_assert_uint_eq(la, l0);
+        ck_assert_mem_eq(d1, d0, l0);
+        free(d0);
+        free(d1);
+        cairn_doc_free(d);
+        cairn_doc_free(peer);
+        if (left > 0)
+            break; /* every allocation of the run succeeded: all were tried */
+    }
+    ck_assert_int_gt(failures, 20);
+}
+END_TEST
+
+START_TEST(alloc_failure_in_commit_rolls_back)
+{
+    int failures = 0;
+    for (long k = 1;; k++) {
+        cairn_doc *peer;
+        cairn_objid m, l;
+        cairn_doc *d = base_doc(&peer, &m, &l);
+        size_t l0, l1;
+        uint8_t *d0 = dump_of(d, &l0);
+        uint64_t count = cairn_dag_count(cairn_doc_dag(d));
+        ck_assert_int_eq(cairn_doc_begin(d, 100), 0);
+        for (int i = 0; i < NSTEPS; i++)
+            ck_assert_int_eq(fail_step(d, m, l, i), 0);
+        cairn_doc_fail_alloc_ = k;
+        const cairn_change *c;
+        int rc = cairn_doc_commit(d, &c, NULL);
+        long left = cairn_doc_fail_alloc_;
+        cairn_doc_fail_alloc_ = 0;
+        if (rc) {
+            ck_assert_int_eq(rc, CAIRN_ENOMEM);
+            ck_assert_ptr_null(c);
+            uint8_t *d1 = dump_of(d, &l1);
+            ck_assert_uint_eq(l1, l0);
+            ck_assert_mem_eq(d1, d0, l0);
+            free(d1);
+            ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(d)), count);
+            failures++;
+        } else {
+            ck_assert_ptr_nonnull(c);
+            deliver(peer, d);
+            deliver(d, peer);
+            assert_same(d, peer);
+        }
+        free(d0);
+        cairn_doc_free(d);
+        cairn_doc_free(peer);
+        if (left > 0)
+            break;
+    }
+    ck_assert_int_gt(failures, 2);
+}
+END_TEST
+
 static Suite *doc_suite(void)
 {
     Suite *s = suite_create("doc");
@@ -974,6 +1118,8 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, new_at_heads);
     tcase_add_test(tc, observer_patches);
     tcase_add_test(tc, hostile_changes_rejected);
+    tcase_add_test(tc, alloc_failure_changes_nothing);
+    tcase_add_test(tc, alloc_failure_in_commit_rolls_back);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -107,8 +107,9 @@ struct stats {
     size_t msgs, bytes, rounds_to_converge, rounds;
 };
 
-/* Ping-pong until neither side has anything to send: each round is one
- * message A->B then one B->A. Returns 0 when quiescent within |max| rounds. */
+/* Until neither side has anything to send: each round is one flight A->B
+ * then one B->A (a flight: generate until it says nothing to send).
+ * Returns 0 when quiescent within |max| rounds. */
 static int sync_pair(cairn_doc *a, cairn_sync_state *sa, cairn_doc *b, cairn_sync_state *sb,
                      uint64_t *rng, size_t max, struct stats *st)
 {
@@ -118,17 +119,21 @@ static int sync_pair(cairn_doc *a, cairn_sync_state *sa, cairn_doc *b, cairn_syn
         for (int dir = 0; dir < 2; dir++) {
             cairn_doc *from = dir ? b : a, *to = dir ? a : b;
             cairn_sync_state *sf = dir ? sb : sa, *stt = dir ? sa : sb;
-            uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
-            size_t len = 0;
-            salt_next(salt, rng);
-            ck_assert_int_eq(cairn_sync_generate(&m, &len, from, sf, salt), 0);
-            if (!m)
-                continue;
-            any = 1;
-            st->msgs++;
-            st->bytes += len;
-            ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, NULL), 0);
-            free(m);
+            /* A flight: everything |from| has to say before an answer. */
+            for (int burst = 0;; burst++) {
+                uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+                size_t len = 0;
+                ck_assert_int_lt(burst, 1000);
+                salt_next(salt, rng);
+                ck_assert_int_eq(cairn_sync_generate(&m, &len, from, sf, salt), 0);
+                if (!m)
+                    break;
+                any = 1;
+                st->msgs++;
+                st->bytes += len;
+                ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, NULL), 0);
+                free(m);
+            }
             if (!st->rounds_to_converge && same_heads(a, b))
                 st->rounds_to_converge = r;
         }
@@ -183,12 +188,15 @@ static void diverged(int k, int base, int keep_state)
     ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 20, &st), 0);
     assert_same_state(a, b);
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), (uint64_t)(base + 2 * k));
-    /* Two round trips; the data is there after one and a half. */
+    /* Two round trips; the data is there after one and a half. A fresh
+     * session over a long history first trades samples (one more message). */
+    int sampled = !keep_state && base > 512;
     ck_assert_uint_le(st.rounds_to_converge, 2);
-    ck_assert_uint_le(st.msgs, 4);
+    ck_assert_uint_le(st.msgs, sampled ? 5 : 4);
     /* Bytes: the changes themselves, Bloom filters over the k new changes
-     * (and the base when there is no shared state), heads, framing. */
-    size_t slack = 400 + (size_t)(keep_state ? 0 : base) * 3;
+     * (and the base when there is no shared state and it is short, else a
+     * log-size sample), heads, framing. */
+    size_t slack = 400 + (sampled ? 1200 : (size_t)(keep_state ? 0 : base) * 3);
     ck_assert_uint_le(st.bytes, ideal + ideal / 20 + slack);
     /* Each change crossed the link once. */
     ck_assert_uint_ge(st.bytes, ideal);
@@ -216,6 +224,48 @@ START_TEST(diverged_large)
 {
     diverged(300, 50, 1);
     diverged(300, 50, 0);
+}
+END_TEST
+
+START_TEST(fresh_session_long_history)
+{
+    /* 1500 common changes, no sync state: the whole-history filters would
+     * cost ~3.7 KB; the samples cost ~0.8 KB. */
+    diverged(10, 1500, 0);
+    diverged(200, 1500, 0);
+    /* The first message carries a sample, not a filter. */
+    cairn_doc *a = new_doc(1);
+    edit(a, "h", 1000, NULL);
+    cairn_sync_state *s = new_state(NULL);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0}, *m;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, s, salt), 0);
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    ck_assert_int_eq(dm.has_sample, 1);
+    ck_assert_int_eq(dm.has_filter, 0);
+    ck_assert_uint_ge(dm.nsample, 10); /* 1, 2, 4, ... 512 back, and the first */
+    ck_assert_uint_le(dm.nsample, 12);
+    uint8_t *re;
+    size_t relen;
+    ck_assert_int_eq(cairn_sync_msg_encode(&re, &relen, &dm), 0);
+    ck_assert(relen == len && memcmp(re, m, len) == 0);
+    free(re);
+    cairn_sync_msg_destroy(&dm);
+    free(m);
+    /* Sent once per session: the next message without news is nothing; after
+     * a reset the sample goes again. */
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, s, salt), 0);
+    ck_assert_ptr_null(m);
+    cairn_sync_reset(s);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, s, salt), 0);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    ck_assert_int_eq(dm.has_sample, 1);
+    cairn_sync_msg_destroy(&dm);
+    free(m);
+    cairn_sync_state_free(s);
+    cairn_doc_free(a);
 }
 END_TEST
 
@@ -429,24 +479,24 @@ struct net {
     int link[NODES][NODES];
 };
 
-static void net_init(struct net *n, int topo)
+static void net_init(struct net *n, int topo, const cairn_sync_limits *l)
 {
     memset(n, 0, sizeof *n);
     for (int i = 0; i < NODES; i++) {
         n->doc[i] = new_doc((uint8_t)(i + 1));
         for (int j = 0; j < NODES; j++)
-            n->st[i][j] = new_state(NULL);
+            n->st[i][j] = new_state(l);
     }
     for (int i = 0; i < NODES; i++)
         for (int j = 0; j < NODES; j++) {
-            int l = 0;
+            int on = 0;
             if (topo == 0) /* line */
-                l = (j == i + 1 || i == j + 1);
+                on = (j == i + 1 || i == j + 1);
             else if (topo == 1) /* ring */
-                l = (j == (i + 1) % NODES || i == (j + 1) % NODES);
+                on = (j == (i + 1) % NODES || i == (j + 1) % NODES);
             else /* star around node 0 */
-                l = i != j && (i == 0 || j == 0);
-            n->link[i][j] = l;
+                on = i != j && (i == 0 || j == 0);
+            n->link[i][j] = on;
         }
 }
 
@@ -486,10 +536,15 @@ static int net_run(struct net *n, uint64_t *rng, int max_passes)
 
 START_TEST(topologies)
 {
-    for (int topo = 0; topo < 3; topo++) {
+    cairn_sync_limits l;
+    cairn_sync_limits_default(&l);
+    for (int variant = 0; variant < 6; variant++) {
+        int topo = variant % 3;
+        if (variant >= 3)
+            l.sample_min_changes = 2; /* sample on first contact */
         struct net n;
-        net_init(&n, topo);
-        uint64_t rng = 100 + (uint64_t)topo;
+        net_init(&n, topo, &l);
+        uint64_t rng = 100 + (uint64_t)variant;
         char tag[16];
         for (int i = 0; i < NODES; i++) {
             snprintf(tag, sizeof tag, "n%d", i);
@@ -548,10 +603,10 @@ static void wire_deliver(struct wire *w, size_t i, cairn_doc *d, cairn_sync_stat
     free(m);
 }
 
-static void lossy_run(uint64_t seed)
+static void lossy_run(uint64_t seed, const cairn_sync_limits *l)
 {
     cairn_doc *doc[2] = {new_doc(1), new_doc(2)};
-    cairn_sync_state *st[2] = {new_state(NULL), new_state(NULL)};
+    cairn_sync_state *st[2] = {new_state(l), new_state(l)};
     struct wire w[2] = {0}; /* w[i]: messages to node i */
     uint64_t rng = seed;
     edit(doc[0], "base", 5, NULL);
@@ -598,7 +653,7 @@ static void lossy_run(uint64_t seed)
         case 7: /* a timer fires, or the node restarts and loses its sync state */
             if ((r >> 20) % 4 == 0) {
                 cairn_sync_state_free(st[node]);
-                st[node] = new_state(NULL);
+                st[node] = new_state(l);
             } else {
                 cairn_sync_reset(st[node]);
             }
@@ -621,8 +676,17 @@ static void lossy_run(uint64_t seed)
 
 START_TEST(lossy_transport)
 {
-    for (uint64_t seed = 1; seed <= 12; seed++)
-        lossy_run(seed * 0x9E3779B97F4A7C15ull);
+    cairn_sync_limits l;
+    cairn_sync_limits_default(&l);
+    for (uint64_t seed = 1; seed <= 8; seed++)
+        lossy_run(seed * 0x9E3779B97F4A7C15ull, &l);
+    /* Samples on every fresh start, and a tiny filter. */
+    l.sample_min_changes = 4;
+    for (uint64_t seed = 9; seed <= 12; seed++)
+        lossy_run(seed * 0x9E3779B97F4A7C15ull, &l);
+    l.max_filter_bytes = 2;
+    for (uint64_t seed = 13; seed <= 16; seed++)
+        lossy_run(seed * 0x9E3779B97F4A7C15ull, &l);
 }
 END_TEST
 
@@ -642,6 +706,37 @@ START_TEST(restart_from_scratch)
     ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
     assert_same_state(a, b);
     ck_assert_uint_le(st.rounds_to_converge, 2);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+START_TEST(restart_after_lost_message)
+{
+    /* a's changes are lost on the wire; b restarts. b's hello makes a send
+     * them again, without a's timer ever firing. */
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 21;
+    struct stats st;
+    edit(a, "a", 5, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    edit(a, "lost", 4, NULL);
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0}, *m;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, sa, salt), 0);
+    ck_assert_ptr_nonnull(m); /* carries the 4 changes: dropped */
+    free(m);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, sa, salt), 0);
+    ck_assert_ptr_null(m); /* a believes they are in flight */
+    cairn_sync_state_free(sb);
+    sb = new_state(NULL);
+    ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    /* One round: not one need round trip per lost change. */
+    ck_assert_uint_le(st.rounds_to_converge, 1);
     cairn_sync_state_free(sa);
     cairn_sync_state_free(sb);
     cairn_doc_free(a);
@@ -730,7 +825,10 @@ START_TEST(decode_rejects)
     c[0] = 2;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_EBADVERSION);
     memcpy(c, m, len);
-    c[1] |= 4;
+    c[1] |= 8;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
+    memcpy(c, m, len);
+    c[1] |= 0x80;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
     /* Over the size limit. */
     cairn_sync_limits l;
@@ -760,23 +858,27 @@ START_TEST(decode_rejects)
     free(c);
     /* Hand-made messages. */
     static const uint8_t huge_heads[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f};
-    ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL),
-                     CAIRN_ELIMIT);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL), CAIRN_ELIMIT);
     static const uint8_t trunc_heads[] = {1, 0, 2, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_heads, sizeof trunc_heads, NULL),
                      CAIRN_ETRUNCATED);
     static const uint8_t nonmin[] = {1, 0, 0x80, 0x00, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, nonmin, sizeof nonmin, NULL), CAIRN_ENONCANON);
-    static const uint8_t over64[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                     0xff, 0xff, 0xff, 0xff, 0x02};
+    static const uint8_t over64[] = {1,    0,    0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, over64, sizeof over64, NULL), CAIRN_ENONCANON);
     static const uint8_t empty_ok[] = {1, 0, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, empty_ok, sizeof empty_ok, NULL), 0);
     cairn_sync_msg_destroy(&dm);
-    static const uint8_t zero_probes[] = {1, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                          9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
+    static const uint8_t zero_probes[] = {1, 1, 0, 0,  0,  0,  1,  2,  3,  4,  5, 6,
+                                          7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, zero_probes, sizeof zero_probes, NULL),
                      CAIRN_ENONCANON);
+    static const uint8_t big_sample[] = {1, 2, 0, 0, 66};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, big_sample, sizeof big_sample, NULL), CAIRN_ELIMIT);
+    static const uint8_t trunc_sample[] = {1, 2, 0, 0, 1, 5};
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_sample, sizeof trunc_sample, NULL),
+                     CAIRN_ETRUNCATED);
     static const uint8_t many_changes[] = {1, 0, 0, 0, 0xff, 0x7f, 1, 1};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, many_changes, sizeof many_changes, NULL),
                      CAIRN_ELIMIT);
@@ -853,6 +955,7 @@ int main(void)
     tcase_add_test(tc, empty_docs);
     tcase_add_test(tc, diverged_small);
     tcase_add_test(tc, diverged_large);
+    tcase_add_test(tc, fresh_session_long_history);
     tcase_add_test(tc, one_side_ahead);
     tcase_add_test(tc, peer_has_tracks_acknowledgement);
     tcase_add_test(tc, push_then_sync);
@@ -861,6 +964,7 @@ int main(void)
     tcase_add_test(tc, topologies);
     tcase_add_test(tc, lossy_transport);
     tcase_add_test(tc, restart_from_scratch);
+    tcase_add_test(tc, restart_after_lost_message);
     tcase_add_test(tc, decode_canonical_roundtrip);
     tcase_add_test(tc, decode_rejects);
     tcase_add_test(tc, hostile_need_and_heads);

@@ -1,0 +1,258 @@
+/*
+ * CRDT document benchmark. Measures, for the store's typical write (one key
+ * of 18 bytes set to a 32-byte value, one change per write):
+ *
+ *   1. the encoded size of such a change (first change: no deps; steady
+ *      state: one dep);
+ *   2. local commits per second: populating a document to N keys (default
+ *      1,000,000), then overwriting random keys of the full document;
+ *   3. remote changes per second: a second replica catching up on all N
+ *      changes, then receiving the overwrites (decode + validate + DAG +
+ *      apply, and apply without decode);
+ *   4. memory per key: heap bytes in use (mallinfo2) of a whole replica per
+ *      key, of a bare DAG holding the same changes, and the difference (the
+ *      document state itself); plus RSS.
+ *
+ * Usage: crdt_bench [nkeys [nupdates]]. Single-threaded; the document's
+ * clock is fake; rates are per second of CPU time.
+ */
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "crdt/change.h"
+#include "crdt/dag.h"
+#include "crdt/doc.h"
+#include "crdt/error.h"
+
+#define KEY_LEN 18
+#define VAL_LEN 32
+#define BATCHES 10
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v)
+{
+    qsort(v, BATCHES, sizeof *v, cmp_double);
+    return (v[BATCHES / 2 - 1] + v[BATCHES / 2]) / 2;
+}
+
+/* Rates use the process's CPU time: the bench is single-threaded and the
+ * machines it runs on are often shared, which skews wall time. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static size_t rss_bytes(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return (size_t)rss * 4096;
+}
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "crdt_bench: %s: %s\n", what, cairn_strerror(rc));
+    exit(1);
+}
+
+/* "/registry/k%07u" is 18 bytes; values are 32 bytes. */
+static void key_of(uint8_t key[KEY_LEN + 1], uint32_t i)
+{
+    char tmp[40];
+    snprintf(tmp, sizeof tmp, "/registry/k%07u", i % 10000000u);
+    memcpy(key, tmp, KEY_LEN + 1);
+}
+
+static void put_one(cairn_doc *d, uint64_t t, uint32_t k, uint32_t version,
+                    const cairn_change **out)
+{
+    uint8_t key[KEY_LEN + 1], val[VAL_LEN + 1];
+    char tmp[64];
+    key_of(key, k);
+    snprintf(tmp, sizeof tmp, "value-%08u-%08u-xxxxxxxxxxxxxx", k % 100000000u,
+             version % 100000000u);
+    memcpy(val, tmp, VAL_LEN);
+    cairn_value v = {.type = CAIRN_V_BYTES};
+    v.v.bytes.ptr = val;
+    v.v.bytes.len = VAL_LEN;
+    int rc = cairn_doc_begin(d, t);
+    if (!rc)
+        rc = cairn_doc_put(d, CAIRN_ROOT, key, KEY_LEN, &v);
+    if (!rc)
+        rc = cairn_doc_commit(d, out, NULL);
+    if (rc)
+        die("local write", rc);
+}
+
+static cairn_change *copy_of(const cairn_change *c)
+{
+    cairn_change *copy;
+    int rc = cairn_change_decode(&copy, c->bytes, c->len, &c->hash);
+    if (rc)
+        die("decode", rc);
+    return copy;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+int main(int argc, char **argv)
+{
+    uint32_t n = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 1000000;
+    uint32_t m = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 100000;
+    if (n == 0 || m == 0) {
+        fprintf(stderr, "usage: crdt_bench [nkeys [nupdates]]\n");
+        return 2;
+    }
+    cairn_actor aa, ab;
+    memset(aa.b, 0xA1, sizeof aa.b);
+    memset(ab.b, 0xB2, sizeof ab.b);
+    cairn_doc *a, *b;
+    int rc = cairn_doc_new(&a, &aa);
+    if (!rc)
+        rc = cairn_doc_new(&b, &ab);
+    if (rc)
+        die("new", rc);
+    uint64_t t = 1700000000000ull;
+    const cairn_change *c;
+
+    /* 1. size of a one-key change */
+    size_t heap0 = heap_bytes(), rss0 = rss_bytes();
+    double t0 = now_s();
+    put_one(a, t++, 0, 0, &c);
+    size_t first_len = c->len;
+    put_one(a, t++, 1, 0, &c);
+    size_t steady_len = c->len;
+
+    /* 2a. populate to n keys, one change per key */
+    for (uint32_t i = 2; i < n; i++)
+        put_one(a, t++, i, 0, NULL);
+    double t1 = now_s();
+    size_t heap_a = heap_bytes() - heap0, rss_a = rss_bytes() - rss0;
+    size_t len;
+    if (cairn_doc_length(a, &len, CAIRN_ROOT) || len != n)
+        die("populate", CAIRN_ECORRUPT);
+
+    /* 3a. replica b catches up: decode + receive every change */
+    size_t heap1 = heap_bytes();
+    double t2 = now_s();
+    const cairn_dag *da = cairn_doc_dag(a);
+    for (uint64_t i = 0; i < cairn_dag_count(da); i++)
+        if ((rc = cairn_doc_receive(b, copy_of(cairn_dag_at(da, i)), NULL)) != 0)
+            die("receive", rc);
+    double t3 = now_s();
+    size_t heap_b = heap_bytes() - heap1;
+
+    /* 2b. local overwrites of random keys in the full document, in batches:
+     * the median batch is the steady state, the total includes one-off
+     * costs such as a hash table doubling. */
+    uint64_t first_update = cairn_dag_count(da);
+    double local_b[BATCHES], dec_b[BATCHES], rec_b[BATCHES];
+    uint32_t bs = m / BATCHES ? m / BATCHES : 1;
+    uint32_t done = 0;
+    double t4 = now_s();
+    for (int k = 0; k < BATCHES; k++) {
+        double x = now_s();
+        for (uint32_t j = 0; j < bs; j++)
+            put_one(a, t++, rnd(n), done + j + 1, NULL);
+        local_b[k] = bs / (now_s() - x);
+        done += bs;
+    }
+    double t5 = now_s();
+
+    /* 3b. b receives the overwrites, batch by batch: decode, then receive */
+    cairn_change **pre = malloc((size_t)bs * sizeof *pre);
+    if (!pre)
+        die("malloc", CAIRN_ENOMEM);
+    double t6 = now_s(), trecv = 0;
+    for (int k = 0; k < BATCHES; k++) {
+        double x0 = now_s();
+        for (uint32_t j = 0; j < bs; j++)
+            pre[j] = copy_of(cairn_dag_at(da, first_update + (uint64_t)k * bs + j));
+        double x1 = now_s();
+        for (uint32_t j = 0; j < bs; j++)
+            if ((rc = cairn_doc_receive(b, pre[j], NULL)) != 0)
+                die("receive", rc);
+        double x2 = now_s();
+        dec_b[k] = bs / (x2 - x0);
+        rec_b[k] = bs / (x2 - x1);
+        trecv += x2 - x1;
+    }
+    double t7 = now_s();
+    free(pre);
+
+    /* 4. the first n changes in a bare DAG (last: freeing it fragments the heap) */
+    size_t heap2 = heap_bytes();
+    cairn_dag *bare;
+    if ((rc = cairn_dag_new(&bare)) != 0)
+        die("dag", rc);
+    for (uint64_t i = 0; i < n; i++) {
+        int st;
+        if ((rc = cairn_dag_add(bare, copy_of(cairn_dag_at(da, i)), &st)) != 0 ||
+            (rc = cairn_dag_order(bare, NULL)) != 0)
+            die("dag add", rc);
+    }
+    size_t heap_dag = heap_bytes() - heap2;
+    cairn_dag_free(bare);
+
+    uint8_t *dump_a, *dump_b;
+    size_t la, lb;
+    if (cairn_doc_dump(&dump_a, &la, a) || cairn_doc_dump(&dump_b, &lb, b) || la != lb ||
+        memcmp(dump_a, dump_b, la) != 0)
+        die("replicas differ", CAIRN_ECORRUPT);
+    free(dump_a);
+    free(dump_b);
+
+    printf("crdt_bench: %u keys (key %d B, value %d B), %u overwrites\n", n, KEY_LEN, VAL_LEN, m);
+    printf("change size, one key:        %zu B (first change, no deps), %zu B (one dep)\n",
+           first_len, steady_len);
+    printf("local commits, 0 -> %u keys: %.0f changes/s\n", n, (double)n / (t1 - t0));
+    printf("local commits into %u keys: %.0f changes/s (median batch), %.0f overall\n", n,
+           median(local_b), (double)done / (t5 - t4));
+    printf("remote catch-up 0 -> %u:     %.0f changes/s (decode + receive)\n", n,
+           (double)n / (t3 - t2));
+    printf("remote into %u keys:        %.0f changes/s decode + receive (median batch), %.0f "
+           "overall\n",
+           n, median(dec_b), (double)done / (t7 - t6));
+    printf("                             %.0f changes/s receive only (median batch), %.0f "
+           "overall\n",
+           median(rec_b), (double)done / trecv);
+    printf("memory, whole replica:       %.1f B/key heap (doc + DAG of one change per key), "
+           "%.1f B/key RSS\n",
+           (double)heap_a / n, (double)rss_a / n);
+    printf("memory, bare DAG:            %.1f B/change heap\n", (double)heap_dag / n);
+    printf("memory, document state:      %.1f B/key heap (replica - DAG, values borrowed "
+           "from changes)\n",
+           ((double)heap_b - (double)heap_dag) / n);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+    return 0;
+}
