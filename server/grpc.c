@@ -69,11 +69,11 @@ const rpc_method rpc_methods[] = {
     UNARY("/etcdserverpb.KV/Txn", kv_txn, 0, 8), /* kv_txn checks writes itself */
     UNARY("/etcdserverpb.KV/Compact", kv_compact, 1, 1),
     {"/etcdserverpb.Watch/Watch", RPC_BIDI, unimplemented, 0, 1},
-    NOPE("/etcdserverpb.Lease/LeaseGrant"),
-    NOPE("/etcdserverpb.Lease/LeaseRevoke"),
-    {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, unimplemented, 0, 1},
-    NOPE("/etcdserverpb.Lease/LeaseTimeToLive"),
-    NOPE("/etcdserverpb.Lease/LeaseLeases"),
+    UNARY("/etcdserverpb.Lease/LeaseGrant", lease_grant, 1, 2),
+    UNARY("/etcdserverpb.Lease/LeaseRevoke", lease_revoke, 1, 2),
+    {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, lease_keep_alive, 0, 2},
+    UNARY("/etcdserverpb.Lease/LeaseTimeToLive", lease_time_to_live, 0, 1),
+    UNARY("/etcdserverpb.Lease/LeaseLeases", lease_leases, 0, 1),
     NOPE("/etcdserverpb.Cluster/MemberAdd"),
     NOPE("/etcdserverpb.Cluster/MemberRemove"),
     NOPE("/etcdserverpb.Cluster/MemberUpdate"),
@@ -260,6 +260,58 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
         cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch (stream) failed (%d)", (int)e);
         rpc_fail(c, CAIRN_EIO, NULL);
     }
+}
+
+void rpc_stream_recv(rpc_call *c, rpc_next_fn next)
+{
+    if (c->payload) {
+        grpc_byte_buffer_destroy(c->payload);
+        c->payload = NULL;
+    }
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->payload;
+    c->state = ST_STREAM;
+    c->next = next;
+    grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch (recv) failed (%d)", (int)e);
+        rpc_fail(c, CAIRN_EIO, NULL);
+    }
+}
+
+int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    size_t n = grpc_byte_buffer_length(c->payload);
+    if (n > c->srv->cfg->max_request_bytes + GRPC_OVERHEAD_BYTES)
+        return CAIRN_EMSGTOOLARGE;
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, c->payload))
+        return CAIRN_EUNMARSHAL;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        grpc_byte_buffer_reader_destroy(&reader);
+        return CAIRN_ENOMEM;
+    }
+    size_t off = 0;
+    grpc_slice s;
+    while (grpc_byte_buffer_reader_next(&reader, &s)) {
+        size_t k = GRPC_SLICE_LENGTH(s);
+        if (k > n - off)
+            k = n - off;
+        memcpy(buf + off, GRPC_SLICE_START_PTR(s), k);
+        off += k;
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&reader);
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    *out = buf;
+    *len = off;
+    return 0;
 }
 
 ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc,
@@ -714,6 +766,9 @@ int cairn_server_port(const cairn_server *srv, size_t i)
 
 int cairn_server_start(cairn_server *srv)
 {
+    int rc = lease_start(srv);
+    if (rc != 0)
+        return rc;
     grpc_server_start(srv->grpc);
     srv->started = 1;
     for (int i = 0; i < srv->nworkers; i++) {
@@ -777,6 +832,7 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
         srv->workers[i].cq = NULL;
     }
     srv->started = 0;
+    lease_stop(srv);
     if (srv->store) {
         cairn_store_close(srv->store);
         srv->store = NULL;
@@ -812,6 +868,7 @@ void cairn_server_free(cairn_server *srv)
                 ;
             grpc_completion_queue_destroy(srv->workers[i].cq);
         }
+    lease_stop(srv);
     if (srv->store)
         cairn_store_close(srv->store);
     free(srv->workers);

@@ -88,6 +88,7 @@ struct cairn_server {
     atomic_uint_least64_t disk_checked_ms;
 
     atomic_uint snapshot_seq;
+    struct lease_table *leases; /* lease.c */
     char shutdown_tag; /* its address is the shutdown notification's tag */
 };
 
@@ -132,6 +133,13 @@ void rpc_fail(rpc_call *c, int rc, const char *detail);
 /* Server streaming: sends one message; |next| follows (see rpc_next_fn). */
 void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next);
 
+/* Bidi streaming: receives the next message into c->payload (NULL when the
+ * client has closed its side); |next| follows. */
+void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
+/* Takes c->payload as one malloc()ed buffer (*out, *len), applying the
+ * message size limit. CAIRN_EMSGTOOLARGE / CAIRN_ENOMEM / CAIRN_EUNMARSHAL. */
+int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len);
+
 /* Unpacks |len| bytes of |desc| into c->req_msg (freed with the call).
  * Returns NULL and fails the call (CAIRN_EUNMARSHAL) on bad bytes. */
 ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc,
@@ -169,6 +177,16 @@ void maint_move_leader(rpc_call *c, const uint8_t *req, size_t len);
 void maint_snapshot(rpc_call *c, const uint8_t *req, size_t len);
 void cluster_member_list(rpc_call *c, const uint8_t *req, size_t len);
 void unimplemented(rpc_call *c, const uint8_t *req, size_t len);
+void lease_grant(rpc_call *c, const uint8_t *req, size_t len);
+void lease_revoke(rpc_call *c, const uint8_t *req, size_t len);
+void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len);
+void lease_leases(rpc_call *c, const uint8_t *req, size_t len);
+void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len);
+
+/* The lease expiry thread (lease.c): started after the store opens,
+ * stopped before it closes. */
+int lease_start(cairn_server *srv);
+void lease_stop(cairn_server *srv);
 
 /* Converts a store KeyValue into protobuf (pointers borrowed from |kv|). */
 void kv_to_pb(Mvccpb__KeyValue *out, const cairn_kv *kv);
