@@ -251,6 +251,48 @@ def restart_checks(cairn, hash_before):
     check(h["hash"] == hash_before, "hashkv survives a restart")
 
 
+def lease_checks(etcd, cairn):
+    # Deterministic parts compared with etcd; ids differ, so the rest are
+    # properties: TTL, attached keys, expiry, keep-alive, revoke.
+    both(etcd, cairn, ["lease", "revoke", "1234"], mode="err")
+    both(etcd, cairn, ["lease", "timetolive", "1234"])
+    both(etcd, cairn, ["put", "k", "v", "--lease=1234"], mode="err")
+    out = cairn.etcdctl("lease", "grant", "2").stdout.decode()
+    m = re.match(r"lease ([0-9a-f]+) granted with TTL\(2s\)", out)
+    check(m is not None, "lease grant: %r" % out)
+    if not m:
+        return
+    lid = m.group(1)
+    cairn.etcdctl("put", "leased", "v", "--lease=" + lid)
+    out = cairn.etcdctl("lease", "timetolive", lid, "--keys").stdout.decode()
+    check("attached keys([leased])" in out and "granted with TTL(2s)" in out,
+          "lease timetolive --keys: %r" % out)
+    check(lid in cairn.etcdctl("lease", "list").stdout.decode(), "lease list shows the lease")
+    deadline = time.time() + 10
+    while time.time() < deadline and cairn.json("get", "leased").get("kvs"):
+        time.sleep(0.2)
+    check(not cairn.json("get", "leased").get("kvs"), "a key goes with its expired lease")
+    out = cairn.etcdctl("lease", "timetolive", lid).stdout.decode()
+    check("already expired" in out, "an expired lease: %r" % out)
+
+    lid = re.match(r"lease ([0-9a-f]+)",
+                   cairn.etcdctl("lease", "grant", "2").stdout.decode()).group(1)
+    cairn.etcdctl("put", "kept", "v", "--lease=" + lid)
+    ka = subprocess.Popen(["etcdctl", "--endpoints=" + cairn.endpoint, "lease", "keep-alive",
+                           lid], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          env=dict(os.environ, ETCDCTL_API="3"))
+    try:
+        time.sleep(3.5)
+        check(cairn.json("get", "kept").get("kvs"), "keep-alive keeps the lease past its TTL")
+    finally:
+        ka.send_signal(signal.SIGTERM)
+        out = ka.communicate(timeout=10)[0].decode()
+    check("keepalived with TTL(2)" in out, "keep-alive output: %r" % out[:200])
+    out = cairn.etcdctl("lease", "revoke", lid).stdout.decode()
+    check("revoked" in out, "lease revoke: %r" % out)
+    check(not cairn.json("get", "kept").get("kvs"), "revoke deletes the lease's keys")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", required=True)
@@ -270,6 +312,7 @@ def main():
         cairn.start()
         kv_script(etcd, cairn)
         status_checks(etcd, cairn)
+        lease_checks(etcd, cairn)
         h = hashkv_checks(cairn, os.path.abspath(a.cairn), etcd)
         snapshot_checks(etcd, cairn, os.path.abspath(a.cairn), tmp)
         restart_checks(cairn, h)
