@@ -513,8 +513,11 @@ static void record(op_ctx *c, poller *p, int code, uint64_t done)
         st->errors[code]++;
         if (st->first_error[code][0] == '\0') {
             char *d = grpc_slice_to_c_string(c->details);
-            snprintf(st->first_error[code], sizeof st->first_error[code], "%s",
-                     d[0] ? d : "(no message)");
+            const char *why = code == LG_CODE_BAD_RESPONSE
+                                  ? "status OK, reply missing or undecodable"
+                              : d[0] ? d
+                                     : "(no message)";
+            snprintf(st->first_error[code], sizeof st->first_error[code], "%s", why);
             gpr_free(d);
         }
         return;
@@ -554,6 +557,8 @@ static void on_complete(op_ctx *c, poller *p, int batch_ok)
         code = GRPC_STATUS_UNKNOWN;
     if (code < 0 || code >= LG_NCODES)
         code = GRPC_STATUS_UNKNOWN;
+    if (code == 0 && c->recv_bb == NULL)
+        code = LG_CODE_BAD_RESPONSE; /* OK status but no reply message */
     if (code == 0 && c->kind == LG_KIND_CAS) {
         if (cas_advance(c, p, &code))
             return; /* next step under way; reply dropped there */
@@ -799,16 +804,13 @@ static void unpark(engine *e)
 static void run_closed(engine *e)
 {
     uint64_t start = now_ns();
-    int started = 0;
     for (int i = 0; i < e->nctx; i++) {
         atomic_fetch_add(&e->inflight, 1);
         if (begin_op(&e->ctxs[i], start) != 0) {
             atomic_fetch_sub(&e->inflight, 1);
             break;
         }
-        started++;
     }
-    (void)started;
     for (;;) {
         uint64_t now = now_ns();
         if (now >= e->w1)
