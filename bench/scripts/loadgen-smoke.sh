@@ -6,7 +6,8 @@
 # phase inserts every key; every workload runs for a second with no error
 # and, for reads, --verify finds every key it expects; the open loop sends
 # exactly rate x duration requests; JSON output parses. About 15 s; stops
-# only the PID it started. Registered with ctest as loadgen_smoke_etcd.
+# only the PID it started. Registered with ctest as loadgen_smoke_etcd and,
+# when the cairn target exists, loadgen_smoke_cairn.
 #
 # Usage: bench/scripts/loadgen-smoke.sh LOADGEN [--server etcd|cairn BINARY]
 set -euo pipefail
