@@ -28,8 +28,12 @@ QUIET = 0.4           # seconds of silence that count as "nothing more"
 STREAM_DEADLINE = 60  # seconds a stream may live at most
 
 
-class WatchStream:
-    """One Watch stream on the check's server."""
+class Bidi:
+    """One bidirectional stream on the check's server: requests go through a
+    queue, a reader thread collects the responses; every wait is bounded."""
+
+    PATH = None
+    RESPONSE = None
 
     def __init__(self, c):
         self.c = c
@@ -37,9 +41,9 @@ class WatchStream:
         self.resps = queue.Queue()
         self.closed = None
         stub = c.server.channel.stream_stream(
-            "/etcdserverpb.Watch/Watch",
+            self.PATH,
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=c.M("WatchResponse").FromString)
+            response_deserializer=c.M(self.RESPONSE).FromString)
         self.call = stub(self._requests(), timeout=STREAM_DEADLINE)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -62,6 +66,63 @@ class WatchStream:
             self.resps.put(("error", [code.name if code else "UNKNOWN", e.details()]))
         except Exception as e:  # noqa: BLE001  (reported as a result)
             self.resps.put(("error", ["HARNESS", repr(e)]))
+
+    def send_raw(self, req):
+        self.reqs.put(req)
+
+    def norm(self, m):
+        return self.c.norm(m)
+
+    def _next(self, timeout):
+        if self.closed is not None:
+            return self.closed
+        try:
+            kind, v = self.resps.get(timeout=timeout)
+        except queue.Empty:
+            return {"timeout": True}
+        if kind == "msg":
+            return self.norm(v)
+        self.closed = {"stream_end": True} if kind == "end" else {"error": v}
+        return self.closed
+
+    def recv(self, timeout=RECV_TIMEOUT):
+        """The next response (normalised), {"timeout": True}, or how the
+        stream ended."""
+        return self._next(timeout)
+
+    def recv_n(self, n, timeout=RECV_TIMEOUT):
+        out = []
+        for _ in range(n):
+            r = self._next(timeout)
+            out.append(r)
+            if "timeout" in r or "error" in r or "stream_end" in r:
+                break
+        return out
+
+    def quiet(self, wait=QUIET):
+        """Whatever arrives within `wait` seconds (against etcd: nothing)."""
+        out = []
+        while True:
+            r = self._next(wait)
+            if "timeout" in r:
+                return out
+            out.append(r)
+            if "error" in r or "stream_end" in r:
+                return out
+
+    def close(self):
+        self.reqs.put(None)
+        self.call.cancel()
+
+
+class WatchStream(Bidi):
+    """One Watch stream."""
+
+    PATH = "/etcdserverpb.Watch/Watch"
+    RESPONSE = "WatchResponse"
+
+    def norm(self, m):
+        return norm_watch(self.c, m)
 
     # ---- requests
     def create(self, key, end=None, start=None, absstart=None, prev_kv=False,
@@ -91,36 +152,6 @@ class WatchStream:
         c = self.c
         self.reqs.put(c.M("WatchRequest")(progress_request=c.M("WatchProgressRequest")()))
 
-    def send_raw(self, req):
-        self.reqs.put(req)
-
-    # ---- responses
-    def _next(self, timeout):
-        if self.closed is not None:
-            return self.closed
-        try:
-            kind, v = self.resps.get(timeout=timeout)
-        except queue.Empty:
-            return {"timeout": True}
-        if kind == "msg":
-            return norm_watch(self.c, v)
-        self.closed = {"stream_end": True} if kind == "end" else {"error": v}
-        return self.closed
-
-    def recv(self, timeout=RECV_TIMEOUT):
-        """The next response (normalised), {"timeout": True}, or how the
-        stream ended."""
-        return self._next(timeout)
-
-    def recv_n(self, n, timeout=RECV_TIMEOUT):
-        out = []
-        for _ in range(n):
-            r = self._next(timeout)
-            out.append(r)
-            if "timeout" in r or "error" in r or "stream_end" in r:
-                break
-        return out
-
     def events(self, n, timeout=RECV_TIMEOUT):
         """Responses until n events have come (or a wait runs out)."""
         out, got = [], 0
@@ -131,21 +162,6 @@ class WatchStream:
                 break
             got += len(r.get("events", []))
         return out
-
-    def quiet(self, wait=QUIET):
-        """Whatever arrives within `wait` seconds (against etcd: nothing)."""
-        out = []
-        while True:
-            r = self._next(wait)
-            if "timeout" in r:
-                return out
-            out.append(r)
-            if "error" in r or "stream_end" in r:
-                return out
-
-    def close(self):
-        self.reqs.put(None)
-        self.call.cancel()
 
 
 def norm_watch(c, m):
