@@ -598,6 +598,34 @@ def _(c):
             keys(c.range("", end=PREFIX, sort_target="VALUE", sort_order="DESCEND", limit=2))]
 
 
+@check("kv", "put.key_nul_byte")
+def _(c):
+    k = b"\x00" + c.key("nul")
+    return [c.put(b"\x00", "zero")["header"], c.range(b"\x00"), c.put(k, "1")["header"],
+            keys(c.range(b"\x00", end=b"\x00\x01")), c.delete(b"\x00", prev_kv=True),
+            c.delete(k)]
+
+
+@check("kv", "put.large_key")
+def _(c):
+    k = c.key("k") + b"x" * (64 * 1024)
+    return [c.put(k, "v")["header"], c.range(k, keys_only=True), c.rev()]
+
+
+@check("kv", "range.unknown_sort_order")
+def _(c):
+    # Only unknown orders: etcd 3.4 panics (nil dereference, the process
+    # dies) on a sort_target outside 0..4, so there is nothing to compare.
+    _sortdata(c)
+    out = []
+    for order, target in ((7, 0), (7, 4), (-1, 1), (3, 2)):
+        r = c.range_req("", end=PREFIX)
+        r.sort_order = order
+        r.sort_target = target
+        out.append(keys(c.call("/etcdserverpb.KV/Range", r, "RangeResponse")))
+    return out
+
+
 # ==========================================================================
 # delete
 
@@ -856,6 +884,31 @@ def _(c):
     inner = c.op_txn(compare=[c.cmp("zz", "VERSION", "EQUAL", 0)],
                      success=[c.op_put("b", "1")], failure=[c.op_put("a", "2")])
     return [c.txn(success=[c.op_put("a", "1"), inner]), c.rev()]
+
+
+@check("txn", "txn.overlap.delete_fromkey_then_put_after")
+def _(c):
+    return [c.txn(success=[c.op_del("m", end=FROMKEY), c.op_put("z", "1")]),
+            ok(c.txn(success=[c.op_del("m", end=FROMKEY), c.op_put("a", "1")])), c.rev()]
+
+
+@check("txn", "txn.empty_request_op")
+def _(c):
+    empty = c.M("RequestOp")()
+    return [c.txn(success=[empty]), c.txn(success=[c.op_put("a", "1"), empty]),
+            c.txn(compare=[c.cmp("a", "VERSION", "EQUAL", 9)], failure=[empty]), c.rev()]
+
+
+@check("txn", "txn.unknown_compare_enums")
+def _(c):
+    c.put("a", "1")
+    out = []
+    for result, target in ((9, 0), (0, 9), (3, 9)):
+        cm = c.cmp("a", "VERSION", "EQUAL", 1)
+        cm.result = result
+        cm.target = target
+        out.append(ok(c.txn(compare=[cm], success=[c.op_put("b", "x")])))
+    return [out, c.rev()]
 
 
 # ---- errors part-way: nothing applied
