@@ -68,7 +68,7 @@ const rpc_method rpc_methods[] = {
     UNARY("/etcdserverpb.KV/DeleteRange", kv_delete_range, 1, 4),
     UNARY("/etcdserverpb.KV/Txn", kv_txn, 0, 8), /* kv_txn checks writes itself */
     UNARY("/etcdserverpb.KV/Compact", kv_compact, 1, 1),
-    {"/etcdserverpb.Watch/Watch", RPC_BIDI, unimplemented, 0, 1},
+    {"/etcdserverpb.Watch/Watch", RPC_BIDI, watch_stream, 0, 2},
     UNARY("/etcdserverpb.Lease/LeaseGrant", lease_grant, 1, 2),
     UNARY("/etcdserverpb.Lease/LeaseRevoke", lease_revoke, 1, 2),
     {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, lease_keep_alive, 0, 2},
@@ -544,8 +544,25 @@ static void dispatch(rpc_call *c)
     grpc_slice_unref(all);
 }
 
-static void handle(rpc_call *c, int ok)
+int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag)
 {
+    tag->state = RPC_SIDE_STATE;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch (side) failed (%d)", (int)e);
+        return CAIRN_EIO;
+    }
+    return 0;
+}
+
+static void handle(void *tag, int ok)
+{
+    if (*(int *)tag == RPC_SIDE_STATE) {
+        rpc_side *side = tag;
+        side->fn(side->arg, ok);
+        return;
+    }
+    rpc_call *c = tag;
     switch (c->state) {
     case ST_NEW:
         if (!ok) { /* the server is shutting down */
@@ -649,8 +666,12 @@ static int open_store(cairn_server *srv, char *err, size_t errlen)
     o.initial_cluster = members;
     o.ninitial_cluster = cfg->ninitial_cluster;
     o.max_txn_ops = cfg->max_txn_ops;
+    o.events_cb = watch_events_cb;
+    o.events_arg = srv;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
+    if (rc == 0)
+        watch_hub_ready(srv);
     if (rc != 0)
         snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
     return rc;
@@ -672,7 +693,9 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     srv->quota = cfg->quota_backend_bytes > 0 ? cfg->quota_backend_bytes : (int64_t)2 << 30;
     grpc_init();
 
-    int rc = open_store(srv, err, errlen);
+    int rc = watch_hub_new(srv);
+    if (rc == 0)
+        rc = open_store(srv, err, errlen);
     if (rc != 0)
         goto fail;
 
@@ -796,6 +819,9 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
         return;
     atomic_store(&srv->stopping, 1);
     grpc_server_shutdown_and_notify(srv->grpc, srv->workers[0].cq, &srv->shutdown_tag);
+    /* etcd: watch streams end when the server stops; they would otherwise
+     * hold the shutdown for the whole grace period. */
+    watch_hub_cancel_all(srv);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += grace_ms / 1000;
@@ -875,6 +901,7 @@ void cairn_server_free(cairn_server *srv)
     free(srv->registered);
     free(srv->ports);
     free(srv->alarms);
+    watch_hub_free(srv);
     pthread_mutex_destroy(&srv->shut_mu);
     pthread_cond_destroy(&srv->shut_cv);
     pthread_mutex_destroy(&srv->gate_mu);

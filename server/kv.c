@@ -200,14 +200,70 @@ static int ops_from_pb(struct arena **a, const cairn_request_op **out, size_t *n
             break;
         }
         default:
-            /* An empty RequestOp: type 0, left to the store (etcd answers
-             * it with an empty ResponseOp). */
+            /* An empty RequestOp: check_txn refused it already. */
             v[i].type = 0;
             break;
         }
     }
     *out = v;
     *nout = n;
+    return 0;
+}
+
+/* etcd's gRPC-layer checks (v3rpc/key.go), in etcd's order, before the
+ * request reaches the store: the first failing check names the error. A
+ * nested Txn gets the ops budget its parent left (etcd: maxTxnOps - opc). */
+static int check_put(const Etcdserverpb__PutRequest *r)
+{
+    if (r->key.len == 0)
+        return CAIRN_EEMPTYKEY;
+    if (r->ignore_value && r->value.len != 0)
+        return CAIRN_EVALUEPROVIDED;
+    if (r->ignore_lease && r->lease != 0)
+        return CAIRN_ELEASEPROVIDED;
+    return 0;
+}
+
+static int check_txn(const Etcdserverpb__TxnRequest *r, int64_t max_ops);
+
+static int check_op(const Etcdserverpb__RequestOp *u, int64_t max_ops)
+{
+    switch (u->request_case) {
+    case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
+        return u->request_range->key.len == 0 ? CAIRN_EEMPTYKEY : 0;
+    case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT:
+        return check_put(u->request_put);
+    case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
+        return u->request_delete_range->key.len == 0 ? CAIRN_EEMPTYKEY : 0;
+    case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
+        return check_txn(u->request_txn, max_ops);
+    default:
+        return CAIRN_EKEYNOTFOUND; /* etcd: an empty RequestOp */
+    }
+}
+
+static int check_txn(const Etcdserverpb__TxnRequest *r, int64_t max_ops)
+{
+    int64_t opc = (int64_t)r->n_compare;
+    if (opc < (int64_t)r->n_success)
+        opc = (int64_t)r->n_success;
+    if (opc < (int64_t)r->n_failure)
+        opc = (int64_t)r->n_failure;
+    if (opc > max_ops)
+        return CAIRN_ETOOMANYOPS;
+    for (size_t i = 0; i < r->n_compare; i++)
+        if (r->compare[i]->key.len == 0)
+            return CAIRN_EEMPTYKEY;
+    for (size_t i = 0; i < r->n_success; i++) {
+        int rc = check_op(r->success[i], max_ops - opc);
+        if (rc != 0)
+            return rc;
+    }
+    for (size_t i = 0; i < r->n_failure; i++) {
+        int rc = check_op(r->failure[i], max_ops - opc);
+        if (rc != 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -468,7 +524,9 @@ void kv_put(rpc_call *c, const uint8_t *req, size_t len)
         (Etcdserverpb__PutRequest *)rpc_unpack(c, &etcdserverpb__put_request__descriptor, req, len);
     if (!m)
         return;
-    int rc = rpc_quota_check(c->srv, len);
+    int rc = check_put(m);
+    if (rc == 0)
+        rc = rpc_quota_check(c->srv, len);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
@@ -575,10 +633,15 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
         (Etcdserverpb__TxnRequest *)rpc_unpack(c, &etcdserverpb__txn_request__descriptor, req, len);
     if (!m)
         return;
+    int rc = check_txn(m, c->srv->cfg->max_txn_ops);
+    if (rc != 0) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
     struct arena *a = NULL;
     cairn_txn_req *t = arena_alloc(&a, sizeof *t);
     struct txn_info info = {0, 0};
-    int rc = t ? txn_from_pb(&a, t, m, &info) : CAIRN_ENOMEM;
+    rc = t ? txn_from_pb(&a, t, m, &info) : CAIRN_ENOMEM;
     c->scratch = a; /* freed by txn_cleanup (not free(): it is a chain) */
     c->cleanup = txn_cleanup;
     if (rc != 0) {

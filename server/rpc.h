@@ -28,6 +28,16 @@
 typedef struct rpc_call rpc_call;
 typedef struct snapshot_stream snapshot_stream;
 
+/* A second completion tag for a call that has several operations in
+ * flight at once (a Watch stream receives and sends concurrently). Its
+ * first member matches rpc_call's, so the engine tells them apart. */
+typedef struct rpc_side {
+    int state; /* RPC_SIDE_STATE */
+    void (*fn)(void *arg, int ok);
+    void *arg;
+} rpc_side;
+#define RPC_SIDE_STATE 99
+
 /* Server streaming: called (on a worker) when a message sent with
  * rpc_stream_send is on the wire (ok = 1) or the call died (ok = 0). */
 typedef void (*rpc_next_fn)(rpc_call *c, int ok);
@@ -89,6 +99,7 @@ struct cairn_server {
 
     atomic_uint snapshot_seq;
     struct lease_table *leases; /* lease.c */
+    struct watch_hub *watch;    /* watch.c */
     char shutdown_tag; /* its address is the shutdown notification's tag */
 };
 
@@ -136,6 +147,9 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
 /* Bidi streaming: receives the next message into c->payload (NULL when the
  * client has closed its side); |next| follows. */
 void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
+/* Starts |ops| on c's call with |tag| as the completion tag. */
+int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag);
+
 /* Takes c->payload as one malloc()ed buffer (*out, *len), applying the
  * message size limit. CAIRN_EMSGTOOLARGE / CAIRN_ENOMEM / CAIRN_EUNMARSHAL. */
 int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len);
@@ -182,6 +196,18 @@ void lease_revoke(rpc_call *c, const uint8_t *req, size_t len);
 void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len);
 void lease_leases(rpc_call *c, const uint8_t *req, size_t len);
 void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len);
+
+/* Watch (watch.c). The hub exists before the store opens (the store's
+ * events callback feeds it) and after it closes. */
+void watch_stream(rpc_call *c, const uint8_t *req, size_t len);
+int watch_hub_new(cairn_server *srv);
+/* Called once the store is open: the ring starts at its revision. */
+void watch_hub_ready(cairn_server *srv);
+/* Cancels every Watch stream (shutdown). */
+void watch_hub_cancel_all(cairn_server *srv);
+void watch_hub_free(cairn_server *srv);
+void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
+                     size_t change_len, const cairn_event *ev, size_t nev);
 
 /* The lease expiry thread (lease.c): started after the store opens,
  * stopped before it closes. */
