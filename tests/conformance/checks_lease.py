@@ -550,3 +550,35 @@ def _(c):
     revoke(c, a)
     revoke(c, x)
     return out
+
+
+@lcheck("lease.keepalive.stream_outlives_lease")
+def _(c):
+    # One keepalive stream: while the lease lives, then after it expired.
+    lid = grant(c, 2)
+    k = KeepAlive(c)
+    k.send(lid)
+    first = k.recv()
+    gone = wait_gone(c, lid)
+    k.send(lid)
+    return [first, gone, k.recv(), k.quiet(), c.rev()]
+
+
+@lcheck("lease.ttl.keys_after_key_deleted")
+def _(c):
+    lid = grant(c)
+    c.put("a", "1", lease=lid)
+    c.put("b", "2", lease=lid)
+    c.delete("a")
+    out = [ttl(c, lid, keys=True), revoke(c, lid), c.rev()]
+    return out
+
+
+@lcheck("lease.grant.header_after_writes")
+def _(c):
+    c.put("a", "1")
+    c.put("a", "2")
+    out = [lgrant(c, 60)]
+    for lid in list(c.leases):
+        revoke(c, lid)
+    return out

@@ -882,3 +882,67 @@ def _(c):
     w, r = created(c, key=c.ns, end=PREFIX, fragment=True)
     c.txn(success=[c.op_put("a", "1"), c.op_put("b", "2")])
     return [r, w.events(2), w.quiet()]
+
+
+# ==========================================================================
+# more replay and delete shapes
+
+def _events_per_response(rs):
+    """Replayed responses in short: (header revision, number of events,
+    first and last event's mod_revision)."""
+    out = []
+    for r in rs:
+        evs = r.get("events")
+        if not evs:
+            out.append(r)
+            continue
+        out.append([r["header"]["revision"], len(evs), evs[0]["kv"]["mod_revision"],
+                    evs[-1]["kv"]["mod_revision"]])
+    return out
+
+
+@wcheck("watch.start.replay_of_many_revisions")
+def _(c):
+    # More than a thousand revisions behind: how the replay is cut up.
+    put = c.M("PutRequest")
+    k = c.key("a")
+    for i in range(1100):
+        c.raw("/etcdserverpb.KV/Put", put(key=k, value=b"%d" % i), "PutResponse")
+    w, r = created(c, key="a", start=1)
+    rs = w.events(1100)
+    return [r, _events_per_response(rs), w.quiet()]
+
+
+@wcheck("watch.batch.prefix_delete_prev_kv")
+def _(c):
+    lid = grant(c)
+    c.put("d/b", "2", lease=lid)
+    c.put("d/a", "1")
+    c.put("d/c", "3")
+    c.put("d/c", "33")
+    w, _r = created(c, key="d/", end=PREFIX, prev_kv=True)
+    d = c.delete("d/", end=PREFIX)
+    out = [d, w.events(3), w.quiet()]
+    c.revoke(lid)
+    return out
+
+
+@wcheck("watch.start.past_all_filtered")
+def _(c):
+    c.put("a", "1")
+    c.put("a", "2")
+    w, r = created(c, key="a", start=1, filters=["NOPUT"])
+    q = w.quiet()
+    c.delete("a")
+    return [r, q, w.events(1), w.quiet()]
+
+
+@wcheck("watch.cancel.during_replay_then_live_none")
+def _(c):
+    c.put("a", "1")
+    w, r = created(c, key="a", start=1)
+    rep = w.events(1)
+    w.cancel(0)
+    cr = w.recv()
+    c.put("a", "2")
+    return [r, rep, cr, w.quiet()]
