@@ -1419,3 +1419,116 @@ def _(c):
         out[name] = [after.raftIndex - before.raftIndex,
                      after.raftAppliedIndex - before.raftAppliedIndex]
     return out
+
+
+# ==========================================================================
+# random: seeded sequences of mixed operations over a small key space; every
+# answer is compared. The sequence depends only on the seed (and on the
+# revision the server reports, which must agree anyway).
+
+_RKEYS = ["a", "a/1", "a/2", "a/2/x", "b", "b/1", "c", "d\xff"]
+
+
+def _rkey(rnd):
+    return rnd.choice(_RKEYS)
+
+
+def _rrange_kw(rnd, cur, low):
+    kw = {}
+    x = rnd.random()
+    if x < 0.3:
+        kw["end"] = PREFIX
+    elif x < 0.45:
+        kw["end"] = rnd.choice(_RKEYS)
+    y = rnd.random()
+    if y < 0.3 and cur > low:
+        kw["rev"] = rnd.randint(low, cur)
+    elif y < 0.33 and low > 1:
+        kw["rev"] = rnd.randint(1, low - 1)      # below the compaction
+    elif y < 0.35:
+        kw["rev"] = cur + rnd.randint(1, 3)      # future
+    if rnd.random() < 0.3:
+        kw["limit"] = rnd.randint(1, 3)
+    if rnd.random() < 0.25:
+        kw["sort_order"] = rnd.choice(["ASCEND", "DESCEND"])
+        kw["sort_target"] = rnd.choice(["KEY", "CREATE", "MOD", "VALUE"])
+    if rnd.random() < 0.1:
+        kw["count_only"] = True
+    if rnd.random() < 0.1:
+        kw["keys_only"] = True
+    if rnd.random() < 0.1:
+        kw["min_mod"] = rnd.randint(low, cur) if cur > low else None
+    return kw
+
+
+def _rop(c, rnd, cur, low, used):
+    """One random request op for a txn. Writes mostly go to keys the txn
+    has not written yet (used), so that most txns are valid; now and then
+    one overlaps on purpose."""
+    x = rnd.random()
+    k = _rkey(rnd)
+    if x < 0.65 and k in used and rnd.random() < 0.9:
+        free = [f for f in _RKEYS if f not in used]
+        if not free:
+            return c.op_range(k, **_rrange_kw(rnd, cur, low))
+        k = rnd.choice(free)
+    if x < 0.45:
+        used.add(k)
+        return c.op_put(k, "v%d" % rnd.randint(0, 99), prev_kv=rnd.random() < 0.3)
+    if x < 0.65:
+        kw = {"prev_kv": rnd.random() < 0.5}
+        used.add(k)
+        if rnd.random() < 0.15:
+            kw["end"] = PREFIX
+            used.update(f for f in _RKEYS if f.startswith(k))
+        return c.op_del(k, **kw)
+    return c.op_range(k, **_rrange_kw(rnd, cur, low))
+
+
+def _rcmp(c, rnd, cur):
+    t = rnd.choice(["VERSION", "CREATE", "MOD", "VALUE"])
+    r = rnd.choice(["EQUAL", "GREATER", "LESS", "NOT_EQUAL"])
+    v = {"VERSION": rnd.randint(0, 3), "CREATE": rnd.randint(0, cur + 1),
+         "MOD": rnd.randint(0, cur + 1), "VALUE": "v%d" % rnd.randint(0, 99)}[t]
+    return c.cmp(_rkey(rnd), t, r, v, end=PREFIX if rnd.random() < 0.2 else None)
+
+
+def _random_run(c, seed, steps):
+    import random as _random
+    rnd = _random.Random(seed)
+    out = []
+    low = 0          # lowest readable relative revision (compaction)
+    for _ in range(steps):
+        cur = int(c.rev()[1:])
+        x = rnd.random()
+        k = _rkey(rnd)
+        if x < 0.3:
+            out.append(c.put(k, "v%d" % rnd.randint(0, 99), prev_kv=rnd.random() < 0.3))
+        elif x < 0.4:
+            out.append(c.delete(k, end=PREFIX if rnd.random() < 0.4 else None,
+                                prev_kv=rnd.random() < 0.5))
+        elif x < 0.65:
+            out.append(c.range(k, **_rrange_kw(rnd, cur, low)))
+        elif x < 0.97:
+            used = set()
+            ops = [_rop(c, rnd, cur, low, used) for _ in range(rnd.randint(1, 4))]
+            used = set()
+            fail = [_rop(c, rnd, cur, low, used) for _ in range(rnd.randint(0, 2))]
+            cmps = [_rcmp(c, rnd, cur) for _ in range(rnd.randint(0, 2))]
+            out.append(c.txn(compare=cmps, success=ops, failure=fail))
+        elif cur > low + 2:
+            target = rnd.randint(low + 1, cur)
+            out.append(c.compact(target))
+            low = target
+        else:
+            out.append(c.rev())
+    out.append(c.range("", end=PREFIX))
+    return out
+
+
+for _seed in range(1, 9):
+    def _mkr(seed):
+        def fn(c):
+            return _random_run(c, seed, 200)
+        return fn
+    check("random", "random.mixed_ops_seed_%d" % _seed)(_mkr(_seed))
