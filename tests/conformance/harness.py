@@ -563,14 +563,20 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                 if srv is None or not srv.alive():
                     if srv is not None:
                         retire(srv)
-                    srv = Server(kind, binary, workdir, extra_args)
-                    try:
-                        srv.start(msgs)
-                    except HarnessError as e:
-                        print("  %s: suite %s: %s" % (kind, suite, e), file=sys.stderr)
+                    # Twice: a port picked as free may be taken by a
+                    # parallel test before the server binds it.
+                    for attempt in (1, 2):
+                        srv = Server(kind, binary, workdir, extra_args)
+                        try:
+                            srv.start(msgs)
+                            break
+                        except HarnessError as e:
+                            print("  %s: suite %s, attempt %d: %s" % (kind, suite, attempt, e),
+                                  file=sys.stderr)
+                            retire(srv)
+                            srv = None
+                    if srv is None:
                         results[n] = {"harness": "server did not start"}
-                        retire(srv)
-                        srv = None
                         gave_up = True
                         continue
                 try:
