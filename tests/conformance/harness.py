@@ -618,6 +618,10 @@ def load_ledger(path):
     return ledger
 
 
+def clip(text, n=1200):
+    return text if len(text) <= n else text[:n] + " ... (%d chars)" % len(text)
+
+
 def first_diff(a, b, path=""):
     """Where two normalised results first differ: (path, a part, b part)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -665,12 +669,12 @@ def compare(left_name, left, right_name, right, ledger, names, all_names):
         print("  ledgered: %s: %s" % (n, ledger[n]))
     for n, why, a, b in failures:
         print("\nFAIL %s: %s" % (n, why))
-        print("  %-5s: %s" % (left_name, canon(a)))
-        print("  %-5s: %s" % (right_name, canon(b)))
+        print("  %-5s: %s" % (left_name, clip(canon(a))))
+        print("  %-5s: %s" % (right_name, clip(canon(b))))
         d = first_diff(a, b) if why == "deviation" else None
         if d:
             print("  first difference at %s: %s %s, %s %s"
-                  % (d[0], left_name, canon(d[1]), right_name, canon(d[2])))
+                  % (d[0], left_name, clip(canon(d[1])), right_name, clip(canon(d[2]))))
     return not failures
 
 
