@@ -6,12 +6,13 @@
  * Every hash the DAG has heard of is a node in one open-addressing table
  * (linear probing, backward-shift deletion). A node is ORDERED (in the apply
  * order, with an index), READY (all deps ordered, queued for the caller),
- * PENDING (some dep not ordered yet), a STUB: a hash that pending changes
- * depend on but that we have never seen, or REJECTED: a change that broke
- * the sequence rule and that pending changes still wait for (forever). Every node that is not
- * ordered keeps the list of pending nodes waiting for it; ordering it decrements their
- * missing-count and queues those that reach zero. So delivery in any order
- * costs O(deps) per change, with no rescans of the pending buffer.
+ * PENDING (some dep not ordered yet), a STUB (a hash that pending changes
+ * depend on but that we have never seen) or REJECTED (a change that broke the
+ * sequence rule and that pending changes still wait for, forever). Every node
+ * that is not ordered keeps the list of pending nodes waiting for it;
+ * ordering it decrements their missing-counts and queues those that reach
+ * zero. So delivery in any order costs O(deps) per change, with no rescans of
+ * the pending buffer.
  *
  * The sequence rule (seq n needs the author's n-1 among its ancestors) is
  * checked against the author's last ordered change: ordered changes of one
@@ -19,18 +20,14 @@
  * max+1 a gap, and n == max+1 needs change max (at apply index L) among the
  * ancestors. The common case finds it among the deps directly; otherwise a
  * walk back from the deps never visits a node whose index is below L (an
- * ancestor always has a smaller index), so it is bounded by the changes
- * ordered since the author's previous one. Walks use explicit stacks and
- * per-node epoch marks, never recursion.
+ * ancestor always has a smaller index), so it visits at most the changes
+ * ordered since the author's previous one: few in honest histories, O(n) in
+ * a hostile one. Walks use explicit stacks and per-node epoch marks, never
+ * recursion.
  *
  * Table slots are placed by SipHash with a per-DAG random key, so a peer
  * that picks dependency hashes (or grinds change hashes) cannot make probe
  * chains long.
- *
- * Worst case of the sequence check: a walk visits the ancestors ordered
- * since the author's previous change. Honest histories keep that short (the
- * author's previous change is almost always a direct dep); a hostile history
- * can make one walk O(n), bounded by the DAG's size, never recursive.
  */
 #include "crdt/dag.h"
 

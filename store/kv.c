@@ -85,9 +85,9 @@ typedef struct ov_entry {
 typedef struct txctx {
     cairn_store *s;
     store_arena *arena;
-    int64_t pre;  /* revision before the transaction */
-    int64_t rev;  /* the transaction's revision once it wrote, else 0 */
-    int begun;    /* cairn_doc_begin called */
+    int64_t pre;   /* revision before the transaction */
+    int64_t rev;   /* the transaction's revision once it wrote, else 0 */
+    int begun;     /* cairn_doc_begin called */
     ov_entry **ov; /* sorted by key */
     size_t nov, ovcap;
 } txctx;
@@ -178,8 +178,10 @@ static int kref_keycmp(const void *a, const void *b)
 }
 
 /* Every key live in |r| at revision |at|; with |t|, at the latest state as
- * modified by the transaction so far. */
-static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t)
+ * modified by the transaction so far. With |hist| (a read at an explicit
+ * revision inside a txn), |t| only marks the keys whose document value the
+ * txn has already replaced, which must then be read from disk. */
+static int gather_x(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t, int hist)
 {
     out->n = 0;
     if (!r->single && !r->unbounded &&
@@ -189,12 +191,21 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
         for (size_t i = 0; i < t->nov; i++)
             t->ov[i]->seen = 0;
     int rc = 0;
-    for (kentry *e = cairn_kindex_seek(&s->idx, r->key, r->key_len); e; e = e->next[0]) {
+    kiter it;
+    for (kentry *e = cairn_kindex_seek(&it, &s->idx, r->key, r->key_len); e;
+         e = cairn_kindex_next(&it)) {
         if (krange_past(r, kentry_key(e), e->key_len))
             break;
         kref k = {kentry_key(e), e->key_len, e, NULL, 0, 0};
         ov_entry *o = t && t->nov ? ov_find(t, k.key, k.key_len, NULL) : NULL;
-        if (o) {
+        if (o && hist) {
+            uint32_t pos = 0;
+            uint64_t h = cairn_kindex_at(e, at, &pos);
+            if (!h || (h & CAIRN_IDX_TOMB))
+                continue;
+            k.mod_rev = (int64_t)(h & ~CAIRN_IDX_TOMB);
+            k.current = 0;
+        } else if (o) {
             o->seen = 1;
             if (!o->live)
                 continue;
@@ -212,7 +223,7 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
         if ((rc = kref_push(out, &k)))
             return rc;
     }
-    if (t && t->nov) {
+    if (t && t->nov && !hist) {
         size_t before = out->n;
         for (size_t i = 0; i < t->nov; i++) {
             ov_entry *o = t->ov[i];
@@ -226,6 +237,11 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
             qsort(out->v, out->n, sizeof *out->v, kref_keycmp);
     }
     return 0;
+}
+
+static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, txctx *t)
+{
+    return gather_x(out, s, r, at, t, 0);
 }
 
 /* Fills |kv| for |k|; values only if |want_value|. */
@@ -357,11 +373,11 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     if (rc)
         return rc;
     int64_t at = req->revision > 0 ? req->revision : cur;
-    txctx *ov = req->revision > 0 ? NULL : t; /* history never sees the txn */
     krange r;
     krange_of(&r, req->key, req->key_len, req->range_end, req->range_end_len);
     kref_vec refs = {0};
-    rc = gather(&refs, s, &r, at, ov);
+    /* history never sees the txn's writes */
+    rc = gather_x(&refs, s, &r, at, t, req->revision > 0);
     if (rc)
         goto out;
     resp->count = (int64_t)refs.n;
@@ -404,7 +420,8 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     }
     if (order != CAIRN_SORT_NONE && n > 1) {
         static const kv_cmp_fn fns[5] = {by_key, by_version, by_create, by_mod, by_value};
-        kv_cmp_fn f = req->sort_target >= 0 && req->sort_target < 5 ? fns[req->sort_target] : by_key;
+        kv_cmp_fn f =
+            req->sort_target >= 0 && req->sort_target < 5 ? fns[req->sort_target] : by_key;
         int desc = order == CAIRN_SORT_DESCEND;
         if (f != by_key || desc) {
             cairn_kv *tmp = malloc(n * sizeof *tmp);
@@ -710,8 +727,8 @@ int cairn_store_put_async(cairn_store *s, cairn_put_resp *resp, const cairn_put_
     return rc;
 }
 
-int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp,
-                             const cairn_delete_req *req, cairn_store_done_cb cb, void *arg)
+int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req,
+                             cairn_store_done_cb cb, void *arg)
 {
     memset(resp, 0, sizeof *resp);
     if (req->key_len == 0)
@@ -1009,8 +1026,7 @@ static int path_build(cairn_store *s, store_arena *a, const cairn_txn_req *r, tp
 }
 
 /* etcd checkRequests over the path: |what| 0 = puts, 1 = ranges. */
-static int path_check(cairn_store *s, const cairn_txn_req *r, const tpath *p, size_t *at,
-                      int what)
+static int path_check(cairn_store *s, const cairn_txn_req *r, const tpath *p, size_t *at, int what)
 {
     int ok = p->v[(*at)++];
     const cairn_request_op *ops = ok ? r->success : r->failure;

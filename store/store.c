@@ -1,8 +1,8 @@
 /*
  * The store's spine: opening and recovering the LevelDB database, the
  * document observer that turns applied changes into revisions, index entries
- * and disk records, the group-commit thread, compaction, minimal leases and
- * the replication entry point. Ranges and transactions live in kv.c.
+ * and disk records, the group-commit thread, compaction and the replication
+ * entry point. Ranges and transactions live in kv.c, leases in lease.c.
  *
  * One path for every change. A local write is built with cairn_doc_begin /
  * put / delete / commit; a peer's change goes through cairn_doc_receive;
@@ -23,7 +23,9 @@
  * rwlock, so a writer may wait for it while holding the write side.
  */
 
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,7 @@
 #include "store/store_int.h"
 
 #define FORMAT_VERSION 1u
+#define KREC_TOMB 1 /* 'K' record flag: the key was deleted at this revision */
 
 static const char GENESIS_SALT[] = "cairn-genesis";
 
@@ -104,6 +107,8 @@ void cairn_store_options_init(cairn_store_options *o)
     o->name = "default";
     o->cluster_token = "etcd-cluster";
     o->max_txn_ops = 128; /* etcd: --max-txn-ops default */
+    o->lease_min_ttl = 2;  /* etcd: 1.5 x the 1 s election timeout, rounded up */
+    o->lease_restart_extend_ms = 1000; /* etcd: Promote(election timeout) */
     o->cache_bytes = 8u << 20;
     o->write_buffer_bytes = 16u << 20;
 }
@@ -159,7 +164,7 @@ int64_t cairn_store_compacted_rev(cairn_store *s)
     pthread_rwlock_rdlock(&s->rw);
     int64_t c = s->compacted;
     pthread_rwlock_unlock(&s->rw);
-    return c;
+    return c < 0 ? 0 : c;
 }
 
 void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
@@ -192,6 +197,13 @@ static int db_err(char *err)
     fprintf(stderr, "cairn store: leveldb: %s\n", err);
     leveldb_free(err);
     return rc;
+}
+
+/* Every corruption is reported with what was wrong, then returned. */
+static int corrupt(const char *what)
+{
+    fprintf(stderr, "cairn store: corrupt database: %s\n", what);
+    return CAIRN_ECORRUPT;
 }
 
 static void meta_key(uint8_t *k, size_t *kl, const char *name)
@@ -254,11 +266,12 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     const uint8_t *p = (const uint8_t *)v, *end = p + vl;
     uint64_t cr, ver, lease;
     rc = CAIRN_ECORRUPT;
-    if (vl < 1 || p[0] != 0)
+    uint64_t sub;
+    if (vl < 1 || p[0] != 0) /* a tombstone is never read as a value */
         goto out;
     p++;
-    if (cairn_store_get_varint(&p, end, &cr) || cairn_store_get_varint(&p, end, &ver) ||
-        cairn_store_get_varint(&p, end, &lease))
+    if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
+        cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease))
         goto out;
     out->create_revision = (int64_t)cr;
     out->version = (int64_t)ver;
@@ -308,8 +321,13 @@ static void on_patch(void *arg, const cairn_patch *p)
     cairn_store *s = arg;
     if (s->obs_rc || !s->kvs_known)
         return;
-    if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor)
-        return; /* leases / members / cluster: no revision */
+    if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor) {
+        /* leases / members / cluster: no revision; the lease table follows */
+        int rc = cairn_store_lease_patch(s, p);
+        if (rc)
+            s->obs_rc = rc;
+        return;
+    }
     if (p->action != CAIRN_PATCH_PUT && p->action != CAIRN_PATCH_DEL)
         return;
     if (s->cur_nev == s->cur_cap) {
@@ -343,6 +361,8 @@ static void on_patch(void *arg, const cairn_patch *p)
             vl = 0;
         }
         e->type = CAIRN_EVENT_PUT;
+        if (s->recovering)
+            vl = 0; /* replay rebuilds the index only: no value needed */
         e->value = malloc(vl ? vl : 1);
         if (!e->value) {
             free(e->key);
@@ -419,6 +439,10 @@ static int apply_events(cairn_store *s, int64_t rev)
         kentry *k = cairn_kindex_upsert(&s->idx, e->key, e->key_len);
         if (!k)
             return CAIRN_ENOMEM;
+        int64_t from = kentry_live(k) ? k->lease : 0;
+        int rc = cairn_store_lease_key_move(s, k, from, e->type == CAIRN_EVENT_PUT ? e->lease : 0);
+        if (rc)
+            return rc;
         if (e->type == CAIRN_EVENT_PUT) {
             if (kentry_live(k)) {
                 k->version++;
@@ -469,15 +493,15 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
     int rc = 0;
     for (size_t i = 0; i < s->cur_nev && !rc; i++) {
         const pend_event *e = &s->cur_ev[i];
-        if (e->type != CAIRN_EVENT_PUT)
-            continue; /* a delete is a TOMB in the index; nothing to read back */
+        int del = e->type != CAIRN_EVENT_PUT;
         kb.len = vb.len = 0;
-        uint8_t hdr[1 + 30];
+        uint8_t hdr[1 + 40];
         size_t hl = 0;
-        hdr[hl++] = 0;
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->create_rev);
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->version);
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->lease);
+        hdr[hl++] = del ? KREC_TOMB : 0;
+        hl += cairn_store_put_varint(hdr + hl, (uint64_t)i); /* order in the change */
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->create_rev);
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->version);
+        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
         k[0] = 'K';
         cairn_store_be64(k + 1, (uint64_t)rev);
         rc = cairn_store_buf_put(&kb, k, 9);
@@ -485,7 +509,7 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
             rc = cairn_store_buf_put(&kb, e->key, e->key_len);
         if (!rc)
             rc = cairn_store_buf_put(&vb, hdr, hl);
-        if (!rc)
+        if (!rc && !del)
             rc = cairn_store_buf_put(&vb, e->value, e->value_len);
         if (!rc)
             leveldb_writebatch_put(b, (const char *)kb.p, kb.len, (const char *)vb.p, vb.len);
@@ -525,6 +549,9 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
             goto fail_rc;
         s->rev = rev;
     }
+    rc = cairn_store_lease_settle(s);
+    if (rc)
+        goto fail_rc;
     s->last_change_rev = rev;
     if (s->recovering) {
         if (rev != s->rec_expect_rev && !s->rec_rc) {
@@ -606,6 +633,7 @@ static void *committer_main(void *arg)
         if (s->stop && s->batch_n == 0 && !s->w_head)
             break;
         leveldb_writebatch_t *b = NULL;
+        size_t nb = s->batch_n;
         if (s->batch_n) {
             b = s->batch;
             s->batch = leveldb_writebatch_create();
@@ -621,10 +649,19 @@ static void *committer_main(void *arg)
         pthread_mutex_unlock(&s->qmu);
 
         int rc = atomic_load(&s->failed);
+        if (b && !rc && s->before_write_cb && s->before_write_cb(s->before_write_arg, nb)) {
+            fprintf(stderr, "cairn store: write of %zu changes failed (injected)\n", nb);
+            rc = CAIRN_EIO;
+            atomic_store(&s->failed, CAIRN_EIO);
+        }
         if (b && !rc) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
             rc = db_err(err);
+            if (!rc) {
+                atomic_fetch_add(&s->n_syncs, 1);
+                atomic_fetch_add(&s->n_changes, nb);
+            }
             if (rc)
                 atomic_store(&s->failed, CAIRN_EIO);
         }
@@ -829,11 +866,11 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int req
         return rc;
     if (!v) {
         *out = 0;
-        return required ? CAIRN_ECORRUPT : 0;
+        return required ? corrupt(name) : 0;
     }
     if (vl != 8) {
         leveldb_free(v);
-        return CAIRN_ECORRUPT;
+        return corrupt(name);
     }
     *out = cairn_store_get_be64((const uint8_t *)v);
     leveldb_free(v);
@@ -844,46 +881,177 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int req
  * deletes of the 'K' records it no longer needs. */
 static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uint64_t *ndel)
 {
-    kentry *e = s->idx.head->next[0];
     store_buf kb = {0};
     int rc = 0;
-    while (e) {
-        kentry *next = e->next[0];
+    kiter it;
+    for (kentry *e = cairn_kindex_first(&it, &s->idx); e; e = cairn_kindex_next(&it)) {
         uint32_t pos;
         uint64_t h = cairn_kindex_at(e, c, &pos);
-        if (h) {
-            /* keep hist[pos] if live, drop everything before it */
-            uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
-            for (uint32_t i = 0; i < drop && b; i++) {
-                if (e->hist[i] & CAIRN_IDX_TOMB)
-                    continue;
-                uint8_t k[9];
-                k[0] = 'K';
-                cairn_store_be64(k + 1, e->hist[i]);
-                kb.len = 0;
-                rc = cairn_store_buf_put(&kb, k, 9);
-                if (!rc)
-                    rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
-                if (rc)
-                    goto out;
-                leveldb_writebatch_delete(b, (const char *)kb.p, kb.len);
-                (*ndel)++;
-            }
-            if (drop) {
-                memmove(e->hist, e->hist + drop, (e->nhist - drop) * sizeof *e->hist);
-                e->nhist -= drop;
-            }
-            if (e->nhist == 0) {
-                rc = cairn_kindex_remove(&s->idx, kentry_key(e), e->key_len);
-                if (rc)
-                    goto out;
-            }
+        if (!h)
+            continue;
+        /* keep hist[pos] if live, drop everything before it; a delete at or
+         * below the compaction revision goes too (etcd: a watch from the
+         * compaction revision does not see a delete made at it) */
+        uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
+        for (uint32_t i = 0; i < drop && b; i++) {
+            uint8_t k[9];
+            k[0] = 'K';
+            cairn_store_be64(k + 1, e->hist[i] & ~CAIRN_IDX_TOMB);
+            kb.len = 0;
+            rc = cairn_store_buf_put(&kb, k, 9);
+            if (!rc)
+                rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
+            if (rc)
+                goto out;
+            leveldb_writebatch_delete(b, (const char *)kb.p, kb.len);
+            (*ndel)++;
         }
-        e = next;
+        if (drop) {
+            memmove(e->hist, e->hist + drop, (e->nhist - drop) * sizeof *e->hist);
+            e->nhist -= drop;
+        }
     }
 out:
+    cairn_kindex_sweep(&s->idx); /* keys with no history left */
     cairn_store_buf_free(&kb);
     return rc;
+}
+
+/* ---- recovery ----------------------------------------------------------------- */
+
+#define REC_BLOCK 256
+#define REC_MAX_BLOCKS 16
+
+typedef struct rec_item {
+    cairn_change *c;
+    int64_t rev;
+} rec_item;
+
+typedef struct rec_block {
+    struct rec_block *next;
+    uint32_t n;
+    rec_item it[REC_BLOCK];
+} rec_block;
+
+typedef struct rec_reader {
+    leveldb_t *db;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rec_block *head, **tail;
+    int nblocks;
+    int done, stop, rc;
+} rec_reader;
+
+static void rec_block_free(rec_block *b)
+{
+    for (uint32_t i = 0; i < b->n; i++)
+        if (b->it[i].c)
+            cairn_change_free(b->it[i].c);
+    free(b);
+}
+
+/* Hands a block to the replaying thread; 0 if told to stop. */
+static int rec_put(rec_reader *r, rec_block *b)
+{
+    pthread_mutex_lock(&r->mu);
+    while (r->nblocks >= REC_MAX_BLOCKS && !r->stop)
+        pthread_cond_wait(&r->cv, &r->mu);
+    int ok = !r->stop;
+    if (ok) {
+        b->next = NULL;
+        *r->tail = b;
+        r->tail = &b->next;
+        r->nblocks++;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!ok)
+        rec_block_free(b);
+    return ok;
+}
+
+/* The next block, or NULL at the end of the stream. */
+static rec_block *rec_take(rec_reader *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (!r->head && !r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    rec_block *b = r->head;
+    if (b) {
+        r->head = b->next;
+        if (!r->head)
+            r->tail = &r->head;
+        r->nblocks--;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return b;
+}
+
+static void *rec_reader_main(void *arg)
+{
+    rec_reader *r = arg;
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    leveldb_readoptions_set_verify_checksums(ro, 1);
+    leveldb_readoptions_set_fill_cache(ro, 0);
+    leveldb_iterator_t *it = leveldb_create_iterator(r->db, ro);
+    uint64_t want = 0;
+    int rc = 0;
+    rec_block *b = NULL;
+    for (leveldb_iter_seek(it, "O", 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
+        size_t kl, dl;
+        const char *k = leveldb_iter_key(it, &kl);
+        if (kl < 1 || k[0] != 'O')
+            break;
+        const uint8_t *d = (const uint8_t *)leveldb_iter_value(it, &dl);
+        if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
+            char *err = NULL;
+            leveldb_iter_get_error(it, &err); /* LevelDB skips a bad block */
+            rc = err ? db_err(err) : corrupt("apply order has a gap or a malformed record");
+            if (rc == CAIRN_EIO)
+                rc = CAIRN_ECORRUPT;
+            break;
+        }
+        cairn_change *ch;
+        rc = cairn_change_decode(&ch, d + 8, dl - 8, NULL);
+        if (rc) {
+            fprintf(stderr, "cairn store: change %llu does not decode: %s\n",
+                    (unsigned long long)want, cairn_strerror(rc));
+            rc = rc == CAIRN_ENOMEM ? rc : CAIRN_ECORRUPT;
+            break;
+        }
+        if (!b && !(b = calloc(1, sizeof *b))) {
+            cairn_change_free(ch);
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+        b->it[b->n].c = ch;
+        b->it[b->n].rev = (int64_t)cairn_store_get_be64(d);
+        if (++b->n == REC_BLOCK) {
+            int ok = rec_put(r, b);
+            b = NULL;
+            if (!ok)
+                break;
+        }
+        want++;
+    }
+    if (!rc) {
+        char *err = NULL;
+        leveldb_iter_get_error(it, &err);
+        rc = db_err(err);
+    }
+    if (b && b->n)
+        rec_put(r, b);
+    else
+        free(b);
+    leveldb_iter_destroy(it);
+    leveldb_readoptions_destroy(ro);
+    pthread_mutex_lock(&r->mu);
+    r->rc = rc;
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
 }
 
 static int recover(cairn_store *s)
@@ -895,7 +1063,7 @@ static int recover(cairn_store *s)
         return rc;
     if (!v || vl != CAIRN_ACTOR_LEN) {
         leveldb_free(v);
-        return CAIRN_ECORRUPT;
+        return corrupt("actor id");
     }
     memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
     leveldb_free(v);
@@ -904,66 +1072,85 @@ static int recover(cairn_store *s)
         (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
         (rc = get_meta_u64(s, "compact", &c, 0)))
         return rc;
+    char *cv;
+    size_t cvl;
+    if ((rc = meta_get(s, "compact", &cv, &cvl)))
+        return rc;
+    int have_c = cv != NULL;
+    leveldb_free(cv);
     rc = cairn_doc_new(&s->doc, &s->actor);
     if (rc)
         return rc;
 
-    leveldb_readoptions_t *ro = leveldb_readoptions_create();
-    leveldb_readoptions_set_verify_checksums(ro, 1);
-    leveldb_readoptions_set_fill_cache(ro, 0);
-    leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+    /* A reader thread scans and decodes the apply order (LevelDB checksums,
+     * canonical decoding, hashing) while this one replays: the two halves
+     * of the work run on two cores. */
+    rec_reader rr;
+    memset(&rr, 0, sizeof rr);
+    rr.db = s->db;
+    rr.tail = &rr.head;
+    pthread_mutex_init(&rr.mu, NULL);
+    pthread_cond_init(&rr.cv, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, rec_reader_main, &rr)) {
+        pthread_mutex_destroy(&rr.mu);
+        pthread_cond_destroy(&rr.cv);
+        return CAIRN_ENOMEM;
+    }
     s->recovering = 1;
     uint64_t want = 0;
     cairn_doc_observer obs;
-    for (leveldb_iter_seek(it, "O", 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
-        size_t kl, dl;
-        const char *k = leveldb_iter_key(it, &kl);
-        if (kl < 1 || k[0] != 'O')
+    rec_block *blk = NULL;
+    for (;;) {
+        blk = rec_take(&rr);
+        if (!blk)
             break;
-        const uint8_t *d = (const uint8_t *)leveldb_iter_value(it, &dl);
-        if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
-            rc = CAIRN_ECORRUPT;
-            break;
+        for (uint32_t i = 0; i < blk->n && !rc; i++) {
+            rec_item *it = &blk->it[i];
+            cairn_change *ch = it->c;
+            it->c = NULL;
+            s->rec_expect_index = want;
+            s->rec_expect_rev = it->rev;
+            s->rec_rc = 0;
+            rc = cairn_doc_receive(s->doc, ch, cairn_store_observer(s, &obs));
+            if (!rc)
+                rc = s->obs_rc ? s->obs_rc : s->rec_rc;
+            if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
+                rc = corrupt("a change's dependencies are not before it");
+            if (rc) {
+                fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
+                        (unsigned long long)want, cairn_strerror(rc));
+                if (rc != CAIRN_ENOMEM)
+                    rc = CAIRN_ECORRUPT;
+            }
+            want++;
         }
-        cairn_change *ch;
-        rc = cairn_change_decode(&ch, d + 8, dl - 8, NULL);
-        if (rc) {
-            fprintf(stderr, "cairn store: change %llu does not decode: %s\n",
-                    (unsigned long long)want, cairn_strerror(rc));
-            rc = CAIRN_ECORRUPT;
+        rec_block_free(blk);
+        if (rc)
             break;
-        }
-        s->rec_expect_index = want;
-        s->rec_expect_rev = (int64_t)cairn_store_get_be64(d);
-        s->rec_rc = 0;
-        rc = cairn_doc_receive(s->doc, ch, cairn_store_observer(s, &obs));
-        if (!rc)
-            rc = s->obs_rc ? s->obs_rc : s->rec_rc;
-        if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
-            rc = CAIRN_ECORRUPT; /* buffered: its deps were not before it */
-        if (rc) {
-            fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
-                    (unsigned long long)want, cairn_strerror(rc));
-            if (rc != CAIRN_ENOMEM)
-                rc = CAIRN_ECORRUPT;
-            break;
-        }
-        want++;
     }
-    if (!rc) {
-        char *err = NULL;
-        leveldb_iter_get_error(it, &err);
-        rc = db_err(err);
+    /* stop the reader (it may be blocked on a full queue) and collect its
+     * verdict: a scan or decode error ends the stream early */
+    pthread_mutex_lock(&rr.mu);
+    rr.stop = 1;
+    pthread_cond_broadcast(&rr.cv);
+    pthread_mutex_unlock(&rr.mu);
+    pthread_join(th, NULL);
+    while ((blk = rr.head)) {
+        rr.head = blk->next;
+        rec_block_free(blk);
     }
-    leveldb_iter_destroy(it);
-    leveldb_readoptions_destroy(ro);
+    if (!rc)
+        rc = rr.rc;
+    pthread_mutex_destroy(&rr.mu);
+    pthread_cond_destroy(&rr.cv);
     s->recovering = 0;
     if (rc)
         return rc;
     if (want == 0)
-        return CAIRN_ECORRUPT; /* not even the genesis */
-    s->compacted = (int64_t)c;
-    if (c) {
+        return corrupt("no genesis change");
+    s->compacted = have_c ? (int64_t)c : -1;
+    if (have_c && c) {
         uint64_t nd = 0;
         rc = compact_index(s, (int64_t)c, NULL, &nd);
     }
@@ -979,19 +1166,32 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (!s)
         return CAIRN_ENOMEM;
     int rc = CAIRN_ENOMEM;
-    pthread_rwlock_init(&s->rw, NULL);
+    /* glibc's rwlock prefers readers by default: a steady stream of reads
+     * would starve every writer. */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->rw, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
+    pthread_mutex_init(&s->lease_mu, NULL);
+    pthread_cond_init(&s->lease_cv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
-    s->rev = 1; /* etcd: a fresh store is at revision 1; the first write is 2 */
+    s->rev = 1;        /* etcd: a fresh store is at revision 1; the first write is 2 */
+    s->compacted = -1; /* etcd: nothing compacted yet, so compact(0) succeeds */
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
     s->clock_arg = o->clock_arg;
-    s->events_cb = o->events_cb;
-    s->events_arg = o->events_arg;
+    s->before_write_cb = o->before_write_cb;
+    s->before_write_arg = o->before_write_arg;
     if (cairn_kindex_init(&s->idx))
+        goto fail;
+    /* etcd: minimum TTL 2 s, restart extension 1 s (election timeout) */
+    if (cairn_lease_table_init(&s->lt, o->lease_min_ttl > 0 ? o->lease_min_ttl : 2,
+                               o->lease_restart_extend_ms))
         goto fail;
     s->batch = leveldb_writebatch_create();
     s->dir = malloc(strlen(o->dir) + 4);
@@ -1011,8 +1211,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     leveldb_options_set_paranoid_checks(s->dbopt, 1);
     leveldb_options_set_cache(s->dbopt, s->cache);
     leveldb_options_set_filter_policy(s->dbopt, s->bloom);
-    leveldb_options_set_write_buffer_size(
-        s->dbopt, o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20));
+    leveldb_options_set_write_buffer_size(s->dbopt, o->write_buffer_bytes ? o->write_buffer_bytes
+                                                                          : (16u << 20));
     leveldb_options_set_compression(s->dbopt, leveldb_snappy_compression);
     s->ropt = leveldb_readoptions_create();
     leveldb_readoptions_set_verify_checksums(s->ropt, 1);
@@ -1039,16 +1239,23 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (rc)
         goto fail;
     if (!s->kvs_known) {
-        rc = CAIRN_ECORRUPT;
+        rc = corrupt("no kvs map");
         goto fail;
     }
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
+    cairn_store_lease_restart(s, cairn_store_now_ms(s));
+    /* listeners hear of changes from now on (not of the genesis or replay) */
+    s->events_cb = o->events_cb;
+    s->events_arg = o->events_arg;
     if (pthread_create(&s->committer, NULL, committer_main, s)) {
         rc = CAIRN_ENOMEM;
         goto fail;
     }
     s->committer_started = 1;
+    rc = cairn_store_lease_thread_start(s, o->lease_tick_ms);
+    if (rc)
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -1060,6 +1267,7 @@ void cairn_store_close(cairn_store *s)
 {
     if (!s)
         return;
+    cairn_store_lease_thread_stop(s); /* its revokes go through the committer */
     if (s->committer_started) {
         pthread_mutex_lock(&s->qmu);
         s->stop = 1;
@@ -1091,7 +1299,10 @@ void cairn_store_close(cairn_store *s)
     if (s->doc)
         cairn_doc_free(s->doc);
     cairn_kindex_destroy(&s->idx);
+    cairn_lease_table_destroy(&s->lt);
     pthread_rwlock_destroy(&s->rw);
+    pthread_mutex_destroy(&s->lease_mu);
+    pthread_cond_destroy(&s->lease_cv);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->dcv);
@@ -1128,33 +1339,39 @@ static int sync_wait_for(sync_wait *w)
     return w->rc;
 }
 
-#define SYNC_CALL(call_async)                                                                      \
+/* Blocking = async + wait. On failure the response is destroyed here, so a
+ * failed blocking call leaves nothing to free. */
+#define SYNC_CALL(call_async, destroy)                                                             \
     do {                                                                                           \
         sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};                \
         int rc_ = (call_async);                                                                    \
         if (rc_)                                                                                   \
             return rc_;                                                                            \
-        return sync_wait_for(&w_);                                                                 \
+        rc_ = sync_wait_for(&w_);                                                                  \
+        if (rc_)                                                                                   \
+            destroy;                                                                               \
+        return rc_;                                                                                \
     } while (0)
 
 int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
 {
-    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_), cairn_put_resp_destroy(resp));
 }
 
 int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
 {
-    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_),
+              cairn_delete_resp_destroy(resp));
 }
 
 int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
 {
-    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_));
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_), cairn_txn_resp_destroy(resp));
 }
 
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
 {
-    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_));
+    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_), (void)0);
 }
 
 /* ---- compaction ------------------------------------------------------------------- */
@@ -1166,8 +1383,8 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
     int rc = cairn_store_failed_rc(s);
     if (rc)
         goto unlock;
-    /* etcd: compact(r) with r <= the compacted revision -> compacted;
-     * r > current -> future revision */
+    /* etcd: compact(r) with r <= the compacted revision -> compacted (on a
+     * fresh store compact(0) succeeds once); r > current -> future */
     if (revision <= s->compacted) {
         rc = CAIRN_ECOMPACTED;
         goto unlock;
@@ -1211,6 +1428,163 @@ unlock:
     return rc;
 }
 
+/* ---- history (watch catch-up) ------------------------------------------------------ */
+
+typedef struct hist_ev {
+    uint64_t sub;
+    cairn_event ev;
+} hist_ev;
+
+static int hist_ev_cmp(const void *a, const void *b)
+{
+    const hist_ev *x = a, *y = b;
+    return x->sub < y->sub ? -1 : x->sub > y->sub;
+}
+
+static int in_range(const uint8_t *k, size_t kl, const uint8_t *key, size_t key_len,
+                    const uint8_t *end, size_t end_len)
+{
+    int c = cairn_store_keycmp(k, kl, key, key_len);
+    if (end_len == 0)
+        return c == 0;
+    if (c < 0)
+        return 0;
+    if (end_len == 1 && end[0] == 0)
+        return 1;
+    return cairn_store_keycmp(k, kl, end, end_len) < 0;
+}
+
+/* Emits the collected events of one revision in their original order. */
+static int hist_flush(hist_ev *v, size_t n, int64_t rev, cairn_store_history_cb cb, void *arg)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, hist_ev_cmp);
+    cairn_event *ev = malloc(n * sizeof *ev);
+    if (!ev)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        ev[i] = v[i].ev;
+    int rc = cb(arg, rev, ev, n);
+    free(ev);
+    return rc;
+}
+
+int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
+                        size_t key_len, const uint8_t *range_end, size_t range_end_len,
+                        cairn_store_history_cb cb, void *arg)
+{
+    if (last)
+        *last = 0;
+    pthread_rwlock_rdlock(&s->rw);
+    int rc = cairn_store_failed_rc(s);
+    int64_t upto = atomic_load(&s->visible);
+    if (!rc && from > 0 && from < s->compacted)
+        rc = CAIRN_ECOMPACTED;
+    /* the snapshot pins what compaction may delete once the lock is gone */
+    const leveldb_snapshot_t *snap = rc ? NULL : leveldb_create_snapshot(s->db);
+    pthread_rwlock_unlock(&s->rw);
+    if (rc)
+        return rc;
+    if (from < 1)
+        from = 1;
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    leveldb_readoptions_set_verify_checksums(ro, 1);
+    leveldb_readoptions_set_fill_cache(ro, 0);
+    leveldb_readoptions_set_snapshot(ro, snap);
+    leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+    uint8_t start[9];
+    start[0] = 'K';
+    cairn_store_be64(start + 1, (uint64_t)from);
+    hist_ev *v = NULL;
+    size_t n = 0, cap = 0;
+    store_arena a = {0};
+    int64_t cur = 0;
+    for (leveldb_iter_seek(it, (const char *)start, 9); leveldb_iter_valid(it) && !rc;
+         leveldb_iter_next(it)) {
+        size_t kl, vl;
+        const uint8_t *k = (const uint8_t *)leveldb_iter_key(it, &kl);
+        if (kl < 9 || k[0] != 'K')
+            break;
+        int64_t rev = (int64_t)cairn_store_get_be64(k + 1);
+        if (rev > upto)
+            break;
+        if (rev != cur) {
+            rc = hist_flush(v, n, cur, cb, arg);
+            n = 0;
+            cairn_store_arena_free(&a);
+            cur = rev;
+            if (rc)
+                break;
+        }
+        if (!in_range(k + 9, kl - 9, key, key_len, range_end, range_end_len))
+            continue;
+        const uint8_t *p = (const uint8_t *)leveldb_iter_value(it, &vl), *end = p + vl;
+        uint64_t sub, cr, ver, lease;
+        if (vl < 1 || p[0] > KREC_TOMB) {
+            rc = corrupt("history record flags");
+            break;
+        }
+        int del = p[0] == KREC_TOMB;
+        p++;
+        if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
+            cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease)) {
+            rc = corrupt("history record");
+            break;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            hist_ev *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = CAIRN_ENOMEM;
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        hist_ev *h = &v[n];
+        memset(h, 0, sizeof *h);
+        h->sub = sub;
+        h->ev.type = del ? CAIRN_EVENT_DELETE : CAIRN_EVENT_PUT;
+        h->ev.kv.key = cairn_store_arena_dup(&a, k + 9, kl - 9);
+        h->ev.kv.key_len = kl - 9;
+        h->ev.kv.mod_revision = rev;
+        if (!del) {
+            h->ev.kv.create_revision = (int64_t)cr;
+            h->ev.kv.version = (int64_t)ver;
+            h->ev.kv.lease = (int64_t)lease;
+            h->ev.kv.value_len = (size_t)(end - p);
+            h->ev.kv.value = cairn_store_arena_dup(&a, p, h->ev.kv.value_len);
+        }
+        if (!h->ev.kv.key || (!del && !h->ev.kv.value)) {
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+        n++;
+    }
+    if (!rc)
+        rc = hist_flush(v, n, cur, cb, arg);
+    if (!rc) {
+        char *err = NULL;
+        leveldb_iter_get_error(it, &err);
+        rc = db_err(err);
+    }
+    free(v);
+    cairn_store_arena_free(&a);
+    leveldb_iter_destroy(it);
+    leveldb_readoptions_destroy(ro);
+    leveldb_release_snapshot(s->db, snap);
+    if (!rc && last)
+        *last = upto;
+    return rc;
+}
+
+void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
+{
+    out->syncs = atomic_load(&s->n_syncs);
+    out->changes = atomic_load(&s->n_changes);
+}
+
 uint64_t cairn_store_disk_bytes(cairn_store *s)
 {
     const char *start = "\x00";
@@ -1219,89 +1593,6 @@ uint64_t cairn_store_disk_bytes(cairn_store *s)
     uint64_t size = 0;
     leveldb_approximate_sizes(s->db, 1, &start, &sl, &limit, &ll, &size);
     return size;
-}
-
-/* ---- leases (minimal) ------------------------------------------------------------- */
-
-static void lease_key(uint8_t k[8], int64_t id)
-{
-    cairn_store_be64(k, (uint64_t)id);
-}
-
-int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl)
-{
-    uint8_t k[8];
-    lease_key(k, id);
-    pthread_rwlock_wrlock(&s->rw);
-    int rc = cairn_store_failed_rc(s);
-    cairn_read r;
-    if (!rc)
-        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
-    if (!rc && r.kind != CAIRN_READ_NONE)
-        rc = CAIRN_ELEASEEXIST;
-    cairn_doc_observer obs;
-    if (!rc)
-        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
-    if (!rc) {
-        cairn_value v = {.type = CAIRN_V_INT, .v.i = ttl};
-        rc = cairn_doc_put(s->doc, s->leases, k, 8, &v);
-        if (!rc)
-            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
-        else
-            cairn_doc_rollback(s->doc);
-        if (!rc)
-            rc = s->obs_rc;
-    }
-    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
-    pthread_rwlock_unlock(&s->rw);
-    if (rc)
-        return rc;
-    return sync_wait_for(&w);
-}
-
-int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
-{
-    memset(h, 0, sizeof *h);
-    uint8_t k[8];
-    lease_key(k, id);
-    pthread_rwlock_wrlock(&s->rw);
-    int rc = cairn_store_failed_rc(s);
-    cairn_read r;
-    if (!rc)
-        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
-    if (!rc && r.kind == CAIRN_READ_NONE)
-        rc = CAIRN_ELEASENOTFOUND;
-    cairn_doc_observer obs;
-    if (!rc)
-        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
-    if (!rc) {
-        /* O(keys): fine for the minimal version; the lease module keeps a
-         * per-lease key set. */
-        for (kentry *e = s->idx.head->next[0]; e && !rc; e = e->next[0])
-            if (kentry_live(e) && e->lease == id)
-                rc = cairn_doc_delete(s->doc, s->kvs, kentry_key(e), e->key_len);
-        if (!rc)
-            rc = cairn_doc_delete(s->doc, s->leases, k, 8);
-        if (!rc)
-            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
-        else
-            cairn_doc_rollback(s->doc);
-        if (!rc)
-            rc = s->obs_rc;
-    }
-    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
-    int64_t rev = s->rev;
-    pthread_rwlock_unlock(&s->rw);
-    if (rc)
-        return rc;
-    rc = sync_wait_for(&w);
-    if (!rc)
-        cairn_store_fill_header(s, h, rev);
-    return rc;
 }
 
 /* ---- replication ------------------------------------------------------------------ */

@@ -52,29 +52,42 @@
  *   'M' "member"                      u64 BE member id
  *   'M' "cluster"                     u64 BE cluster id
  *   'M' "token"                       the cluster token (genesis input)
- *   'M' "compact"                     u64 BE compacted revision (absent = 0)
- *   'C' hash[32]                      change bytes (canonical encoding)
- *   'O' index u64 BE                  hash[32] ++ rev u64 BE (0 = no revision):
- *                                     the local apply order, genesis = 0
+ *   'M' "compact"                     u64 BE compacted revision (absent: none)
+ *   'O' index u64 BE                  rev u64 BE (0 = took no revision) ++
+ *                                     the change's canonical bytes: the local
+ *                                     apply order (genesis = index 0), read
+ *                                     sequentially at reopen
+ *   'C' hash[32]                      index u64 BE (change by hash)
  *   'R' rev u64 BE                    hash[32] of the change that made rev
- *   'K' rev u64 BE ++ key bytes       one key's state at that revision:
- *                                     u8 flags (1 = tombstone) ++ varint
- *                                     create_rev ++ varint version ++ varint
- *                                     lease ++ value bytes (rest)
+ *   'K' rev u64 BE ++ key bytes       the key's state made by that revision:
+ *                                     u8 flags (1 = deleted) ++ varint sub
+ *                                     (position among the change's events)
+ *                                     ++ varint create_rev ++ varint version
+ *                                     ++ varint lease ++ value bytes (rest;
+ *                                     empty for a delete). A scan of 'K' in
+ *                                     order is the event history.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
- * (decoding each 'C' with its hash verified) through cairn_doc_receive; the
- * observer re-derives the index and must re-derive the same revision that
- * 'O' recorded (CAIRN_ECORRUPT otherwise). Compaction deletes the 'K'
- * records it no longer needs; 'C' bodies stay (peers and replay need them).
+ * (LevelDB block checksums verified, every change decoded and hashed)
+ * through cairn_doc_receive; the observer re-derives the index and must
+ * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
+ * Compaction deletes the 'K' records it no longer needs; change bodies stay
+ * (peers and replay need them: the document has no snapshot format yet).
  *
  * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
  * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),
  * seq 1, start_op 1, time 0, no deps, four ops making root maps "kvs",
  * "leases", "members", "cluster". It takes no revision. kvs[key] is one
  * CAIRN_V_BYTES scalar: varint lease id ++ value bytes; a delete is a DEL op
- * on kvs[key]. leases[u64 BE id] exists while the lease does (any scalar).
+ * on kvs[key]. leases[u64 BE id] exists while the lease does: a map
+ *   "ttl"      CAIRN_V_INT granted TTL in seconds (set once, at grant)
+ *   "deadline" CAIRN_V_INT wall-clock ms after which any node may revoke
+ * made by the grant (make-map + two sets, one change); a keepalive sets
+ * "deadline" (coalesced); a revoke deletes leases[id] — the whole map, so a
+ * keepalive concurrent with a revoke sets a field of a deleted map and the
+ * revoke wins. A scalar at leases[id] (older data dirs) is a lease with
+ * that INT as TTL and deadline 0; a non-INT field reads as 0.
  *
  * IDENTITY. member id = first 8 bytes (BE) of SHA-1(sorted peer URLs
  * concatenated ++ cluster token); cluster id = first 8 bytes of SHA-1(the
@@ -101,7 +114,8 @@ typedef struct cairn_header {
     uint64_t cluster_id;
     uint64_t member_id;
     int64_t revision;
-    uint64_t raft_term; /* always 1: there is no raft (the ledger says so) */
+    uint64_t raft_term; /* always 2, what a fresh single-node etcd answers
+                           (there is no raft; the ledger says so) */
 } cairn_header;
 
 /* mvccpb.KeyValue. key/value point into the owning response. */
@@ -269,7 +283,7 @@ void cairn_txn_resp_destroy(cairn_txn_resp *r);
 enum { CAIRN_EVENT_PUT = 0, CAIRN_EVENT_DELETE = 1 }; /* mvccpb.Event.EventType */
 
 typedef struct cairn_event {
-    int type;   /* CAIRN_EVENT_* */
+    int type;    /* CAIRN_EVENT_* */
     cairn_kv kv; /* DELETE: key and mod_revision only */
 } cairn_event;
 
@@ -282,6 +296,22 @@ typedef void (*cairn_store_events_cb)(void *arg, int64_t rev, const cairn_hash *
                                       const uint8_t *change, size_t change_len,
                                       const cairn_event *ev, size_t nev);
 
+/* Called once per revision with its events (etcd's order: as the change
+ * made them), borrowed for the call. Non-zero stops the scan and is
+ * returned. */
+typedef int (*cairn_store_history_cb)(void *arg, int64_t rev, const cairn_event *ev, size_t nev);
+
+/* The history a watcher catching up needs: every revision in [from, the
+ * visible revision at the call] with at least one event on a key in the
+ * range (etcd range rules; key "\0" with range_end "\0" = all keys), from
+ * disk, through a LevelDB snapshot (no lock is held while |cb| runs).
+ * CAIRN_ECOMPACTED if from < the compacted revision (etcd: watching from a
+ * compacted revision). *last (may be NULL) = the last revision covered, so
+ * a watcher joins the live stream (events_cb) after it. */
+int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
+                        size_t key_len, const uint8_t *range_end, size_t range_end_len,
+                        cairn_store_history_cb cb, void *arg);
+
 /* ---- opening ------------------------------------------------------------- */
 
 typedef struct cairn_store_member {
@@ -291,8 +321,8 @@ typedef struct cairn_store_member {
 } cairn_store_member;
 
 typedef struct cairn_store_options {
-    const char *dir; /* data dir; created if missing */
-    const char *name; /* this member's name; "default" */
+    const char *dir;           /* data dir; created if missing */
+    const char *name;          /* this member's name; "default" */
     const char *cluster_token; /* "etcd-cluster" */
     /* The initial cluster, this member included (matched by |name|). Empty:
      * this member alone with peer URL "http://localhost:2380" (etcd's
@@ -307,6 +337,18 @@ typedef struct cairn_store_options {
     const cairn_actor *actor;
     cairn_store_events_cb events_cb; /* may be NULL */
     void *events_arg;
+    /* Test hook: called on the committer thread before each group is
+     * written, with the number of changes in it; a non-zero return fails
+     * the group as an I/O error would. NULL in production. */
+    int (*before_write_cb)(void *arg, size_t nchanges);
+    void *before_write_arg;
+    /* Leases: the minimum TTL in seconds (etcd: 1.5 election timeouts, 2 s
+     * with etcd's defaults); the extension every lease gets on open (etcd:
+     * one election timeout, 1000 ms; see lease.c); the expiry tick period of
+     * the store's own thread (0 = no thread: call cairn_store_lease_expire). */
+    int64_t lease_min_ttl;
+    int64_t lease_restart_extend_ms;
+    uint32_t lease_tick_ms;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
 } cairn_store_options;
@@ -336,8 +378,9 @@ void cairn_store_header(cairn_store *s, cairn_header *h);
 /* ---- writes -------------------------------------------------------------- */
 
 /* Completion of an async write: called exactly once, on the committer
- * thread, when the write is durable (rc == 0, the response filled) or failed
- * (rc < 0, the response empty). */
+ * thread, when the write is durable (rc == 0) or failed (rc < 0). The
+ * response was filled when the async call returned 0; the caller destroys
+ * it after the callback in both cases (destroy is always safe). */
 typedef void (*cairn_store_done_cb)(void *arg, int rc);
 
 /* The async writes validate and apply under the write lock, then queue the
@@ -349,12 +392,13 @@ typedef void (*cairn_store_done_cb)(void *arg, int rc);
  * (Txn range at a revision), CAIRN_ENOMEM, CAIRN_EIO (failed store). */
 int cairn_store_put_async(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req,
                           cairn_store_done_cb cb, void *arg);
-int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp,
-                             const cairn_delete_req *req, cairn_store_done_cb cb, void *arg);
+int cairn_store_delete_async(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req,
+                             cairn_store_done_cb cb, void *arg);
 int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req,
                           cairn_store_done_cb cb, void *arg);
 
-/* Blocking wrappers: return when durable. */
+/* Blocking wrappers: return when durable. On an error return the response
+ * holds nothing (no destroy needed; it is still safe). */
 int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req);
 int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req);
 int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req);
@@ -366,13 +410,77 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
  * header. */
 int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
 
-/* ---- leases (minimal: existence only; TTLs belong to the lease module) --- */
+/* ---- leases (lease.c) ----------------------------------------------------
+ * A lease lives in the document (leases[id] = {ttl, deadline}; see DOCUMENT
+ * LAYOUT), so a keepalive on any node extends it and any node whose clock
+ * passes the deadline revokes it. Grant, keepalive and revoke are changes;
+ * none takes a revision except a revoke (or expiry) that deleted keys — all
+ * of them in ONE revision. Times are wall-clock ms from the store's clock
+ * (cairn_store_options.clock_ms); TTLs are whole seconds. */
 
-/* One change adding leases[id] (no revision). CAIRN_ELEASEEXIST if present. */
+/* etcd: TTL above this -> CAIRN_ELEASETTLTOOLARGE ("too large lease TTL"). */
+#define CAIRN_LEASE_MAX_TTL 9000000000LL
+
+typedef struct cairn_lease_grant_resp {
+    cairn_header header;
+    int64_t id;
+    int64_t ttl; /* granted: raised to the minimum TTL */
+} cairn_lease_grant_resp;
+
+/* Grants lease |id| (0 = pick one as etcd does: see lease.c) with |ttl|
+ * seconds, raised to the minimum (options.lease_min_ttl). One change, no
+ * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
+ * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
+                             int64_t ttl);
+/* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
-/* One change deleting leases[id] and every key attached to it (a revision
- * if a key was deleted). CAIRN_ELEASENOTFOUND if absent. */
+
+/* One change deleting leases[id] and every key attached to it, in key
+ * order (one revision if a key was deleted, none otherwise); returns once
+ * durable with *h at the revision then. CAIRN_ELEASENOTFOUND if absent. */
 int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
+
+/* Renews lease |id|: it now expires TTL seconds from now; *ttl = the
+ * granted TTL (etcd answers that, not what remained). Coalesced: a change
+ * is written only when the deadline in the document is more than TTL/2
+ * behind now + TTL (see lease.c for the bound); never waits for an fsync.
+ * CAIRN_ELEASENOTFOUND if unknown or already past its deadline. */
+int cairn_store_lease_keepalive(cairn_store *s, int64_t *ttl, int64_t id);
+
+typedef struct cairn_lease_key {
+    const uint8_t *key; /* owned by the response */
+    size_t key_len;
+} cairn_lease_key;
+
+typedef struct cairn_lease_ttl_resp {
+    cairn_header header;
+    int64_t id;
+    int64_t ttl;         /* remaining whole seconds (truncated); -1 unknown */
+    int64_t granted_ttl; /* 0 when unknown */
+    cairn_lease_key *keys; /* only when asked; in key order */
+    size_t nkeys;
+    void *mem_;
+} cairn_lease_ttl_resp;
+
+/* etcd TimeToLive: an unknown lease is no error (ttl -1, granted 0). Cost
+ * O(keys of the lease) with |keys|, O(1) without. */
+int cairn_store_lease_ttl(cairn_store *s, cairn_lease_ttl_resp *resp, int64_t id, int keys);
+void cairn_lease_ttl_resp_destroy(cairn_lease_ttl_resp *r);
+
+/* etcd Leases: every live lease id, ascending, in a new array (*ids, caller
+ * frees with free(); NULL when *n == 0). */
+int cairn_store_lease_list(cairn_store *s, int64_t **ids, size_t *n);
+
+/* The expiry tick: revokes (one change each, exactly as revoke) every lease
+ * whose deadline is <= |now_ms|, and deletes keys left attached to a lease
+ * that no longer exists (a put merged concurrently with a revoke). At most
+ * CAIRN_LEASE_REVOKE_BATCH leases per call; *nrevoked (may be NULL) = how
+ * many. Does not wait for durability: the deletes reach events_cb and
+ * readers once durable. The store runs it itself every
+ * options.lease_tick_ms when that is set. */
+#define CAIRN_LEASE_REVOKE_BATCH 100
+int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms);
 
 /* ---- replication --------------------------------------------------------- */
 
@@ -401,6 +509,14 @@ int64_t cairn_store_compacted_rev(cairn_store *s);
  * and the cluster id of |n| member ids. */
 uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token);
 uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n);
+
+/* Counters since open, for metrics: group writes (one fsync each) and the
+ * changes they carried; changes / syncs is the group-commit factor. */
+typedef struct cairn_store_stats {
+    uint64_t syncs;
+    uint64_t changes;
+} cairn_store_stats;
+void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 
 /* Approximate bytes LevelDB uses on disk for the whole database. */
 uint64_t cairn_store_disk_bytes(cairn_store *s);

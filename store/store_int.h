@@ -43,57 +43,128 @@ int cairn_store_buf_put(store_buf *b, const void *p, size_t n);
 void cairn_store_buf_free(store_buf *b);
 
 /* ---- the key index (index.c) ---------------------------------------------
- * A skip list of every key that has history, ordered by bytes. Each entry
- * holds the key's current metadata and its revision history: ascending
- * revisions, TOMB set on the ones that deleted the key. Values are not
- * here: the current value is read from the document, older ones from the
- * 'K' records on disk. */
+ * Every key that has history, in byte order: a sorted array of chunks, each
+ * a sorted array of up to CAIRN_IDX_CHUNK entry pointers (two levels, so a
+ * lookup is two binary searches and an insert a memmove inside one chunk).
+ * Each entry holds the key's current metadata and its revision history:
+ * ascending revisions, TOMB set on the ones that deleted the key. Values are
+ * not here: the current value is read from the document, older ones from
+ * the 'K' records on disk. */
 
 #define CAIRN_IDX_TOMB (1ull << 63)
-#define CAIRN_IDX_MAXLVL 24
+#define CAIRN_IDX_CHUNK 128
 
 typedef struct kentry {
-    uint64_t *hist; /* ascending; rev | TOMB */
+    uint64_t *hist; /* ascending; rev | TOMB. Points at |h1| until a key
+                       has a second revision: most keys need no allocation */
     uint32_t nhist, cap;
+    uint64_t h1;
     int64_t create_rev; /* current generation (when the last entry is live) */
     int64_t version;
     int64_t lease;
     uint32_t key_len;
-    uint8_t level;
-    struct kentry *next[]; /* |level| pointers, then the key bytes */
+    uint8_t key[];
 } kentry;
 
-static inline const uint8_t *kentry_key(const kentry *e) {
-    return (const uint8_t *)&e->next[e->level];
+static inline const uint8_t *kentry_key(const kentry *e)
+{
+    return e->key;
 }
-static inline int kentry_live(const kentry *e) {
+static inline int kentry_live(const kentry *e)
+{
     return e->nhist > 0 && !(e->hist[e->nhist - 1] & CAIRN_IDX_TOMB);
 }
-static inline int64_t kentry_mod(const kentry *e) {
+static inline int64_t kentry_mod(const kentry *e)
+{
     return e->nhist ? (int64_t)(e->hist[e->nhist - 1] & ~CAIRN_IDX_TOMB) : 0;
 }
 
+typedef struct kchunk {
+    uint32_t n;
+    kentry *e[CAIRN_IDX_CHUNK];
+} kchunk;
+
 typedef struct kindex {
-    kentry *head;
-    int level;
+    kchunk **c;
+    kentry **first; /* first[i] = c[i]->e[0]: the top search touches one line */
+    size_t nc, cap;
     uint64_t nkeys;
-    uint64_t rng;
 } kindex;
+
+/* A position in the index; valid until the index changes. */
+typedef struct kiter {
+    const kindex *x;
+    size_t ci;
+    uint32_t pos;
+} kiter;
 
 int cairn_kindex_init(kindex *x);
 void cairn_kindex_destroy(kindex *x);
-/* First entry with key >= |key| (NULL = none). */
-kentry *cairn_kindex_seek(const kindex *x, const uint8_t *key, size_t len);
+/* Positions |it| at the first entry with key >= |key| and returns it (NULL
+ * = none). */
+kentry *cairn_kindex_seek(kiter *it, const kindex *x, const uint8_t *key, size_t len);
+kentry *cairn_kindex_first(kiter *it, const kindex *x);
+kentry *cairn_kindex_next(kiter *it);
 kentry *cairn_kindex_find(const kindex *x, const uint8_t *key, size_t len);
 /* Finds or inserts (with empty history). NULL on ENOMEM. */
 kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len);
-int cairn_kindex_remove(kindex *x, const uint8_t *key, size_t len);
+/* Frees every entry whose history is empty (after compaction). */
+void cairn_kindex_sweep(kindex *x);
 int cairn_kindex_push(kentry *e, uint64_t h);
 /* The history entry in effect at |rev| (0 if none), and its position. */
 uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
 
 /* Byte-wise key comparison as etcd orders keys. */
 int cairn_store_keycmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/* ---- leases (lease.c) -----------------------------------------------------
+ * The lease table: every lease id the document or the key index mentions.
+ * Derived only from applied changes (the observer calls the hooks below), so
+ * it is the same on every node that applied the same changes, and recovery
+ * rebuilds it by replay. Two chained hash tables share the entries: by lease
+ * id, and by the object id of the lease's map in the document (patches on
+ * that map name the object, not the lease). Each entry holds the set of live
+ * keys attached to it (open addressing over kentry pointers, which are
+ * stable: a live key's entry is never freed). All of it is under rw. */
+
+typedef struct lease_ent {
+    struct lease_ent *next_id, *next_obj;
+    int64_t id;
+    int live;              /* leases[id] is present in the document */
+    int has_obj, in_obj;   /* leases[id] is a map (obj); linked by obj */
+    int touched;           /* in the current change's touched list */
+    cairn_objid obj;
+    int64_t ttl;           /* granted, seconds (document) */
+    int64_t deadline;      /* wall-clock ms (document) */
+    int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
+                               and this node's last keepalive */
+    kentry **keys;         /* open addressing; NULL = empty slot */
+    size_t nkeys, kcap;
+} lease_ent;
+
+typedef struct lease_table {
+    lease_ent **by_id, **by_obj;
+    size_t nb, n; /* buckets (power of two) in each, entries */
+    lease_ent **touched;
+    size_t ntouched, tcap;
+    int64_t next_due; /* no live lease is due before this (ms); 0 = scan */
+    uint64_t next_gen; /* etcd's id generator state (suffix) */
+    int64_t min_ttl;
+    int64_t restart_extend_ms;
+} lease_table;
+
+int cairn_lease_table_init(lease_table *t, int64_t min_ttl, int64_t restart_extend_ms);
+void cairn_lease_table_destroy(lease_table *t);
+/* Observer hooks (caller holds rw write). A patch on anything but kvs. */
+int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p);
+/* Key |k| moved from lease |from| to lease |to| (0 = none). */
+int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t to);
+/* End of a change: re-reads every touched lease from the document. */
+int cairn_store_lease_settle(cairn_store *s);
+/* After recovery: etcd's restart rule (see lease.c). */
+void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms);
+int cairn_store_lease_thread_start(cairn_store *s, uint32_t tick_ms);
+void cairn_store_lease_thread_stop(cairn_store *s);
 
 /* ---- the store ----------------------------------------------------------- */
 
@@ -147,13 +218,15 @@ struct cairn_store {
     void *clock_arg;
     cairn_store_events_cb events_cb;
     void *events_arg;
+    int (*before_write_cb)(void *arg, size_t nchanges);
+    void *before_write_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
-    int64_t rev;           /* latest applied revision (under rw) */
-    int64_t compacted;     /* under rw */
+    int64_t rev;             /* latest applied revision (under rw) */
+    int64_t compacted;       /* under rw */
     _Atomic int64_t visible; /* durable, readable revision */
-    _Atomic int failed;    /* CAIRN_EIO / ECORRUPT once the store broke */
+    _Atomic int failed;      /* CAIRN_EIO / ECORRUPT once the store broke */
 
     /* Observer state (under rw write). */
     int recovering;
@@ -167,16 +240,27 @@ struct cairn_store {
 
     /* Committer queue (under qmu). */
     pthread_mutex_t qmu;
-    pthread_cond_t qcv;   /* committer: work arrived */
-    pthread_cond_t dcv;   /* waiters: visible advanced */
+    pthread_cond_t qcv; /* committer: work arrived */
+    pthread_cond_t dcv; /* waiters: visible advanced */
     leveldb_writebatch_t *batch;
     size_t batch_n;
     pend_change *ch_head, **ch_tail;
     pend_wait *w_head, **w_tail;
     int64_t queued_rev; /* highest revision whose records are queued */
     int stop;
+    _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
     int committer_started;
+
+    /* Leases (lease.c): the table is under rw; the expiry thread's own
+     * state under lease_mu. */
+    lease_table lt;
+    pthread_mutex_t lease_mu;
+    pthread_cond_t lease_cv;
+    int lease_stop;
+    uint32_t lease_tick_ms;
+    pthread_t lease_thread;
+    int lease_thread_started;
 };
 
 /* store.c */

@@ -140,9 +140,10 @@ void *cairn_store_arena_alloc(store_arena *a, size_t n)
         n = 16;
     arena_blk *b = a->head;
     if (!b || b->cap - b->used < n) {
-        size_t cap = n > 4096 ? n : 4096;
-        if (b && cap < b->cap * 2 && b->cap < (1u << 20))
-            cap = b->cap * 2 > n ? b->cap * 2 : n;
+        /* small first (most responses hold one kv or none), then doubling
+         * up to 1 MiB blocks */
+        size_t want = b ? (b->cap < (1u << 20) ? b->cap * 2 : b->cap) : 512;
+        size_t cap = n > want ? n : want;
         b = malloc(sizeof *b + cap);
         if (!b)
             return NULL;

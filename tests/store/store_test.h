@@ -13,20 +13,20 @@
 #include "crdt/error.h"
 #include "store/store.h"
 
-static uint64_t test_clock_ms(void *arg)
+static inline uint64_t test_clock_ms(void *arg)
 {
     (void)arg;
     return 1700000000000ull;
 }
 
-static void rm_rf(const char *dir)
+static inline void rm_rf(const char *dir)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
 }
 
-static char *make_tmpdir(void)
+static inline char *make_tmpdir(void)
 {
     char tmpl[] = "/tmp/cairn-store-test-XXXXXX";
     char *d = mkdtemp(tmpl);
@@ -34,7 +34,7 @@ static char *make_tmpdir(void)
     return strdup(d);
 }
 
-static cairn_store *open_store_opts(const char *dir, cairn_store_options *o)
+static inline cairn_store *open_store_opts(const char *dir, cairn_store_options *o)
 {
     static const cairn_actor actor = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
     o->dir = dir;
@@ -48,7 +48,7 @@ static cairn_store *open_store_opts(const char *dir, cairn_store_options *o)
     return s;
 }
 
-static cairn_store *open_store(const char *dir)
+static inline cairn_store *open_store(const char *dir)
 {
     cairn_store_options o;
     cairn_store_options_init(&o);
@@ -57,7 +57,7 @@ static cairn_store *open_store(const char *dir)
 
 #define B(s) (const uint8_t *)(s), strlen(s)
 
-static int64_t put_kv(cairn_store *s, const char *k, const char *v)
+static inline int64_t put_kv(cairn_store *s, const char *k, const char *v)
 {
     cairn_put_req r = {0};
     r.key = (const uint8_t *)k;
@@ -72,7 +72,7 @@ static int64_t put_kv(cairn_store *s, const char *k, const char *v)
     return rev;
 }
 
-static int64_t del_range(cairn_store *s, const char *k, const char *end, int64_t *rev)
+static inline int64_t del_range(cairn_store *s, const char *k, const char *end, int64_t *rev)
 {
     cairn_delete_req r = {0};
     r.key = (const uint8_t *)k;
@@ -91,15 +91,15 @@ static int64_t del_range(cairn_store *s, const char *k, const char *end, int64_t
     return n;
 }
 
-static int64_t cur_rev(cairn_store *s)
+static inline int64_t cur_rev(cairn_store *s)
 {
     cairn_header h;
     cairn_store_header(s, &h);
     return h.revision;
 }
 
-static int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_t create, int64_t mod,
-                 int64_t ver)
+static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_t create,
+                        int64_t mod, int64_t ver)
 {
     return kv->key_len == strlen(k) && memcmp(kv->key, k, kv->key_len) == 0 &&
            (!v || (kv->value_len == strlen(v) && memcmp(kv->value, v, kv->value_len) == 0)) &&
@@ -107,7 +107,7 @@ static int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_t creat
 }
 
 #define ck_kv(kv, k, v, c, m, ver)                                                                 \
-    ck_assert_msg(kv_is((kv), (k), (v), (c), (m), (ver)),                                         \
+    ck_assert_msg(kv_is((kv), (k), (v), (c), (m), (ver)),                                          \
                   "kv %.*s=%.*s c%lld m%lld v%lld, want %s=%s c%d m%d v%d", (int)(kv)->key_len,    \
                   (const char *)(kv)->key, (int)(kv)->value_len,                                   \
                   (kv)->value ? (const char *)(kv)->value : "", (long long)(kv)->create_revision,  \

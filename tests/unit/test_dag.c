@@ -817,7 +817,7 @@ void *__libc_realloc(void *p, size_t n);
 static int armed;       /* count allocations only inside library calls */
 static long fail_at;    /* index of the armed allocation to fail, or -1 */
 static long armed_seen; /* armed allocations so far */
-static int injected;      /* the failure was injected */
+static int injected;    /* the failure was injected */
 
 static int should_fail(void)
 {

@@ -170,8 +170,8 @@ static void expect_order(int order, int target, const char *want, int64_t limit,
     char got[8] = {0};
     for (size_t i = 0; i < r.nkvs && i < 7; i++)
         got[i] = (char)r.kvs[i].key[0];
-    ck_assert_msg(strcmp(got, want) == 0, "order %d target %d: got %s want %s", order, target,
-                  got, want);
+    ck_assert_msg(strcmp(got, want) == 0, "order %d target %d: got %s want %s", order, target, got,
+                  want);
     ck_assert_int_eq(r.more, more);
     ck_assert_int_eq(r.count, 3);
     cairn_range_resp_destroy(&r);
@@ -198,6 +198,11 @@ START_TEST(sorting)
     expect_order(CAIRN_SORT_DESCEND, CAIRN_SORT_KEY, "d", 1, 1);
     /* etcd: ASCEND by version, limit 2 -> [d, a], more */
     expect_order(CAIRN_SORT_ASCEND, CAIRN_SORT_VERSION, "da", 2, 1);
+    /* etcd's odd corner: target MOD with order NONE and limit fetches
+     * limit+1 keys in key order, THEN sorts and truncates: limit 1 -> [b]
+     * (from a, b), more; limit 2 -> [b, d] (from a, b, d), more */
+    expect_order(CAIRN_SORT_NONE, CAIRN_SORT_MOD, "b", 1, 1);
+    expect_order(CAIRN_SORT_NONE, CAIRN_SORT_MOD, "bd", 2, 1);
 }
 END_TEST
 
@@ -446,6 +451,11 @@ END_TEST
 START_TEST(compaction)
 {
     cairn_header h;
+    /* etcd on this fixture: compact(0) and compact(1) succeed once each
+     * (nothing was compacted yet); compact(1) again -> compacted */
+    ck_assert_int_eq(cairn_store_compact(st, &h, 0, 0), 0);
+    ck_assert_int_eq(cairn_store_compact(st, &h, 1, 0), 0);
+    ck_assert_int_eq(cairn_store_compact(st, &h, 1, 0), CAIRN_ECOMPACTED);
     cairn_range_resp r;
     cairn_range_req q = from("a", NULL);
     /* etcd: compact 3 ok; again 3 or 2 -> compacted; 1000 -> future */
@@ -536,6 +546,91 @@ START_TEST(identity)
 }
 END_TEST
 
+typedef struct hist_log {
+    char text[512];
+    int64_t revs[32];
+    int n;
+} hist_log;
+
+static int log_hist(void *arg, int64_t rev, const cairn_event *ev, size_t nev)
+{
+    hist_log *l = arg;
+    l->revs[l->n++] = rev;
+    char *t = l->text + strlen(l->text);
+    for (size_t i = 0; i < nev; i++) {
+        ck_assert_int_eq(ev[i].kv.mod_revision, rev);
+        t += sprintf(t, "%lld%s%.*s%s%.*s ", (long long)rev,
+                     ev[i].type == CAIRN_EVENT_PUT ? "+" : "-", (int)ev[i].kv.key_len,
+                     (const char *)ev[i].kv.key, ev[i].type == CAIRN_EVENT_PUT ? "=" : "",
+                     (int)ev[i].kv.value_len, ev[i].kv.value ? (const char *)ev[i].kv.value : "");
+    }
+    return 0;
+}
+
+START_TEST(history_for_watchers)
+{
+    hist_log l = {0};
+    int64_t last;
+    /* every event from revision 1, in order */
+    ck_assert_int_eq(
+        cairn_store_history(st, &last, 1, B("\0"), (const uint8_t *)"\0", 1, log_hist, &l), 0);
+    ck_assert_str_eq(l.text, "2+a=1 3+b=2 4+c=3 5+b=22 6-c 7+d=4 8+a=11 ");
+    ck_assert_int_eq(last, 8);
+    /* one key, from 4 */
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(cairn_store_history(st, &last, 4, B("b"), NULL, 0, log_hist, &l), 0);
+    ck_assert_str_eq(l.text, "5+b=22 ");
+    /* a txn's events share its revision and keep the order it wrote them
+     * in (etcd: txn{put z, put y, delete a}; watch --prefix --rev=3 "" ->
+     * PUT z, PUT y, DELETE a) */
+    cairn_request_op ops[3] = {{0}, {0}, {0}};
+    ops[0].type = ops[1].type = CAIRN_REQ_PUT;
+    ops[0].u.put.key = (const uint8_t *)"z";
+    ops[0].u.put.key_len = 1;
+    ops[0].u.put.value = (const uint8_t *)"1";
+    ops[0].u.put.value_len = 1;
+    ops[1].u.put = ops[0].u.put;
+    ops[1].u.put.key = (const uint8_t *)"y";
+    ops[2].type = CAIRN_REQ_DELETE;
+    ops[2].u.del.key = (const uint8_t *)"a";
+    ops[2].u.del.key_len = 1;
+    cairn_txn_req t = {NULL, 0, ops, 3, NULL, 0};
+    cairn_txn_resp tr;
+    ck_assert_int_eq(cairn_store_txn(st, &tr, &t), 0);
+    cairn_txn_resp_destroy(&tr);
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(
+        cairn_store_history(st, &last, 9, B("\0"), (const uint8_t *)"\0", 1, log_hist, &l), 0);
+    ck_assert_str_eq(l.text, "9+z=1 9+y=1 9-a ");
+    ck_assert_int_eq(l.n, 1);
+    /* after compact(6): from 5 -> compacted; from 6 the delete of c made AT
+     * 6 is gone (etcd: put x (2), delete x (3), compact 3, watch --rev=3 x
+     * -> no event; --rev=2 -> "required revision has been compacted") */
+    cairn_header h;
+    ck_assert_int_eq(cairn_store_compact(st, &h, 6, 1), 0);
+    ck_assert_int_eq(
+        cairn_store_history(st, &last, 5, B("\0"), (const uint8_t *)"\0", 1, log_hist, &l),
+        CAIRN_ECOMPACTED);
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(
+        cairn_store_history(st, &last, 6, B("\0"), (const uint8_t *)"\0", 1, log_hist, &l), 0);
+    ck_assert_str_eq(l.text, "7+d=4 8+a=11 9+z=1 9+y=1 9-a ");
+    /* and c is still absent at every readable revision */
+    cairn_range_resp r;
+    cairn_range_req q = from("c", NULL);
+    q.revision = 6;
+    ck_assert_int_eq(rng(&r, &q), 0);
+    ck_assert_int_eq(r.nkvs, 0);
+    cairn_range_resp_destroy(&r);
+    /* a later compaction keeps each key's last live state */
+    ck_assert_int_eq(cairn_store_compact(st, &h, 8, 1), 0);
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(
+        cairn_store_history(st, &last, 8, B("\0"), (const uint8_t *)"\0", 1, log_hist, &l), 0);
+    ck_assert_str_eq(l.text, "8+a=11 9+z=1 9+y=1 9-a ");
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_range");
@@ -551,6 +646,7 @@ int main(void)
     tcase_add_test(tc, leases);
     tcase_add_test(tc, compaction);
     tcase_add_test(tc, identity);
+    tcase_add_test(tc, history_for_watchers);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

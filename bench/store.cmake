@@ -1,0 +1,7 @@
+# store_bench: the store's durable-write, memory, disk and reopen numbers.
+# Included by bench/CMakeLists.txt (owned by the loadgen engineer):
+#   include(${CMAKE_CURRENT_SOURCE_DIR}/store.cmake)
+if(TARGET cairn_store)
+  add_executable(store_bench ${CMAKE_CURRENT_LIST_DIR}/store_bench.c)
+  target_link_libraries(store_bench PRIVATE cairn_store cairn_crdt Threads::Threads)
+endif()
