@@ -52,6 +52,9 @@ except ImportError:  # pyenv or venv python without Debian's python3-grpcio
 RPC_TIMEOUT = 10.0          # seconds, every single RPC
 START_TIMEOUT = 20.0        # seconds for a server to answer its first Range
 HARD_TIMEOUT = 170          # seconds for the whole run (ctest allows 180)
+# Checks not begun by a target's deadline are reported as not run, so that a
+# hanging server still leaves time for the other target and the summary.
+T_START = time.monotonic()
 
 ETCD_PROTO_ROOT = "/usr/share/gocode/src/go.etcd.io/etcd"
 
@@ -161,10 +164,11 @@ class Server:
         self.dir = tempfile.mkdtemp(prefix=kind + "-", dir=workdir)
         self.proc = None
         self.channel = None
+        self.hung = False
         self.log_path = os.path.join(self.dir, "server.log")
         self.log = None
 
-    def start(self, msgs):
+    def start(self, msgs, limit=None):
         ports = set()
         cport, pport = free_port(ports), free_port(ports)
         curl = "http://127.0.0.1:%d" % cport
@@ -176,7 +180,7 @@ class Server:
                      "--listen-client-urls", curl, "--advertise-client-urls", curl,
                      "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
                      "--initial-cluster", "default=" + purl] + self.extra_args
-        self._spawn(msgs)
+        self._spawn(msgs, limit)
 
     def restart(self, msgs, kill=False):
         """Stop (SIGTERM, or SIGKILL when kill) and start again on the same
@@ -184,7 +188,8 @@ class Server:
         self.stop(kill=kill)
         self._spawn(msgs)
 
-    def _spawn(self, msgs):
+    def _spawn(self, msgs, limit=None):
+        limit = START_TIMEOUT if limit is None else max(1.0, min(limit, START_TIMEOUT))
         args = self.args
         cport = self.cport
         self.log = open(self.log_path, "ab")
@@ -196,7 +201,7 @@ class Server:
             raise HarnessError("cannot start %s: %s" % (self.binary, e))
         # Wait for the port first: a gRPC channel that meets a refused
         # connection backs off for seconds before it tries again.
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + limit
         while True:
             if self.proc.poll() is not None:
                 raise HarnessError("%s exited with %s at start; log:\n%s"
@@ -207,7 +212,7 @@ class Server:
             except OSError:
                 if time.monotonic() > deadline:
                     raise HarnessError("%s did not listen on %s within %.0fs; log:\n%s"
-                                       % (self.kind, self.target, START_TIMEOUT,
+                                       % (self.kind, self.target, limit,
                                           self.log_tail()))
                 time.sleep(0.05)
         self.channel = grpc.insecure_channel(self.target, options=[
@@ -219,7 +224,7 @@ class Server:
             "/etcdserverpb.KV/Range",
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=msgs["etcdserverpb.RangeResponse"].FromString)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + limit
         last = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -232,7 +237,7 @@ class Server:
                 last = e
                 time.sleep(0.1)
         raise HarnessError("%s did not answer Range within %.0fs (%s); log:\n%s"
-                           % (self.kind, START_TIMEOUT, last, self.log_tail()))
+                           % (self.kind, limit, last, self.log_tail()))
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -297,8 +302,9 @@ def prefix_end(key):
 
 
 class Ctx:
-    def __init__(self, server, msgs, check_name, base):
+    def __init__(self, server, msgs, check_name, base, deadline=None):
         self.server = server
+        self.deadline = deadline
         self.msgs = msgs
         self.ns = ("/" + check_name + "/").encode()
         self.base = base
@@ -316,7 +322,14 @@ class Ctx:
                 path, request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=self.M(resp_name).FromString)
             self._stubs[path] = stub
-        return stub(req, timeout=RPC_TIMEOUT)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise HarnessError("out of time")
+        try:
+            return stub(req, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self.server.hung = True     # restarted before the next check
+            raise
 
     def call(self, path, req, resp_name):
         """The normalised answer, or {'error': [code, message]}."""
@@ -536,7 +549,7 @@ OPT_IN_SUITES = {"watch", "lease"}
 # --------------------------------------------------------------------------
 # Running
 
-def run_target(kind, binary, msgs, workdir, selected, extra_args):
+def run_target(kind, binary, msgs, workdir, selected, extra_args, deadline):
     """Run the selected checks on fresh servers of one kind; {name: result}.
 
     Each suite gets a new server. A server that dies during a check is
@@ -551,16 +564,19 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
         if rep:
             problems.append("%s (suite %s): sanitizer report:\n%s" % (kind, suite, rep))
 
+    gave_up = False     # a server that twice failed to start: not again
     for suite in SUITES:
         todo = [(n, f) for s, n, f in CHECKS if s == suite and n in selected]
         srv = None
-        gave_up = False
         try:
             for n, f in todo:
+                if time.monotonic() > deadline:
+                    results[n] = {"harness": "not run: out of time"}
+                    continue
                 if gave_up:
                     results[n] = {"harness": "server did not start"}
                     continue
-                if srv is None or not srv.alive():
+                if srv is None or not srv.alive() or srv.hung:
                     if srv is not None:
                         retire(srv)
                     # Twice: a port picked as free may be taken by a
@@ -568,7 +584,7 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                     for attempt in (1, 2):
                         srv = Server(kind, binary, workdir, extra_args)
                         try:
-                            srv.start(msgs)
+                            srv.start(msgs, deadline - time.monotonic())
                             break
                         except HarnessError as e:
                             print("  %s: suite %s, attempt %d: %s" % (kind, suite, attempt, e),
@@ -581,8 +597,9 @@ def run_target(kind, binary, msgs, workdir, selected, extra_args):
                         continue
                 try:
                     # The "fresh" suite keeps absolute revisions: base 0.
-                    base = 0 if suite == "fresh" else Ctx(srv, msgs, n, 0).absrev_now()
-                    results[n] = f(Ctx(srv, msgs, n, base))
+                    base = 0 if suite == "fresh" else \
+                        Ctx(srv, msgs, n, 0, deadline).absrev_now()
+                    results[n] = f(Ctx(srv, msgs, n, base, deadline))
                 except grpc.RpcError as e:
                     results[n] = {"harness": "unexpected rpc error", "error": err(e)["error"]}
                 except Exception as e:  # a check that crashes is a result too
@@ -618,6 +635,14 @@ def load_ledger(path):
     return ledger
 
 
+def load_ledger_pins(path):
+    """{check: cairn's result} for the ledger entries that pin it ("cairn")."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {e["check"]: e["cairn"] for e in json.load(f) if "cairn" in e}
+
+
 def clip(text, n=1200):
     return text if len(text) <= n else text[:n] + " ... (%d chars)" % len(text)
 
@@ -643,9 +668,13 @@ def first_diff(a, b, path=""):
     return None if canon(a) == canon(b) else (path or "(top)", a, b)
 
 
-def compare(left_name, left, right_name, right, ledger, names, all_names):
+def compare(left_name, left, right_name, right, ledger, names, all_names, pins=None):
     """Print the summary; True when every check matched or is ledgered and
-    every ledger entry still deviates (and names an existing check)."""
+    every ledger entry still deviates (and names an existing check). A
+    ledger entry never excuses a harness failure (a crash, a server that did
+    not start, a check that raised), and one that pins cairn's answer
+    excuses only that answer."""
+    pins = pins or {}
     matched, ledgered, failures = 0, [], []
     for n in names:
         a, b = left.get(n), right.get(n)
@@ -654,6 +683,12 @@ def compare(left_name, left, right_name, right, ledger, names, all_names):
             if same:
                 failures.append((n, "ledgered deviation no longer deviates "
                                     "(remove it from the ledger): " + ledger[n], a, b))
+            elif isinstance(b, dict) and "harness" in b:
+                failures.append((n, "deviation (a harness failure; the ledger does "
+                                    "not excuse it)", a, b))
+            elif n in pins and canon(pins[n]) != canon(b):
+                failures.append((n, "ledgered deviation changed: cairn's answer is not "
+                                    "the pinned one %s" % clip(canon(pins[n])), a, b))
             else:
                 ledgered.append(n)
         elif same:
@@ -671,7 +706,7 @@ def compare(left_name, left, right_name, right, ledger, names, all_names):
         print("\nFAIL %s: %s" % (n, why))
         print("  %-5s: %s" % (left_name, clip(canon(a))))
         print("  %-5s: %s" % (right_name, clip(canon(b))))
-        d = first_diff(a, b) if why == "deviation" else None
+        d = first_diff(a, b) if why.startswith("deviation") else None
         if d:
             print("  first difference at %s: %s %s, %s %s"
                   % (d[0], left_name, clip(canon(d[1])), right_name, clip(canon(d[2]))))
@@ -752,7 +787,9 @@ def main():
         if args.target in ("both", "etcd"):
             if not os.access(args.etcd, os.X_OK):
                 raise HarnessError("etcd binary %s not found" % args.etcd)
-            etcd_res, probs = run_target("etcd", args.etcd, msgs, workdir, selected, [])
+            budget = (HARD_TIMEOUT - 20) / (2 if args.target == "both" else 1)
+            etcd_res, probs = run_target("etcd", args.etcd, msgs, workdir, selected, [],
+                                         T_START + budget)
             problems += probs
             if args.record:
                 # One check per line: greppable, and diffs stay per check.
@@ -764,7 +801,7 @@ def main():
             if not os.access(args.cairn, os.X_OK):
                 raise HarnessError("cairn binary %s not found" % args.cairn)
             cairn_res, probs = run_target("cairn", args.cairn, msgs, workdir, selected,
-                                          args.cairn_arg)
+                                          args.cairn_arg, T_START + HARD_TIMEOUT - 20)
             problems += probs
         if args.show:
             for _s, n, _f in CHECKS:
@@ -780,7 +817,8 @@ def main():
             return 1 if problems else 0
         if args.target == "both":
             ok = compare("etcd", etcd_res, "cairn", cairn_res,
-                         load_ledger(args.ledger), names, all_names)
+                         load_ledger(args.ledger), names, all_names,
+                         load_ledger_pins(args.ledger))
         else:
             if not os.path.exists(args.recording):
                 print("no recording at %s: nothing to compare with" % args.recording)
@@ -797,7 +835,8 @@ def main():
                 recorded.update(json.load(f))
             live = etcd_res if args.target == "etcd" else cairn_res
             ledger = load_ledger(args.ledger) if args.target == "cairn" else {}
-            ok = compare("rec", recorded, args.target, live, ledger, names, all_names)
+            pins = load_ledger_pins(args.ledger) if args.target == "cairn" else {}
+            ok = compare("rec", recorded, args.target, live, ledger, names, all_names, pins)
         return 0 if ok and not problems else 1
     except HarnessError as e:
         print("harness error: %s" % e, file=sys.stderr)

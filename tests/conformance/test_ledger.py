@@ -19,10 +19,10 @@ ETCD = {"a.one": {"header": {"revision": "r+1"}}, "a.two": [True, "r+0"],
         "a.three": {"error": ["INVALID_ARGUMENT", "etcdserver: key not found"]}}
 
 
-def verdict(cairn, ledger, names=NAMES):
+def verdict(cairn, ledger, names=NAMES, pins=None):
     out = io.StringIO()
     with redirect_stdout(out):
-        ok = harness.compare("etcd", ETCD, "cairn", cairn, ledger, names, NAMES)
+        ok = harness.compare("etcd", ETCD, "cairn", cairn, ledger, names, NAMES, pins)
     return ok, out.getvalue()
 
 
@@ -51,6 +51,21 @@ class Verdict(unittest.TestCase):
         ok, out = verdict(cairn, {"a.two": "because"})
         self.assertTrue(ok)
         self.assertIn("1 ledgered deviations", out)
+
+    def test_ledger_does_not_excuse_a_harness_failure(self):
+        cairn = dict(ETCD, **{"a.two": {"harness": "server did not start"}})
+        ok, out = verdict(cairn, {"a.two": "because"})
+        self.assertFalse(ok)
+        self.assertIn("harness failure", out)
+
+    def test_pinned_ledger_entry(self):
+        cairn = dict(ETCD, **{"a.two": [True, "r+1"]})
+        ok, _ = verdict(cairn, {"a.two": "because"}, pins={"a.two": [True, "r+1"]})
+        self.assertTrue(ok)
+        cairn = dict(ETCD, **{"a.two": [True, "r+2"]})
+        ok, out = verdict(cairn, {"a.two": "because"}, pins={"a.two": [True, "r+1"]})
+        self.assertFalse(ok)
+        self.assertIn("not the pinned one", out)
 
     def test_ledger_entry_that_matches_fails(self):
         ok, out = verdict(dict(ETCD), {"a.two": "because"})
