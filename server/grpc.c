@@ -667,6 +667,7 @@ static int open_store(cairn_server *srv, char *err, size_t errlen)
     o.ninitial_cluster = cfg->ninitial_cluster;
     o.max_txn_ops = cfg->max_txn_ops;
     o.events_cb = watch_events_cb;
+    o.lease_tick_ms = 100; /* the store revokes expired leases itself */
     o.events_arg = srv;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
@@ -789,9 +790,6 @@ int cairn_server_port(const cairn_server *srv, size_t i)
 
 int cairn_server_start(cairn_server *srv)
 {
-    int rc = lease_start(srv);
-    if (rc != 0)
-        return rc;
     grpc_server_start(srv->grpc);
     srv->started = 1;
     for (int i = 0; i < srv->nworkers; i++) {
@@ -858,7 +856,6 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
         srv->workers[i].cq = NULL;
     }
     srv->started = 0;
-    lease_stop(srv);
     if (srv->store) {
         cairn_store_close(srv->store);
         srv->store = NULL;
@@ -894,7 +891,6 @@ void cairn_server_free(cairn_server *srv)
                 ;
             grpc_completion_queue_destroy(srv->workers[i].cq);
         }
-    lease_stop(srv);
     if (srv->store)
         cairn_store_close(srv->store);
     free(srv->workers);

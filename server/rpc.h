@@ -98,7 +98,6 @@ struct cairn_server {
     atomic_uint_least64_t disk_checked_ms;
 
     atomic_uint snapshot_seq;
-    struct lease_table *leases; /* lease.c */
     struct watch_hub *watch;    /* watch.c */
     char shutdown_tag; /* its address is the shutdown notification's tag */
 };
@@ -209,10 +208,6 @@ void watch_hub_free(cairn_server *srv);
 void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
                      size_t change_len, const cairn_event *ev, size_t nev);
 
-/* The lease expiry thread (lease.c): started after the store opens,
- * stopped before it closes. */
-int lease_start(cairn_server *srv);
-void lease_stop(cairn_server *srv);
 
 /* Converts a store KeyValue into protobuf (pointers borrowed from |kv|). */
 void kv_to_pb(Mvccpb__KeyValue *out, const cairn_kv *kv);
