@@ -19,6 +19,18 @@ The checks were written by running them against etcd first (--target etcd
 Message classes are generated at run time from the repository's proto/ with
 protoc into a temporary directory; RPCs are made with grpc's generic
 unary_unary, so no service stubs are needed.
+
+Modes: default (etcd vs cairn); --target etcd (etcd vs the committed
+recording etcd-recorded.json: the checks run and are deterministic, and
+proto/ is wire-compatible); --target cairn (cairn vs the recording, no etcd
+needed); --record FILE (write etcd's answers); --sanitizer-only (fail only
+on ASan/UBSan reports in cairn's log). Each suite runs on its own fresh
+server (a server that crashes or hangs is blamed on the check and replaced);
+every RPC has a timeout, each target a deadline, the whole run a hard limit,
+and the servers are killed on every exit path (and die with the harness).
+
+A ledger entry names a check and a reason, and may pin cairn's answer
+("cairn"); it never excuses a harness failure (crash, no start, timeout).
 """
 
 import argparse
