@@ -690,3 +690,51 @@ void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
     out.header = &ph;
     rpc_reply(c, &out.base);
 }
+
+/* ---- fuzzing ------------------------------------------------------------- */
+
+int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_txn_ops)
+{
+    /* The same steps as the handlers, without a store: depth scan, unpack,
+     * etcd's checks, conversion to the store's structs. */
+    static const ProtobufCMessageDescriptor *const descs[] = {
+        &etcdserverpb__range_request__descriptor,
+        &etcdserverpb__put_request__descriptor,
+        &etcdserverpb__delete_range_request__descriptor,
+        &etcdserverpb__txn_request__descriptor,
+        &etcdserverpb__compaction_request__descriptor,
+        &etcdserverpb__watch_request__descriptor,
+        &etcdserverpb__lease_keep_alive_request__descriptor,
+    };
+    if (kind < 0 || (size_t)kind >= sizeof descs / sizeof descs[0])
+        return CAIRN_EINVAL;
+    if (kind == 3 && scan_msg(req, len, 0, 1) != 0)
+        return CAIRN_EUNMARSHAL;
+    ProtobufCMessage *m = protobuf_c_message_unpack(descs[kind], NULL, len, req);
+    if (!m)
+        return CAIRN_EUNMARSHAL;
+    int rc = 0;
+    if (kind == 0) {
+        cairn_range_req r;
+        range_from_pb(&r, (Etcdserverpb__RangeRequest *)m);
+    } else if (kind == 1) {
+        cairn_put_req r;
+        rc = check_put((Etcdserverpb__PutRequest *)m);
+        put_from_pb(&r, (Etcdserverpb__PutRequest *)m);
+    } else if (kind == 2) {
+        cairn_delete_req r;
+        delete_from_pb(&r, (Etcdserverpb__DeleteRangeRequest *)m);
+    } else if (kind == 3) {
+        Etcdserverpb__TxnRequest *t = (Etcdserverpb__TxnRequest *)m;
+        rc = check_txn(t, max_txn_ops);
+        if (rc == 0) {
+            struct arena *a = NULL;
+            cairn_txn_req *ct = arena_alloc(&a, sizeof *ct);
+            struct txn_info info = {0, 0};
+            rc = ct ? txn_from_pb(&a, ct, t, &info) : CAIRN_ENOMEM;
+            arena_free(a);
+        }
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return rc;
+}
