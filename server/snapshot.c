@@ -14,6 +14,10 @@
  * so the copy is retried if CURRENT or the MANIFEST's size moved while it
  * was made. The freeze lasts as long as the copy of the logs (a few MB);
  * streaming happens afterwards, from the working dir, with writes flowing.
+ * The store's own threads (lease expiry, coalesced keepalives) are not
+ * frozen: a record one of them appends while the log is copied is either
+ * whole in the copy or a torn tail, which LevelDB drops when it opens the
+ * copy — the copy is then the state just before that write.
  *
  * Format. etcd: `etcdctl snapshot save` accepts a stream whose length is a
  * multiple of 512 plus 32: the data, then its SHA-256 (it checks exactly
