@@ -88,18 +88,21 @@ field() { # field SYSTEM NAME -> the values of NAME=... for SYSTEM, one a line
 echo
 echo "watch event latency (put sent -> event received), medians of $REPS runs,"
 echo "$PUTS puts at $RATE/s open loop, one watcher, values of $VSIZE bytes:"
-printf "%-6s %12s %12s %12s %12s\n" system "event p50 ms" "event p99 ms" "ack p50 ms" "ack p99 ms"
+printf "%-6s %12s %12s %12s %12s %12s %12s\n" system "event p50 ms" "event p99 ms" "ack p50 ms" \
+  "ack p99 ms" "gap p50 ms" "gap p99 ms"
 declare -A M
 for s in etcd cairn; do
-  for f in event_p50_ms event_p99_ms ack_p50_ms ack_p99_ms; do
+  for f in event_p50_ms event_p99_ms ack_p50_ms ack_p99_ms gap_p50_ms gap_p99_ms; do
     M[$s,$f]=$(field "$s" "$f" | lib_median)
   done
-  printf "%-6s %12.3f %12.3f %12.3f %12.3f\n" "$s" "${M[$s,event_p50_ms]}" "${M[$s,event_p99_ms]}" \
-    "${M[$s,ack_p50_ms]}" "${M[$s,ack_p99_ms]}"
+  printf "%-6s %12.3f %12.3f %12.3f %12.3f %12.3f %12.3f\n" "$s" "${M[$s,event_p50_ms]}" \
+    "${M[$s,event_p99_ms]}" "${M[$s,ack_p50_ms]}" "${M[$s,ack_p99_ms]}" "${M[$s,gap_p50_ms]}" \
+    "${M[$s,gap_p99_ms]}"
 done
 awk -v a="${M[cairn,event_p50_ms]}" -v b="${M[etcd,event_p50_ms]}" \
     -v c="${M[cairn,event_p99_ms]}" -v d="${M[etcd,event_p99_ms]}" \
     -v e="${M[cairn,ack_p50_ms]}" -v f="${M[etcd,ack_p50_ms]}" \
     -v g="${M[cairn,ack_p99_ms]}" -v h="${M[etcd,ack_p99_ms]}" \
   'BEGIN { printf "%-6s %11.2fx %11.2fx %11.2fx %11.2fx\n", "ratio", a / b, c / d, e / f, g / h }'
-echo "(ratio = cairn / etcd; below 1 means cairn is faster)"
+echo "(ratio = cairn / etcd; below 1 means cairn is faster. gap = event received minus"
+echo " Put answered: what the watch path adds after the commit; no ratio, it can be negative)"
