@@ -151,6 +151,16 @@ static void post(struct rpc_worker *w, int method)
 
 static void call_free(rpc_call *c)
 {
+    if (atomic_load(&c->srv->stopping) && c->live)
+        cairn_log(CAIRN_LOG_DEBUG, "freed during shutdown: %s",
+                  c->method >= 0 ? rpc_methods[c->method].path : "(unregistered)");
+    if (c->live) {
+        cairn_server *srv = c->srv;
+        pthread_mutex_lock(&srv->shut_mu);
+        if (--srv->live_calls == 0)
+            pthread_cond_broadcast(&srv->shut_cv);
+        pthread_mutex_unlock(&srv->shut_mu);
+    }
     if (c->cleanup)
         c->cleanup(c);
     rpc_write_end(c);
@@ -569,6 +579,10 @@ static void handle(void *tag, int ok)
             call_free(c);
             return;
         }
+        pthread_mutex_lock(&c->srv->shut_mu);
+        c->srv->live_calls++;
+        c->live = 1;
+        pthread_mutex_unlock(&c->srv->shut_mu);
         post(c->w, c->method);
         dispatch(c);
         return;
@@ -828,20 +842,35 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
+    /* gRPC's notification also waits for every client connection to
+     * close; once no call of ours is in flight there is nothing left to
+     * finish, so the connections are closed then instead of after the
+     * grace period. */
     pthread_mutex_lock(&srv->shut_mu);
-    while (!srv->shut_done)
+    while (!srv->shut_done && srv->live_calls > 0)
         if (pthread_cond_timedwait(&srv->shut_cv, &srv->shut_mu, &until) == ETIMEDOUT)
             break;
     int done = srv->shut_done;
+    int64_t live = srv->live_calls;
     pthread_mutex_unlock(&srv->shut_mu);
     if (!done) {
-        cairn_log(CAIRN_LOG_WARN, "calls still in flight after %d ms: cancelling them", grace_ms);
+        if (live > 0)
+            cairn_log(CAIRN_LOG_WARN, "%lld calls still in flight after %d ms: cancelling them",
+                      (long long)live, grace_ms);
         grpc_server_cancel_all_calls(srv->grpc);
         pthread_mutex_lock(&srv->shut_mu);
         while (!srv->shut_done)
             pthread_cond_wait(&srv->shut_cv, &srv->shut_mu);
         pthread_mutex_unlock(&srv->shut_mu);
     }
+    /* gRPC's notification says no call is being serviced any more, but a
+     * call of ours may still start its last batch (a Watch stream ending,
+     * a write the store just completed). The queues must outlive that:
+     * wait until every call we accepted is freed. */
+    pthread_mutex_lock(&srv->shut_mu);
+    while (srv->live_calls > 0)
+        pthread_cond_wait(&srv->shut_cv, &srv->shut_mu);
+    pthread_mutex_unlock(&srv->shut_mu);
     grpc_server_destroy(srv->grpc);
     srv->grpc = NULL;
     for (int i = 0; i < srv->nworkers; i++)

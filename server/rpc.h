@@ -100,6 +100,7 @@ struct cairn_server {
     atomic_uint snapshot_seq;
     struct watch_hub *watch;    /* watch.c */
     char shutdown_tag; /* its address is the shutdown notification's tag */
+    int64_t live_calls; /* accepted and not yet freed (shut_mu) */
 };
 
 struct rpc_call {
@@ -127,6 +128,7 @@ struct rpc_call {
         cairn_txn_resp txn;
     } resp;
     int counted_write; /* holds a write-gate slot */
+    int live;          /* counted in srv->live_calls */
     snapshot_stream *snap;
     rpc_next_fn next;
 };
