@@ -9,7 +9,9 @@ For each server (a real etcd 3.4 and cairn, each started here on random free
     single keys (some never written), prefixes, "\\0" from-key ranges, the
     whole key space, [a, b) ranges; start_revision 0 (from now), in the past
     (catch-up from history) or a little in the future; some with prev_kv,
-    some with a NOPUT or NODELETE filter;
+    some with a NOPUT or NODELETE filter; plus, on a stream of its own
+    connection that reads nothing until the writers stop (a slow watcher),
+    a few watches of everything;
  3. runs a few writers concurrently for a bounded time (puts, deletes of one
     key, deletes of a small range, txns with a compare and several puts and
     deletes in either branch), recording every response: its revision and,
@@ -20,7 +22,9 @@ For each server (a real etcd 3.4 and cairn, each started here on random free
     for every watch the exact list of events it must see (kv fields,
     prev_kv, filters, its start), waits (bounded) until every watch has at
     least that many, then a short quiet time, and compares: same events, in
-    revision order, none missing, none duplicated, none foreign.
+    revision order, none missing, none duplicated, none foreign. The writers
+    must also have kept at least half their rate: watchers, the stalled
+    one included, must not slow writes down.
 
 Nothing expected is written here: the expectation is the history the server
 itself acknowledged. Both servers must pass. Message classes are generated at
@@ -370,7 +374,7 @@ class Stream:
     """One Watch stream: a request queue, a reader thread that files every
     event under its watch, created responses matched to creates in order."""
 
-    def __init__(self, srv, msgs, watches):
+    def __init__(self, srv, msgs, watches, channel=None, stalled=False):
         self.msgs = msgs
         self.watches = watches
         self.by_id = {}
@@ -380,7 +384,13 @@ class Stream:
         self.reqs = queue.Queue()
         self.lock = threading.Lock()
         self.ended = None
-        stub = srv.channel.stream_stream(
+        # A stalled stream reads nothing once its watches are created, until
+        # released: a slow watcher, which must block neither the writers
+        # nor the other watchers, and must still get everything later.
+        self.release = threading.Event()
+        if not stalled:
+            self.release.set()
+        stub = (channel or srv.channel).stream_stream(
             "/etcdserverpb.Watch/Watch",
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=msgs["etcdserverpb.WatchResponse"].FromString)
@@ -419,12 +429,13 @@ class Stream:
                         self.problems.append("watch id %d created twice" % m.watch_id)
                     self.by_id[m.watch_id] = w
                     self.created += 1
-                    if self.created == len(self.watches):
-                        self.created_ev.set()
                     if m.canceled:
                         w.problems.append("created and canceled: %r" % m.cancel_reason)
                     if m.events:
                         w.problems.append("events in the created response")
+                    if self.created == len(self.watches):
+                        self.created_ev.set()
+                        self.release.wait(STREAM_DEADLINE)
                     continue
                 w = self.by_id.get(m.watch_id)
                 if w is None:
@@ -464,6 +475,7 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
     t0 = time.monotonic()
     srv = None
     streams = []
+    slow_ch = None
     try:
         for attempt in (1, 2):   # a port picked as free may be taken meanwhile
             srv = Server(kind, binary, workdir)
@@ -494,6 +506,18 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
             streams.append(Stream(srv, msgs, watches[i:i + per]))
             for w in watches[i:i + per]:
                 w.stream = len(streams) - 1
+        if args.stalled:
+            # its own connection, so that only the server can be in the way
+            slow_ch = grpc.insecure_channel(srv.target, options=[
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.max_receive_message_length", 64 << 20)])
+            slow = [Watch(b"\x00", b"\x00", 0, i % 2 == 0, (),
+                          "stalled stream: everything%s" % (" prev_kv" if i % 2 == 0 else ""))
+                    for i in range(args.stalled)]
+            for w in slow:
+                w.stream = len(streams)
+            streams.append(Stream(srv, msgs, slow, channel=slow_ch, stalled=True))
+            watches += slow
         for s in streams:
             s.create_all()
         for s in streams:
@@ -514,6 +538,7 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
         # 3. concurrent writers
         stop_at = time.monotonic() + args.duration
         ts = [threading.Thread(target=w.run, args=(stop_at,), daemon=True) for w in writers]
+        n_before = sum(len(w.records) for w in writers)
         for t in ts:
             t.start()
         for t in ts:
@@ -524,6 +549,10 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
             if w.error is not None:
                 raise Failure("writer %d failed: %r" % (w.wid, w.error))
         t_written = time.monotonic()
+        for s in streams:
+            s.release.set()
+        n_during = sum(len(w.records) for w in writers) - n_before
+        n_target = args.rate * args.duration * len(writers)
 
         # 4. the history and what every watch must have seen
         hist = History([r for w in writers for r in w.records], first)
@@ -553,22 +582,29 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
             if w.got != w.want:
                 failures.append("%s: %s" % (name, explain(w.got, w.want)))
         n_writes = sum(len(w.records) for w in writers)
-        print("%s: %d watches on %d streams; %d writes, revisions %d..%d (%d before the "
+        print("%s: %d watches on %d streams (%d on a stalled one); %d writes, revisions %d..%d (%d before the "
               "watches); %d events expected, %d received; created in %.1fs, writes %.1fs, "
               "drained %.1fs after; %.1fs in all"
-              % (kind, len(watches), len(streams), n_writes, hist.first, hist.last,
+              % (kind, len(watches), len(streams), args.stalled, n_writes, hist.first, hist.last,
                  quiet_rev - first + 1, n_want, n_got, t_created - t0, t_written - t_created,
                  t_drained - t_written, time.monotonic() - t0))
+        if n_during < 0.5 * n_target:
+            failures.append("writers made %d writes while watched, half their target is %.0f: "
+                            "are watchers (the stalled stream?) slowing writes down?"
+                            % (n_during, 0.5 * n_target))
         if hist.last - quiet_rev < 50:
             failures.append("only %d revisions written while watching: too few to mean much"
                             % (hist.last - quiet_rev))
         return failures
     finally:
         for s in streams:
+            s.release.set()
             try:
                 s.close()
             except Exception:  # noqa: BLE001
                 pass
+        if slow_ch is not None:
+            slow_ch.close()
         if srv is not None:
             srv.stop()
             if kind == "cairn":
@@ -606,6 +642,9 @@ def main():
     ap.add_argument("--pre-writes", type=int, default=60, help="per writer, before watching")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds of concurrent writes")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stalled", type=int, default=20,
+                    help="watches of everything on one extra stream that reads nothing "
+                         "until the writers stop")
     args = ap.parse_args()
 
     def on_alarm(_sig, _frm):
