@@ -35,6 +35,7 @@ every exit path. A hard timeout bounds the whole run.
 
 Usage: test_watch_stress.py [--cairn build/cairn] [--etcd /usr/bin/etcd]
        [--target both|etcd|cairn] [--watchers 1000] [--duration 12] [--seed 1]
+       [--restart]  (opt-in, see --help)
 """
 
 import argparse
@@ -496,6 +497,12 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
                    for i in range(args.writers)]
         for w in writers:
             w.run_n(args.pre_writes)
+        if args.restart:
+            # opt-in: past starts must then come from the persisted history
+            srv.restart(msgs)
+            rpc = Rpc(srv, msgs)
+            for w in writers:
+                w.rpc = Rpc(srv, msgs)
         quiet_rev = rpc.range(b"\x00", b"\x00").header.revision
 
         # 2. the watches, created while nothing is written
@@ -642,6 +649,10 @@ def main():
     ap.add_argument("--pre-writes", type=int, default=60, help="per writer, before watching")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds of concurrent writes")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--restart", action="store_true",
+                    help="restart the server (SIGTERM, same data dir) after the first "
+                         "writes, so that past starts are served from persisted history "
+                         "(opt-in: cairn's watch history is an in-memory ring)")
     ap.add_argument("--stalled", type=int, default=20,
                     help="watches of everything on one extra stream that reads nothing "
                          "until the writers stop")
