@@ -723,6 +723,11 @@ int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms)
         if (!rc && nrevoked)
             (*nrevoked)++;
     }
+    /* return once the revokes are durable, as a revoke call does */
+    lwait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int waiting = !rc && nd && cairn_store_enqueue_wait(s, lwait_done, &w, NULL) == 0;
+    pthread_rwlock_unlock(&s->rw);
+    return waiting ? lwait_for(&w) : rc;
 out:
     pthread_rwlock_unlock(&s->rw);
     return rc;

@@ -476,9 +476,14 @@ int cairn_store_lease_list(cairn_store *s, int64_t **ids, size_t *n);
  * whose deadline is <= |now_ms|, and deletes keys left attached to a lease
  * that no longer exists (a put merged concurrently with a revoke). At most
  * CAIRN_LEASE_REVOKE_BATCH leases per call; *nrevoked (may be NULL) = how
- * many. Does not wait for durability: the deletes reach events_cb and
- * readers once durable. The store runs it itself every
- * options.lease_tick_ms when that is set. */
+ * many. Returns once its changes are durable (like revoke). The store runs
+ * it itself every options.lease_tick_ms when that is set.
+ *
+ * Lease reads (TimeToLive, Leases, keepalive's existence check, a Put's
+ * lease check) see a grant or revoke as soon as it is applied, which may be
+ * up to one fsync before it is durable (its caller is answered only after);
+ * a crash in that window forgets it, as it forgets any unacknowledged
+ * write. */
 #define CAIRN_LEASE_REVOKE_BATCH 100
 int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms);
 
