@@ -47,6 +47,7 @@
 
 #define LEASE_TTL_KEY "ttl"
 #define LEASE_DEADLINE_KEY "deadline"
+#define DEADLINE_MAX (INT64_MAX / 4) /* far beyond any now + TTL, no overflow */
 
 /* ---- hashing -------------------------------------------------------------- */
 
@@ -363,6 +364,11 @@ int cairn_store_lease_settle(cairn_store *s)
             l->ttl = r.kind == CAIRN_READ_SCALAR && r.value.type == CAIRN_V_INT ? r.value.v.i : 0;
             l->deadline = 0;
         }
+        /* a peer's numbers are not trusted: keep the arithmetic in range */
+        if (l->ttl < 0 || l->ttl > CAIRN_LEASE_MAX_TTL)
+            l->ttl = l->ttl < 0 ? 0 : CAIRN_LEASE_MAX_TTL;
+        if (l->deadline < 0 || l->deadline > DEADLINE_MAX)
+            l->deadline = l->deadline < 0 ? 0 : DEADLINE_MAX;
         if (!l->live) {
             l->local_deadline = 0;
             if (l->nkeys == 0) {

@@ -746,6 +746,127 @@ START_TEST(many_keys_one_revision)
 }
 END_TEST
 
+/* ---- a peer's lease records ---------------------------------------------------- */
+
+/* The genesis every node builds (store.h, DOCUMENT LAYOUT). */
+static cairn_change *genesis(cairn_actor *ga)
+{
+    static const char salt_token[] = "cairn-genesisetcd-cluster";
+    cairn_hash h;
+    cairn_hash_bytes(&h, (const uint8_t *)salt_token, strlen(salt_token));
+    memcpy(ga->b, h.b, CAIRN_ACTOR_LEN);
+    static const char *names[4] = {"kvs", "leases", "members", "cluster"};
+    cairn_op ops[4];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < 4; i++) {
+        ops[i].action = CAIRN_OP_MAKE_MAP;
+        ops[i].key = (const uint8_t *)names[i];
+        ops[i].key_len = (uint32_t)strlen(names[i]);
+    }
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = *ga;
+    t.seq = 1;
+    t.start_op = 1;
+    t.nactors = 1;
+    t.actors = ga;
+    t.nops = 4;
+    t.ops = ops;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
+START_TEST(peer_lease_records)
+{
+    /* A peer writes: leases[61] = INT 7 (the scalar form of older data
+     * dirs), leases["short"] (not a lease id), and leases[62] = a map whose
+     * ttl and deadline are out of range. Every node reads them the same
+     * way: 61 is a 7 s lease with deadline 0, "short" is ignored, 62 has the
+     * maximum TTL and deadline 0. */
+    cairn_actor ga;
+    cairn_change *g = genesis(&ga);
+    cairn_actor actors[2];
+    memset(actors[0].b, 0x99, CAIRN_ACTOR_LEN);
+    actors[1] = ga;
+    uint8_t k61[8] = {0, 0, 0, 0, 0, 0, 0, 61}, k62[8] = {0, 0, 0, 0, 0, 0, 0, 62};
+    cairn_opid leases = {2, 1}; /* op 2 of the genesis */
+    cairn_opid map62 = {1003, 0};
+    cairn_op ops[5];
+    memset(ops, 0, sizeof ops);
+    ops[0].action = CAIRN_OP_SET;
+    ops[0].obj = leases;
+    ops[0].key = k61;
+    ops[0].key_len = 8;
+    ops[0].value.type = CAIRN_V_INT;
+    ops[0].value.v.i = 7;
+    ops[1] = ops[0];
+    ops[1].key = (const uint8_t *)"short";
+    ops[1].key_len = 5;
+    ops[2].action = CAIRN_OP_MAKE_MAP;
+    ops[2].obj = leases;
+    ops[2].key = k62;
+    ops[2].key_len = 8;
+    ops[3].action = CAIRN_OP_SET;
+    ops[3].obj = map62;
+    ops[3].key = (const uint8_t *)"ttl";
+    ops[3].key_len = 3;
+    ops[3].value.type = CAIRN_V_INT;
+    ops[3].value.v.i = INT64_MAX;
+    ops[4] = ops[3];
+    ops[4].key = (const uint8_t *)"deadline";
+    ops[4].key_len = 8;
+    ops[4].value.v.i = INT64_MIN;
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = actors[0];
+    t.seq = 1;
+    t.start_op = 1001;
+    t.ndeps = 1;
+    t.deps = &g->hash;
+    t.nactors = 2;
+    t.actors = actors;
+    t.nops = 5;
+    t.ops = ops;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    ck_assert_int_eq(cairn_store_receive(st, c->bytes, c->len), 0);
+    cairn_change_free(c);
+    cairn_change_free(g);
+    ck_assert_int_eq(cur_rev(st), 1);
+    int64_t *ids;
+    size_t n;
+    ck_assert_int_eq(cairn_store_lease_list(st, &ids, &n), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(ids[0], 61);
+    ck_assert_int_eq(ids[1], 62);
+    free(ids);
+    int64_t granted, ttl;
+    /* deadline 0: due at once (keepalive refuses it) */
+    ck_assert_int_eq(ttl_of(st, 61, &granted, NULL, 0), 0);
+    ck_assert_int_eq(granted, 7);
+    ck_assert_int_eq(ttl_of(st, 62, &granted, NULL, 0), 0);
+    ck_assert_int_eq(granted, CAIRN_LEASE_MAX_TTL);
+    ck_assert_int_eq(cairn_store_lease_keepalive(st, &ttl, 61), CAIRN_ELEASENOTFOUND);
+    /* a restart gives both their full TTL + 1 s (the restart rule) */
+    cairn_store_close(st);
+    st = open_lease_store(dir, la, &actor_a);
+    uint64_t now = atomic_load(&now_ms);
+    ck_assert_int_eq(ttl_of(st, 61, NULL, NULL, 0), 8);
+    ck_assert_int_eq(ttl_of(st, 62, NULL, NULL, 0), CAIRN_LEASE_MAX_TTL + 1);
+    /* a keepalive turns the scalar into a lease map */
+    ck_assert_int_eq(cairn_store_lease_keepalive(st, &ttl, 61), 0);
+    ck_assert_int_eq(ttl, 7);
+    ck_assert_int_eq(ttl_of(st, 61, NULL, NULL, 0), 7);
+    ck_assert_int_eq(cairn_store_lease_expire(st, &n, now + 6999), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_int_eq(cairn_store_lease_expire(st, &n, now + 7000), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(ttl_of(st, 61, NULL, NULL, 0), -1);
+    ck_assert_int_eq(ttl_of(st, 62, NULL, NULL, 0), CAIRN_LEASE_MAX_TTL + 1); /* untouched */
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_lease");
@@ -765,6 +886,7 @@ int main(void)
     tcase_add_test(tc, concurrent_revokes_converge);
     tcase_add_test(tc, put_concurrent_with_revoke);
     tcase_add_test(tc, many_keys_one_revision);
+    tcase_add_test(tc, peer_lease_records);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
