@@ -446,8 +446,8 @@ static int write_lease(cairn_store *s, int64_t id, int make, cairn_objid obj, in
         rc = cairn_doc_put_object(s->doc, &obj, s->leases, k, 8, CAIRN_OBJ_MAP);
         v.v.i = ttl;
         if (!rc)
-            rc = cairn_doc_put(s->doc, obj, (const uint8_t *)LEASE_TTL_KEY,
-                               strlen(LEASE_TTL_KEY), &v);
+            rc = cairn_doc_put(s->doc, obj, (const uint8_t *)LEASE_TTL_KEY, strlen(LEASE_TTL_KEY),
+                               &v);
     }
     v.v.i = deadline;
     if (!rc)
@@ -518,8 +518,7 @@ static int64_t next_id(cairn_store *s)
     }
 }
 
-int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
-                             int64_t ttl)
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl)
 {
     memset(resp, 0, sizeof *resp);
     /* etcd: > 9e9 s -> "too large lease TTL"; below the minimum (also 0 and

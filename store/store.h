@@ -431,8 +431,7 @@ typedef struct cairn_lease_grant_resp {
  * seconds, raised to the minimum (options.lease_min_ttl). One change, no
  * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
  * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
-int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
-                             int64_t ttl);
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
 /* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
 
@@ -456,8 +455,8 @@ typedef struct cairn_lease_key {
 typedef struct cairn_lease_ttl_resp {
     cairn_header header;
     int64_t id;
-    int64_t ttl;         /* remaining whole seconds (truncated); -1 unknown */
-    int64_t granted_ttl; /* 0 when unknown */
+    int64_t ttl;           /* remaining whole seconds (truncated); -1 unknown */
+    int64_t granted_ttl;   /* 0 when unknown */
     cairn_lease_key *keys; /* only when asked; in key order */
     size_t nkeys;
     void *mem_;

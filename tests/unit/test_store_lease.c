@@ -31,7 +31,7 @@ static uint64_t clock_fn(void *arg)
 typedef struct evlog {
     pthread_mutex_t mu;
     cairn_actor actor; /* the store's: only its own changes are shipped */
-    size_t n;   /* changes reported */
+    size_t n;          /* changes reported */
     int64_t rev[MAXCH];
     size_t nev[MAXCH];
     char keys[MAXCH][64]; /* event keys of the change, "type:key," each */
@@ -256,8 +256,7 @@ START_TEST(grant_rules)
      * large lease TTL" */
     ck_assert_int_eq(cairn_store_lease_create(st, &g, 104, 9000000000LL), 0);
     ck_assert_int_eq(g.ttl, 9000000000LL);
-    ck_assert_int_eq(cairn_store_lease_create(st, &g, 105, 9000000001LL),
-                     CAIRN_ELEASETTLTOOLARGE);
+    ck_assert_int_eq(cairn_store_lease_create(st, &g, 105, 9000000001LL), CAIRN_ELEASETTLTOOLARGE);
     /* etcd: negative explicit ids are accepted */
     ck_assert_int_eq(cairn_store_lease_create(st, &g, -7, 5), 0);
     ck_assert_int_eq(g.id, -7);
@@ -267,8 +266,8 @@ START_TEST(grant_rules)
      * ids share the generator) */
     int64_t a = grant(st, 0, 10), b = grant(st, 0, 10);
     uint64_t mem = cairn_store_member_id(st);
-    uint64_t want = ((mem & 0xffffu) << 48 | (1700000000000ull & ((1ull << 40) - 1)) << 8) &
-                    ((1ull << 63) - 1);
+    uint64_t want =
+        ((mem & 0xffffu) << 48 | (1700000000000ull & ((1ull << 40) - 1)) << 8) & ((1ull << 63) - 1);
     ck_assert_uint_eq((uint64_t)a, want + 1);
     ck_assert_uint_eq((uint64_t)b, want + 2);
     ck_assert_int_gt(a, 0);
