@@ -134,11 +134,11 @@ typedef struct lease_ent {
     int has_obj, in_obj; /* leases[id] is a map (obj); linked by obj */
     int touched;         /* in the current change's touched list */
     cairn_objid obj;
-    int64_t ttl;            /* granted, seconds (document) */
-    int64_t deadline;       /* wall-clock ms (document) */
-    int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
+    int64_t ttl;                    /* granted, seconds (document) */
+    int64_t deadline;               /* wall-clock ms (document) */
+    _Atomic int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
                                and this node's last keepalive */
-    kentry **keys;          /* open addressing; NULL = empty slot */
+    kentry **keys;                  /* open addressing; NULL = empty slot */
     size_t nkeys, kcap;
 } lease_ent;
 

@@ -866,6 +866,63 @@ START_TEST(peer_lease_records)
 }
 END_TEST
 
+/* ---- keepalives from many threads --------------------------------------------- */
+
+typedef struct ka_arg {
+    cairn_store *s;
+    int64_t id;
+    int errors;
+} ka_arg;
+
+static void *ka_thread(void *p)
+{
+    ka_arg *a = p;
+    for (int i = 0; i < 2000; i++) {
+        atomic_fetch_add(&now_ms, 1);
+        int64_t ttl;
+        if (cairn_store_lease_keepalive(a->s, &ttl, a->id) || ttl != 10)
+            a->errors++;
+        /* alive (the other threads may have moved the clock meanwhile) */
+        if (ttl_of(a->s, a->id, NULL, NULL, 0) < 0)
+            a->errors++;
+    }
+    return NULL;
+}
+
+START_TEST(concurrent_keepalives)
+{
+    /* 4 threads renew two 10 s leases 8000 times while the clock moves
+     * 8 s and the expiry tick runs: nothing expires, and the coalescing
+     * bound holds across threads (1 + 2 * 8 / 10 -> at most 2 writes per
+     * lease; the write side re-decides, so racing keepalives write once) */
+    grant(st, 1, 10);
+    grant(st, 2, 10);
+    size_t before = log_count(la);
+    pthread_t th[4];
+    ka_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (ka_arg){st, 1 + i % 2, 0};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, ka_thread, &args[i]), 0);
+    }
+    size_t revoked = 0;
+    for (int i = 0; i < 200; i++) {
+        size_t n;
+        ck_assert_int_eq(cairn_store_lease_expire(st, &n, atomic_load(&now_ms)), 0);
+        revoked += n;
+        usleep(100);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(args[i].errors, 0);
+    }
+    ck_assert_uint_eq(revoked, 0);
+    cairn_store_close(st);
+    ck_assert_uint_le(log_count(la) - before, 4);
+    ck_assert_uint_ge(log_count(la) - before, 2);
+    st = open_lease_store(dir, la, &actor_a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_lease");
@@ -886,6 +943,7 @@ int main(void)
     tcase_add_test(tc, put_concurrent_with_revoke);
     tcase_add_test(tc, many_keys_one_revision);
     tcase_add_test(tc, peer_lease_records);
+    tcase_add_test(tc, concurrent_keepalives);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
