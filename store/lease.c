@@ -38,6 +38,8 @@
  */
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -47,6 +49,7 @@
 
 #define LEASE_TTL_KEY "ttl"
 #define LEASE_DEADLINE_KEY "deadline"
+#define DEADLINE_MAX (INT64_MAX / 4) /* far beyond any now + TTL, no overflow */
 
 /* ---- hashing -------------------------------------------------------------- */
 
@@ -336,7 +339,8 @@ static int64_t field_int(const cairn_doc *d, cairn_objid obj, const char *name)
 
 static int64_t eff_deadline(const lease_ent *l)
 {
-    return l->deadline > l->local_deadline ? l->deadline : l->local_deadline;
+    int64_t local = atomic_load(&l->local_deadline);
+    return l->deadline > local ? l->deadline : local;
 }
 
 int cairn_store_lease_settle(cairn_store *s)
@@ -363,6 +367,11 @@ int cairn_store_lease_settle(cairn_store *s)
             l->ttl = r.kind == CAIRN_READ_SCALAR && r.value.type == CAIRN_V_INT ? r.value.v.i : 0;
             l->deadline = 0;
         }
+        /* a peer's numbers are not trusted: keep the arithmetic in range */
+        if (l->ttl < 0 || l->ttl > CAIRN_LEASE_MAX_TTL)
+            l->ttl = l->ttl < 0 ? 0 : CAIRN_LEASE_MAX_TTL;
+        if (l->deadline < 0 || l->deadline > DEADLINE_MAX)
+            l->deadline = l->deadline < 0 ? 0 : DEADLINE_MAX;
         if (!l->live) {
             l->local_deadline = 0;
             if (l->nkeys == 0) {
@@ -440,8 +449,8 @@ static int write_lease(cairn_store *s, int64_t id, int make, cairn_objid obj, in
         rc = cairn_doc_put_object(s->doc, &obj, s->leases, k, 8, CAIRN_OBJ_MAP);
         v.v.i = ttl;
         if (!rc)
-            rc = cairn_doc_put(s->doc, obj, (const uint8_t *)LEASE_TTL_KEY,
-                               strlen(LEASE_TTL_KEY), &v);
+            rc = cairn_doc_put(s->doc, obj, (const uint8_t *)LEASE_TTL_KEY, strlen(LEASE_TTL_KEY),
+                               &v);
     }
     v.v.i = deadline;
     if (!rc)
@@ -512,8 +521,7 @@ static int64_t next_id(cairn_store *s)
     }
 }
 
-int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
-                             int64_t ttl)
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl)
 {
     memset(resp, 0, sizeof *resp);
     /* etcd: > 9e9 s -> "too large lease TTL"; below the minimum (also 0 and
@@ -579,25 +587,38 @@ int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
 int cairn_store_lease_keepalive(cairn_store *s, int64_t *ttl, int64_t id)
 {
     *ttl = 0;
-    pthread_rwlock_wrlock(&s->rw);
-    int rc = cairn_store_failed_rc(s);
-    int64_t now = (int64_t)cairn_store_now_ms(s);
-    lease_ent *l = rc ? NULL : find_id(&s->lt, id);
-    /* etcd: renewing a lease that is unknown, or expired and waiting for
-     * its revoke, is "requested lease not found" */
-    if (!rc && !(l && l->live && eff_deadline(l) > now))
-        rc = CAIRN_ELEASENOTFOUND;
-    if (!rc) {
-        int64_t ttl_ms = l->ttl * 1000, target = now + ttl_ms;
-        int64_t granted = l->ttl;
-        l->local_deadline = target;
-        if (!l->has_obj || target - l->deadline > ttl_ms / 2)
-            rc = write_lease(s, id, !l->has_obj, l->obj, granted, target);
-        if (!rc)
-            *ttl = granted; /* etcd: the granted TTL, not what remained */
+    /* Most keepalives write nothing (coalescing), so they run under the read
+     * side beside reads and other keepalives (local_deadline is atomic);
+     * one that must write takes the write side and decides again. */
+    for (int wr = 0;; wr = 1) {
+        if (wr)
+            pthread_rwlock_wrlock(&s->rw);
+        else
+            pthread_rwlock_rdlock(&s->rw);
+        int rc = cairn_store_failed_rc(s);
+        int64_t now = (int64_t)cairn_store_now_ms(s);
+        lease_ent *l = rc ? NULL : find_id(&s->lt, id);
+        /* etcd: renewing a lease that is unknown, or expired and waiting for
+         * its revoke, is "requested lease not found" */
+        if (!rc && !(l && l->live && eff_deadline(l) > now))
+            rc = CAIRN_ELEASENOTFOUND;
+        if (!rc) {
+            int64_t ttl_ms = l->ttl * 1000, target = now + ttl_ms;
+            int64_t granted = l->ttl;
+            int need = !l->has_obj || target - l->deadline > ttl_ms / 2;
+            if (need && !wr) {
+                pthread_rwlock_unlock(&s->rw);
+                continue;
+            }
+            atomic_store(&l->local_deadline, target);
+            if (need)
+                rc = write_lease(s, id, !l->has_obj, l->obj, granted, target);
+            if (!rc)
+                *ttl = granted; /* etcd: the granted TTL, not what remained */
+        }
+        pthread_rwlock_unlock(&s->rw);
+        return rc;
     }
-    pthread_rwlock_unlock(&s->rw);
-    return rc;
 }
 
 int cairn_store_lease_ttl(cairn_store *s, cairn_lease_ttl_resp *resp, int64_t id, int keys)
@@ -694,9 +715,17 @@ int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms)
     if (nrevoked)
         *nrevoked = 0;
     int64_t now = (int64_t)now_ms;
-    pthread_rwlock_wrlock(&s->rw);
     lease_table *t = &s->lt;
+    /* the common tick finds nothing due: decide that under the read side, so
+     * a tick never stalls readers behind a writer-preferring lock */
+    pthread_rwlock_rdlock(&s->rw);
     int rc = cairn_store_failed_rc(s);
+    int idle = rc || (t->next_due && now < t->next_due);
+    pthread_rwlock_unlock(&s->rw);
+    if (idle)
+        return rc;
+    pthread_rwlock_wrlock(&s->rw);
+    rc = cairn_store_failed_rc(s);
     if (rc || (t->next_due && now < t->next_due))
         goto out;
     /* collect first: each revoke's observer may free entries */
@@ -723,6 +752,11 @@ int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms)
         if (!rc && nrevoked)
             (*nrevoked)++;
     }
+    /* return once the revokes are durable, as a revoke call does */
+    lwait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int waiting = !rc && nd && cairn_store_enqueue_wait(s, lwait_done, &w, NULL) == 0;
+    pthread_rwlock_unlock(&s->rw);
+    return waiting ? lwait_for(&w) : rc;
 out:
     pthread_rwlock_unlock(&s->rw);
     return rc;

@@ -106,8 +106,8 @@ void cairn_store_options_init(cairn_store_options *o)
     memset(o, 0, sizeof *o);
     o->name = "default";
     o->cluster_token = "etcd-cluster";
-    o->max_txn_ops = 128; /* etcd: --max-txn-ops default */
-    o->lease_min_ttl = 2;  /* etcd: 1.5 x the 1 s election timeout, rounded up */
+    o->max_txn_ops = 128;              /* etcd: --max-txn-ops default */
+    o->lease_min_ttl = 2;              /* etcd: 1.5 x the 1 s election timeout, rounded up */
     o->lease_restart_extend_ms = 1000; /* etcd: Promote(election timeout) */
     o->cache_bytes = 8u << 20;
     o->write_buffer_bytes = 16u << 20;

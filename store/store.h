@@ -431,8 +431,7 @@ typedef struct cairn_lease_grant_resp {
  * seconds, raised to the minimum (options.lease_min_ttl). One change, no
  * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
  * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
-int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
-                             int64_t ttl);
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
 /* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
 
@@ -456,8 +455,8 @@ typedef struct cairn_lease_key {
 typedef struct cairn_lease_ttl_resp {
     cairn_header header;
     int64_t id;
-    int64_t ttl;         /* remaining whole seconds (truncated); -1 unknown */
-    int64_t granted_ttl; /* 0 when unknown */
+    int64_t ttl;           /* remaining whole seconds (truncated); -1 unknown */
+    int64_t granted_ttl;   /* 0 when unknown */
     cairn_lease_key *keys; /* only when asked; in key order */
     size_t nkeys;
     void *mem_;
@@ -476,9 +475,14 @@ int cairn_store_lease_list(cairn_store *s, int64_t **ids, size_t *n);
  * whose deadline is <= |now_ms|, and deletes keys left attached to a lease
  * that no longer exists (a put merged concurrently with a revoke). At most
  * CAIRN_LEASE_REVOKE_BATCH leases per call; *nrevoked (may be NULL) = how
- * many. Does not wait for durability: the deletes reach events_cb and
- * readers once durable. The store runs it itself every
- * options.lease_tick_ms when that is set. */
+ * many. Returns once its changes are durable (like revoke). The store runs
+ * it itself every options.lease_tick_ms when that is set.
+ *
+ * Lease reads (TimeToLive, Leases, keepalive's existence check, a Put's
+ * lease check) see a grant or revoke as soon as it is applied, which may be
+ * up to one fsync before it is durable (its caller is answered only after);
+ * a crash in that window forgets it, as it forgets any unacknowledged
+ * write. */
 #define CAIRN_LEASE_REVOKE_BATCH 100
 int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms);
 

@@ -130,15 +130,15 @@ int cairn_store_keycmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t b
 typedef struct lease_ent {
     struct lease_ent *next_id, *next_obj;
     int64_t id;
-    int live;              /* leases[id] is present in the document */
-    int has_obj, in_obj;   /* leases[id] is a map (obj); linked by obj */
-    int touched;           /* in the current change's touched list */
+    int live;            /* leases[id] is present in the document */
+    int has_obj, in_obj; /* leases[id] is a map (obj); linked by obj */
+    int touched;         /* in the current change's touched list */
     cairn_objid obj;
-    int64_t ttl;           /* granted, seconds (document) */
-    int64_t deadline;      /* wall-clock ms (document) */
-    int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
+    int64_t ttl;                    /* granted, seconds (document) */
+    int64_t deadline;               /* wall-clock ms (document) */
+    _Atomic int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
                                and this node's last keepalive */
-    kentry **keys;         /* open addressing; NULL = empty slot */
+    kentry **keys;                  /* open addressing; NULL = empty slot */
     size_t nkeys, kcap;
 } lease_ent;
 
@@ -147,7 +147,7 @@ typedef struct lease_table {
     size_t nb, n; /* buckets (power of two) in each, entries */
     lease_ent **touched;
     size_t ntouched, tcap;
-    int64_t next_due; /* no live lease is due before this (ms); 0 = scan */
+    int64_t next_due;  /* no live lease is due before this (ms); 0 = scan */
     uint64_t next_gen; /* etcd's id generator state (suffix) */
     int64_t min_ttl;
     int64_t restart_extend_ms;
