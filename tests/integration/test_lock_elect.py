@@ -17,12 +17,14 @@ random free 127.0.0.1 ports with a temporary data dir):
                only after A ended.
  lock.signal   C holds `etcdctl lock L2` (no command); D waits with
                `etcdctl lock L2 -- echo D`; SIGTERM to C unlocks; D runs.
+ lock.queue    four contenders queued in order run one at a time, in order.
  lock.crash    E holds `etcdctl lock --ttl=3 L3` and is SIGKILLed (no
                unlock, no revoke); F gets the lock only when the lease has
                expired: not at once, and within a bound.
  elect         an observer `etcdctl elect -l E`, a campaign `elect E p1`
                (leader), a second `elect E p2` (waits); SIGTERM to p1 makes
-               p2 leader; the observer prints both leaders in order.
+               p2 leader; the observer prints both leaders in order; an
+               observer started while p1 leads prints p1 at once, then p2.
 
 Per server, the ordering and timing rules above are asserted; across the two
 servers, every output is compared after lease ids are replaced by <id>
@@ -198,6 +200,33 @@ def lock_signal(srv, procs):
     return {"C": norm(c.text()), "C.rc": rc_c, "D": norm(d.text())}
 
 
+def lock_queue(srv, procs):
+    """Four contenders queue up in order; each runs alone, in that order."""
+    cs = []
+    for i in range(4):
+        # the first holds long enough for the others to queue up behind it
+        c = Ctl(srv, "lock", "Q", "--", "sh", "-c", "echo %d-start $ETCD_LOCK_REV; sleep %s; "
+                "echo %d-end" % (i, "3" if i == 0 else "0.3", i))
+        procs.append(c)
+        cs.append(c)
+        if i == 0:
+            c.wait_lines(1)
+        else:
+            wait_keys(srv, "Q", i + 1)
+    spans = []
+    for i, c in enumerate(cs):
+        rc, _ = c.wait_exit(WAIT + 2)
+        if rc or len(c.lines) != 2:
+            raise Fail("contender %d: exit %d, printed %r" % (i, rc, c.text()))
+        spans.append((c.lines[0][0], c.lines[1][0]))
+    for i in range(1, 4):
+        if spans[i][0] < spans[i - 1][1]:
+            raise Fail("contender %d started %.2fs before contender %d ended"
+                       % (i, spans[i - 1][1] - spans[i][0], i - 1))
+    wait_keys(srv, "Q", 0)
+    return {"out": [c.text() for c in cs]}
+
+
 def lock_crash(srv, procs):
     e = Ctl(srv, "lock", "--ttl=3", "L3")
     procs.append(e)
@@ -232,6 +261,9 @@ def elect(srv, procs):
     procs.append(p1)
     p1.wait_lines(2)
     o.wait_lines(2)
+    o2 = Ctl(srv, "elect", "-l", "E")   # a late observer sees the leader at once
+    procs.append(o2)
+    o2.wait_lines(2)
     p2 = Ctl(srv, "elect", "E", "p2")
     procs.append(p2)
     wait_keys(srv, "E", 2)
@@ -249,16 +281,20 @@ def elect(srv, procs):
     time.sleep(0.5)
     o.signal(signal.SIGTERM)
     rco, _ = o.wait_exit()
+    o2.signal(signal.SIGTERM)
+    o2.wait_exit()
     t1, t2, to = p1.text(), p2.text(), o.text()
     if to != t1 + t2:
         raise Fail("observer printed %r; leaders printed %r then %r" % (to, t1, t2))
+    if o2.text() != t1 + t2:
+        raise Fail("late observer printed %r; leaders printed %r then %r" % (o2.text(), t1, t2))
     if t1[1:] != ["p1"] or t2[1:] != ["p2"] or t1[0] == t2[0]:
         raise Fail("leaders printed %r and %r" % (t1, t2))
     wait_keys(srv, "E", 0)
     return {"p1": norm(t1), "p2": norm(t2), "observer": norm(to), "rc": [rc1, rc2, rco]}
 
 
-SCENARIOS = [("lock.exec", lock_exec), ("lock.signal", lock_signal),
+SCENARIOS = [("lock.exec", lock_exec), ("lock.signal", lock_signal), ("lock.queue", lock_queue),
              ("lock.crash", lock_crash), ("elect", elect)]
 
 
