@@ -51,7 +51,11 @@
     X(ETOOMANYREQUESTS, 8, "etcdserver: too many requests")                                        \
     X(ESTOPPED, 14, "etcdserver: server stopped")                                                  \
     X(ETIMEOUT, 14, "etcdserver: request timed out")                                               \
-    X(ECORRUPTCLUSTER, 15, "etcdserver: corrupt cluster")
+    X(ECORRUPTCLUSTER, 15, "etcdserver: corrupt cluster")                                         \
+    /* grpc-go's own errors as etcd's server sends them (server/ only). */                        \
+    X(EUNMARSHAL, 13, "grpc: error unmarshalling request: malformed message")                      \
+    X(EMSGTOOLARGE, 8, "grpc: received message larger than max")                                   \
+    X(ENOSUCHMETHOD, 12, "unknown method")
 
 enum {
     CAIRN_OK = 0,

@@ -418,7 +418,8 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
             continue;
         n++;
     }
-    if (order != CAIRN_SORT_NONE && n > 1) {
+    /* etcd: only ASCEND and DESCEND sort; an unknown order leaves key order */
+    if ((order == CAIRN_SORT_ASCEND || order == CAIRN_SORT_DESCEND) && n > 1) {
         static const kv_cmp_fn fns[5] = {by_key, by_version, by_create, by_mod, by_value};
         kv_cmp_fn f =
             req->sort_target >= 0 && req->sort_target < 5 ? fns[req->sort_target] : by_key;

@@ -1,8 +1,8 @@
 /*
  * The store's spine: opening and recovering the LevelDB database, the
  * document observer that turns applied changes into revisions, index entries
- * and disk records, the group-commit thread, compaction, minimal leases and
- * the replication entry point. Ranges and transactions live in kv.c.
+ * and disk records, the group-commit thread, compaction and the replication
+ * entry point. Ranges and transactions live in kv.c, leases in lease.c.
  *
  * One path for every change. A local write is built with cairn_doc_begin /
  * put / delete / commit; a peer's change goes through cairn_doc_receive;
@@ -106,7 +106,9 @@ void cairn_store_options_init(cairn_store_options *o)
     memset(o, 0, sizeof *o);
     o->name = "default";
     o->cluster_token = "etcd-cluster";
-    o->max_txn_ops = 128; /* etcd: --max-txn-ops default */
+    o->max_txn_ops = 128;              /* etcd: --max-txn-ops default */
+    o->lease_min_ttl = 2;              /* etcd: 1.5 x the 1 s election timeout, rounded up */
+    o->lease_restart_extend_ms = 1000; /* etcd: Promote(election timeout) */
     o->cache_bytes = 8u << 20;
     o->write_buffer_bytes = 16u << 20;
 }
@@ -319,8 +321,13 @@ static void on_patch(void *arg, const cairn_patch *p)
     cairn_store *s = arg;
     if (s->obs_rc || !s->kvs_known)
         return;
-    if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor)
-        return; /* leases / members / cluster: no revision */
+    if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor) {
+        /* leases / members / cluster: no revision; the lease table follows */
+        int rc = cairn_store_lease_patch(s, p);
+        if (rc)
+            s->obs_rc = rc;
+        return;
+    }
     if (p->action != CAIRN_PATCH_PUT && p->action != CAIRN_PATCH_DEL)
         return;
     if (s->cur_nev == s->cur_cap) {
@@ -432,6 +439,10 @@ static int apply_events(cairn_store *s, int64_t rev)
         kentry *k = cairn_kindex_upsert(&s->idx, e->key, e->key_len);
         if (!k)
             return CAIRN_ENOMEM;
+        int64_t from = kentry_live(k) ? k->lease : 0;
+        int rc = cairn_store_lease_key_move(s, k, from, e->type == CAIRN_EVENT_PUT ? e->lease : 0);
+        if (rc)
+            return rc;
         if (e->type == CAIRN_EVENT_PUT) {
             if (kentry_live(k)) {
                 k->version++;
@@ -538,6 +549,9 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
             goto fail_rc;
         s->rev = rev;
     }
+    rc = cairn_store_lease_settle(s);
+    if (rc)
+        goto fail_rc;
     s->last_change_rev = rev;
     if (s->recovering) {
         if (rev != s->rec_expect_rev && !s->rec_rc) {
@@ -1162,6 +1176,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
+    pthread_mutex_init(&s->lease_mu, NULL);
+    pthread_cond_init(&s->lease_cv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
     s->rev = 1;        /* etcd: a fresh store is at revision 1; the first write is 2 */
@@ -1172,6 +1188,10 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
     if (cairn_kindex_init(&s->idx))
+        goto fail;
+    /* etcd: minimum TTL 2 s, restart extension 1 s (election timeout) */
+    if (cairn_lease_table_init(&s->lt, o->lease_min_ttl > 0 ? o->lease_min_ttl : 2,
+                               o->lease_restart_extend_ms))
         goto fail;
     s->batch = leveldb_writebatch_create();
     s->dir = malloc(strlen(o->dir) + 4);
@@ -1224,6 +1244,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     }
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
+    cairn_store_lease_restart(s, cairn_store_now_ms(s));
     /* listeners hear of changes from now on (not of the genesis or replay) */
     s->events_cb = o->events_cb;
     s->events_arg = o->events_arg;
@@ -1232,6 +1253,9 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         goto fail;
     }
     s->committer_started = 1;
+    rc = cairn_store_lease_thread_start(s, o->lease_tick_ms);
+    if (rc)
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -1243,6 +1267,7 @@ void cairn_store_close(cairn_store *s)
 {
     if (!s)
         return;
+    cairn_store_lease_thread_stop(s); /* its revokes go through the committer */
     if (s->committer_started) {
         pthread_mutex_lock(&s->qmu);
         s->stop = 1;
@@ -1274,7 +1299,10 @@ void cairn_store_close(cairn_store *s)
     if (s->doc)
         cairn_doc_free(s->doc);
     cairn_kindex_destroy(&s->idx);
+    cairn_lease_table_destroy(&s->lt);
     pthread_rwlock_destroy(&s->rw);
+    pthread_mutex_destroy(&s->lease_mu);
+    pthread_cond_destroy(&s->lease_cv);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->dcv);
@@ -1565,90 +1593,6 @@ uint64_t cairn_store_disk_bytes(cairn_store *s)
     uint64_t size = 0;
     leveldb_approximate_sizes(s->db, 1, &start, &sl, &limit, &ll, &size);
     return size;
-}
-
-/* ---- leases (minimal) ------------------------------------------------------------- */
-
-static void lease_key(uint8_t k[8], int64_t id)
-{
-    cairn_store_be64(k, (uint64_t)id);
-}
-
-int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl)
-{
-    uint8_t k[8];
-    lease_key(k, id);
-    pthread_rwlock_wrlock(&s->rw);
-    int rc = cairn_store_failed_rc(s);
-    cairn_read r;
-    if (!rc)
-        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
-    if (!rc && r.kind != CAIRN_READ_NONE)
-        rc = CAIRN_ELEASEEXIST;
-    cairn_doc_observer obs;
-    if (!rc)
-        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
-    if (!rc) {
-        cairn_value v = {.type = CAIRN_V_INT, .v.i = ttl};
-        rc = cairn_doc_put(s->doc, s->leases, k, 8, &v);
-        if (!rc)
-            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
-        else
-            cairn_doc_rollback(s->doc);
-        if (!rc)
-            rc = s->obs_rc;
-    }
-    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
-    pthread_rwlock_unlock(&s->rw);
-    if (rc)
-        return rc;
-    return sync_wait_for(&w);
-}
-
-int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
-{
-    memset(h, 0, sizeof *h);
-    uint8_t k[8];
-    lease_key(k, id);
-    pthread_rwlock_wrlock(&s->rw);
-    int rc = cairn_store_failed_rc(s);
-    cairn_read r;
-    if (!rc)
-        rc = cairn_doc_get(s->doc, &r, s->leases, k, 8);
-    if (!rc && r.kind == CAIRN_READ_NONE)
-        rc = CAIRN_ELEASENOTFOUND;
-    cairn_doc_observer obs;
-    if (!rc)
-        rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
-    if (!rc) {
-        /* O(keys): fine for the minimal version; the lease module keeps a
-         * per-lease key set. */
-        kiter it;
-        for (kentry *e = cairn_kindex_first(&it, &s->idx); e && !rc; e = cairn_kindex_next(&it))
-            if (kentry_live(e) && e->lease == id)
-                rc = cairn_doc_delete(s->doc, s->kvs, kentry_key(e), e->key_len);
-        if (!rc)
-            rc = cairn_doc_delete(s->doc, s->leases, k, 8);
-        if (!rc)
-            rc = cairn_doc_commit(s->doc, NULL, cairn_store_observer(s, &obs));
-        else
-            cairn_doc_rollback(s->doc);
-        if (!rc)
-            rc = s->obs_rc;
-    }
-    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
-    int64_t rev = s->rev;
-    pthread_rwlock_unlock(&s->rw);
-    if (rc)
-        return rc;
-    rc = sync_wait_for(&w);
-    if (!rc)
-        cairn_store_fill_header(s, h, rev);
-    return rc;
 }
 
 /* ---- replication ------------------------------------------------------------------ */

@@ -80,7 +80,14 @@
  * seq 1, start_op 1, time 0, no deps, four ops making root maps "kvs",
  * "leases", "members", "cluster". It takes no revision. kvs[key] is one
  * CAIRN_V_BYTES scalar: varint lease id ++ value bytes; a delete is a DEL op
- * on kvs[key]. leases[u64 BE id] exists while the lease does (any scalar).
+ * on kvs[key]. leases[u64 BE id] exists while the lease does: a map
+ *   "ttl"      CAIRN_V_INT granted TTL in seconds (set once, at grant)
+ *   "deadline" CAIRN_V_INT wall-clock ms after which any node may revoke
+ * made by the grant (make-map + two sets, one change); a keepalive sets
+ * "deadline" (coalesced); a revoke deletes leases[id] — the whole map, so a
+ * keepalive concurrent with a revoke sets a field of a deleted map and the
+ * revoke wins. A scalar at leases[id] (older data dirs) is a lease with
+ * that INT as TTL and deadline 0; a non-INT field reads as 0.
  *
  * IDENTITY. member id = first 8 bytes (BE) of SHA-1(sorted peer URLs
  * concatenated ++ cluster token); cluster id = first 8 bytes of SHA-1(the
@@ -335,6 +342,13 @@ typedef struct cairn_store_options {
      * the group as an I/O error would. NULL in production. */
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    /* Leases: the minimum TTL in seconds (etcd: 1.5 election timeouts, 2 s
+     * with etcd's defaults); the extension every lease gets on open (etcd:
+     * one election timeout, 1000 ms; see lease.c); the expiry tick period of
+     * the store's own thread (0 = no thread: call cairn_store_lease_expire). */
+    int64_t lease_min_ttl;
+    int64_t lease_restart_extend_ms;
+    uint32_t lease_tick_ms;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
 } cairn_store_options;
@@ -396,13 +410,81 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
  * header. */
 int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
 
-/* ---- leases (minimal: existence only; TTLs belong to the lease module) --- */
+/* ---- leases (lease.c) ----------------------------------------------------
+ * A lease lives in the document (leases[id] = {ttl, deadline}; see DOCUMENT
+ * LAYOUT), so a keepalive on any node extends it and any node whose clock
+ * passes the deadline revokes it. Grant, keepalive and revoke are changes;
+ * none takes a revision except a revoke (or expiry) that deleted keys — all
+ * of them in ONE revision. Times are wall-clock ms from the store's clock
+ * (cairn_store_options.clock_ms); TTLs are whole seconds. */
 
-/* One change adding leases[id] (no revision). CAIRN_ELEASEEXIST if present. */
+/* etcd: TTL above this -> CAIRN_ELEASETTLTOOLARGE ("too large lease TTL"). */
+#define CAIRN_LEASE_MAX_TTL 9000000000LL
+
+typedef struct cairn_lease_grant_resp {
+    cairn_header header;
+    int64_t id;
+    int64_t ttl; /* granted: raised to the minimum TTL */
+} cairn_lease_grant_resp;
+
+/* Grants lease |id| (0 = pick one as etcd does: see lease.c) with |ttl|
+ * seconds, raised to the minimum (options.lease_min_ttl). One change, no
+ * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
+ * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
+/* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
-/* One change deleting leases[id] and every key attached to it (a revision
- * if a key was deleted). CAIRN_ELEASENOTFOUND if absent. */
+
+/* One change deleting leases[id] and every key attached to it, in key
+ * order (one revision if a key was deleted, none otherwise); returns once
+ * durable with *h at the revision then. CAIRN_ELEASENOTFOUND if absent. */
 int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
+
+/* Renews lease |id|: it now expires TTL seconds from now; *ttl = the
+ * granted TTL (etcd answers that, not what remained). Coalesced: a change
+ * is written only when the deadline in the document is more than TTL/2
+ * behind now + TTL (see lease.c for the bound); never waits for an fsync.
+ * CAIRN_ELEASENOTFOUND if unknown or already past its deadline. */
+int cairn_store_lease_keepalive(cairn_store *s, int64_t *ttl, int64_t id);
+
+typedef struct cairn_lease_key {
+    const uint8_t *key; /* owned by the response */
+    size_t key_len;
+} cairn_lease_key;
+
+typedef struct cairn_lease_ttl_resp {
+    cairn_header header;
+    int64_t id;
+    int64_t ttl;           /* remaining whole seconds (truncated); -1 unknown */
+    int64_t granted_ttl;   /* 0 when unknown */
+    cairn_lease_key *keys; /* only when asked; in key order */
+    size_t nkeys;
+    void *mem_;
+} cairn_lease_ttl_resp;
+
+/* etcd TimeToLive: an unknown lease is no error (ttl -1, granted 0). Cost
+ * O(keys of the lease) with |keys|, O(1) without. */
+int cairn_store_lease_ttl(cairn_store *s, cairn_lease_ttl_resp *resp, int64_t id, int keys);
+void cairn_lease_ttl_resp_destroy(cairn_lease_ttl_resp *r);
+
+/* etcd Leases: every live lease id, ascending, in a new array (*ids, caller
+ * frees with free(); NULL when *n == 0). */
+int cairn_store_lease_list(cairn_store *s, int64_t **ids, size_t *n);
+
+/* The expiry tick: revokes (one change each, exactly as revoke) every lease
+ * whose deadline is <= |now_ms|, and deletes keys left attached to a lease
+ * that no longer exists (a put merged concurrently with a revoke). At most
+ * CAIRN_LEASE_REVOKE_BATCH leases per call; *nrevoked (may be NULL) = how
+ * many. Returns once its changes are durable (like revoke). The store runs
+ * it itself every options.lease_tick_ms when that is set.
+ *
+ * Lease reads (TimeToLive, Leases, keepalive's existence check, a Put's
+ * lease check) see a grant or revoke as soon as it is applied, which may be
+ * up to one fsync before it is durable (its caller is answered only after);
+ * a crash in that window forgets it, as it forgets any unacknowledged
+ * write. */
+#define CAIRN_LEASE_REVOKE_BATCH 100
+int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms);
 
 /* ---- replication --------------------------------------------------------- */
 

@@ -117,6 +117,55 @@ uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
 /* Byte-wise key comparison as etcd orders keys. */
 int cairn_store_keycmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
 
+/* ---- leases (lease.c) -----------------------------------------------------
+ * The lease table: every lease id the document or the key index mentions.
+ * Derived only from applied changes (the observer calls the hooks below), so
+ * it is the same on every node that applied the same changes, and recovery
+ * rebuilds it by replay. Two chained hash tables share the entries: by lease
+ * id, and by the object id of the lease's map in the document (patches on
+ * that map name the object, not the lease). Each entry holds the set of live
+ * keys attached to it (open addressing over kentry pointers, which are
+ * stable: a live key's entry is never freed). All of it is under rw. */
+
+typedef struct lease_ent {
+    struct lease_ent *next_id, *next_obj;
+    int64_t id;
+    int live;            /* leases[id] is present in the document */
+    int has_obj, in_obj; /* leases[id] is a map (obj); linked by obj */
+    int touched;         /* in the current change's touched list */
+    cairn_objid obj;
+    int64_t ttl;                    /* granted, seconds (document) */
+    int64_t deadline;               /* wall-clock ms (document) */
+    _Atomic int64_t local_deadline; /* wall-clock ms, memory only: the restart rule
+                               and this node's last keepalive */
+    kentry **keys;                  /* open addressing; NULL = empty slot */
+    size_t nkeys, kcap;
+} lease_ent;
+
+typedef struct lease_table {
+    lease_ent **by_id, **by_obj;
+    size_t nb, n; /* buckets (power of two) in each, entries */
+    lease_ent **touched;
+    size_t ntouched, tcap;
+    int64_t next_due;  /* no live lease is due before this (ms); 0 = scan */
+    uint64_t next_gen; /* etcd's id generator state (suffix) */
+    int64_t min_ttl;
+    int64_t restart_extend_ms;
+} lease_table;
+
+int cairn_lease_table_init(lease_table *t, int64_t min_ttl, int64_t restart_extend_ms);
+void cairn_lease_table_destroy(lease_table *t);
+/* Observer hooks (caller holds rw write). A patch on anything but kvs. */
+int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p);
+/* Key |k| moved from lease |from| to lease |to| (0 = none). */
+int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t to);
+/* End of a change: re-reads every touched lease from the document. */
+int cairn_store_lease_settle(cairn_store *s);
+/* After recovery: etcd's restart rule (see lease.c). */
+void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms);
+int cairn_store_lease_thread_start(cairn_store *s, uint32_t tick_ms);
+void cairn_store_lease_thread_stop(cairn_store *s);
+
 /* ---- the store ----------------------------------------------------------- */
 
 typedef struct pend_event {
@@ -202,6 +251,16 @@ struct cairn_store {
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
     int committer_started;
+
+    /* Leases (lease.c): the table is under rw; the expiry thread's own
+     * state under lease_mu. */
+    lease_table lt;
+    pthread_mutex_t lease_mu;
+    pthread_cond_t lease_cv;
+    int lease_stop;
+    uint32_t lease_tick_ms;
+    pthread_t lease_thread;
+    int lease_thread_started;
 };
 
 /* store.c */

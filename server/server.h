@@ -1,0 +1,102 @@
+#ifndef CAIRN_SERVER_H
+#define CAIRN_SERVER_H
+
+/*
+ * The daemon's internal interface: configuration from etcd-style flags,
+ * logging, and the gRPC server that serves etcd's v3 API from a cairn_store.
+ * Only server/ includes this header (and tests that link cairn_server_core).
+ *
+ * Lifecycle: cairn_config_parse -> cairn_server_new (opens the store, binds
+ * the client URLs) -> cairn_server_start (worker threads) ->
+ * cairn_server_stop (stop accepting, finish in-flight calls, close the
+ * store) -> cairn_server_free.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The etcd release whose API cairn serves; reported by Maintenance.Status.
+ * etcd: `etcdctl endpoint status` prints it verbatim and checks nothing. */
+#define CAIRN_ETCD_VERSION "3.4.23"
+#define CAIRN_VERSION "0.1.0"
+
+/* ---- logging ------------------------------------------------------------- */
+
+enum { CAIRN_LOG_DEBUG = 0, CAIRN_LOG_INFO = 1, CAIRN_LOG_WARN = 2, CAIRN_LOG_ERROR = 3 };
+
+/* Sets the minimum level written to stderr (default info). */
+void cairn_log_set_level(int level);
+/* Parses etcd's --log-level names (debug, info, warn, error, panic, fatal);
+ * -1 if unknown. */
+int cairn_log_level_parse(const char *s);
+void cairn_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- configuration ------------------------------------------------------- */
+
+/* One member of --initial-cluster (name=url, repeated names merged). */
+typedef struct cairn_config_member {
+    char *name;
+    char **peer_urls;
+    size_t npeer_urls;
+} cairn_config_member;
+
+/* Every string is owned by the config (cairn_config_destroy frees it). */
+typedef struct cairn_config {
+    char *name;
+    char *data_dir;
+    char **listen_client_urls;
+    size_t nlisten_client_urls;
+    char **advertise_client_urls;
+    size_t nadvertise_client_urls;
+    char **listen_peer_urls;
+    size_t nlisten_peer_urls;
+    char **initial_advertise_peer_urls;
+    size_t ninitial_advertise_peer_urls;
+    cairn_config_member *initial_cluster;
+    size_t ninitial_cluster;
+    char *initial_cluster_state; /* "new" or "existing" */
+    char *initial_cluster_token;
+    uint64_t max_request_bytes;
+    uint32_t max_txn_ops;
+    int64_t quota_backend_bytes; /* 0 = etcd's default, 2 GiB */
+    int log_level;
+    int threads; /* gRPC worker threads; 0 = one per core */
+} cairn_config;
+
+/* What cairn_config_parse asks the caller to do. */
+enum { CAIRN_CONFIG_RUN = 0, CAIRN_CONFIG_HELP = 1, CAIRN_CONFIG_VERSION = 2 };
+
+/* Parses argv (etcd's flag names; "--flag value" and "--flag=value"; a
+ * single leading dash works too) into |cfg|, filling defaults. Returns
+ * CAIRN_CONFIG_RUN/HELP/VERSION, or a negative code (CAIRN_EINVAL) with a
+ * one-line explanation written to |err| (size |errlen|). |cfg| must be
+ * destroyed in every case. */
+int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size_t errlen);
+void cairn_config_destroy(cairn_config *cfg);
+/* Writes the --help text. */
+void cairn_config_usage(FILE *out);
+
+/* "http://127.0.0.1:2379" -> "127.0.0.1:2379" (gRPC's address form) in
+ * |out|. CAIRN_EINVAL for another scheme, a missing port or a path. */
+int cairn_url_to_addr(char *out, size_t outlen, const char *url);
+
+/* ---- the server ---------------------------------------------------------- */
+
+typedef struct cairn_server cairn_server;
+
+/* Opens the store in cfg->data_dir and binds every client URL. |cfg| is
+ * borrowed and must outlive the server. On failure writes a message to
+ * |err|: CAIRN_EIO (data dir unusable, port in use), CAIRN_ECORRUPT,
+ * CAIRN_EINVAL. */
+int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, size_t errlen);
+/* Starts the worker threads; calls are served from here on. */
+int cairn_server_start(cairn_server *srv);
+/* The port actually bound for listen client URL |i| (useful with port 0). */
+int cairn_server_port(const cairn_server *srv, size_t i);
+/* Stops accepting calls, lets in-flight calls finish (cancelling those that
+ * take longer than |grace_ms|), joins the workers and closes the store. */
+void cairn_server_stop(cairn_server *srv, int grace_ms);
+void cairn_server_free(cairn_server *srv);
+
+#endif

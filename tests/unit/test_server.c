@@ -1,0 +1,226 @@
+/*
+ * server/: etcd-style flag parsing (both value forms, defaults that depend
+ * on other flags, every rejection path), URL to gRPC address conversion,
+ * and the crc32c that HashKV uses. The RPCs themselves are tested end to
+ * end against real processes in tests/integration/.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "crdt/error.h"
+#include "server/rpc.h"
+#include "server/server.h"
+
+static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
+{
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = (char *)"cairn";
+    for (; *args; args++)
+        argv[argc++] = (char *)*args;
+    return cairn_config_parse(cfg, argc, argv, err, errlen);
+}
+
+START_TEST(defaults_are_etcds)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_str_eq(cfg.name, "default");
+    ck_assert_str_eq(cfg.data_dir, "default.cairn");
+    ck_assert_uint_eq(cfg.nlisten_client_urls, 1);
+    ck_assert_str_eq(cfg.listen_client_urls[0], "http://127.0.0.1:2379");
+    ck_assert_str_eq(cfg.advertise_client_urls[0], "http://localhost:2379");
+    ck_assert_str_eq(cfg.listen_peer_urls[0], "http://127.0.0.1:2380");
+    ck_assert_str_eq(cfg.initial_advertise_peer_urls[0], "http://localhost:2380");
+    ck_assert_str_eq(cfg.initial_cluster_token, "etcd-cluster");
+    ck_assert_str_eq(cfg.initial_cluster_state, "new");
+    ck_assert_uint_eq(cfg.max_request_bytes, 1572864);
+    ck_assert_uint_eq(cfg.max_txn_ops, 128);
+    ck_assert_int_eq(cfg.quota_backend_bytes, 0);
+    ck_assert_uint_eq(cfg.ninitial_cluster, 1);
+    ck_assert_str_eq(cfg.initial_cluster[0].name, "default");
+    ck_assert_str_eq(cfg.initial_cluster[0].peer_urls[0], "http://localhost:2380");
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+START_TEST(both_value_forms_and_single_dash)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {"--name=n1", "-data-dir", "/tmp/x", "--max-txn-ops", "7",
+                          "-max-request-bytes=100", "--listen-client-urls",
+                          "http://127.0.0.1:1,http://127.0.0.1:2/", "--log-level=debug", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_str_eq(cfg.name, "n1");
+    ck_assert_str_eq(cfg.data_dir, "/tmp/x");
+    ck_assert_uint_eq(cfg.max_txn_ops, 7);
+    ck_assert_uint_eq(cfg.max_request_bytes, 100);
+    ck_assert_uint_eq(cfg.nlisten_client_urls, 2);
+    ck_assert_str_eq(cfg.listen_client_urls[1], "http://127.0.0.1:2/");
+    ck_assert_int_eq(cfg.log_level, CAIRN_LOG_DEBUG);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+START_TEST(data_dir_and_cluster_follow_name)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {"--name", "edge1", "--initial-advertise-peer-urls",
+                          "http://127.0.0.1:9,http://127.0.0.1:8", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_str_eq(cfg.data_dir, "edge1.cairn");
+    ck_assert_uint_eq(cfg.ninitial_cluster, 1);
+    ck_assert_str_eq(cfg.initial_cluster[0].name, "edge1");
+    ck_assert_uint_eq(cfg.initial_cluster[0].npeer_urls, 2);
+    ck_assert_str_eq(cfg.initial_cluster[0].peer_urls[1], "http://127.0.0.1:8");
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+START_TEST(initial_cluster_merges_names)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {"--name", "b", "--initial-cluster",
+                          "a=http://127.0.0.1:1,b=http://127.0.0.1:2,a=http://127.0.0.1:3",
+                          "--initial-cluster", "a=http://127.0.0.1:1,b=http://127.0.0.1:2", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.ninitial_cluster, 2); /* the last flag wins */
+    ck_assert_str_eq(cfg.initial_cluster[0].name, "a");
+    ck_assert_uint_eq(cfg.initial_cluster[0].npeer_urls, 1);
+    cairn_config_destroy(&cfg);
+
+    const char *args2[] = {"--initial-cluster",
+                           "default=http://127.0.0.1:1,x=http://127.0.0.1:2,default=http://127.0.0.1:3",
+                           NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args2), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.ninitial_cluster, 2);
+    ck_assert_uint_eq(cfg.initial_cluster[0].npeer_urls, 2);
+    ck_assert_str_eq(cfg.initial_cluster[0].peer_urls[1], "http://127.0.0.1:3");
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+static void expect_error(const char **args, const char *needle)
+{
+    cairn_config cfg;
+    char err[256];
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, needle) != NULL, "error '%s' lacks '%s'", err, needle);
+    cairn_config_destroy(&cfg);
+}
+
+START_TEST(rejections)
+{
+    const char *a1[] = {"--bogus", "1", NULL};
+    expect_error(a1, "bogus");
+    const char *a2[] = {"--max-request-bytes", "abc", NULL};
+    expect_error(a2, "max-request-bytes");
+    const char *a3[] = {"--max-request-bytes=-1", NULL};
+    expect_error(a3, "max-request-bytes");
+    const char *a4[] = {"--max-txn-ops=0", NULL};
+    expect_error(a4, "max-txn-ops");
+    const char *a5[] = {"--listen-client-urls", "https://127.0.0.1:1", NULL};
+    expect_error(a5, "listen-client-urls");
+    const char *a6[] = {"--listen-client-urls", "http://127.0.0.1", NULL};
+    expect_error(a6, "listen-client-urls");
+    const char *a7[] = {"--listen-client-urls", "http://a:1,,http://b:2", NULL};
+    expect_error(a7, "listen-client-urls");
+    const char *a8[] = {"--initial-cluster", "nourl", NULL};
+    expect_error(a8, "initial-cluster");
+    const char *a9[] = {"--initial-cluster", "other=http://127.0.0.1:1", NULL};
+    expect_error(a9, "couldn't find local name");
+    const char *a10[] = {"--initial-cluster-state", "maybe", NULL};
+    expect_error(a10, "initial-cluster-state");
+    const char *a11[] = {"--log-level", "loud", NULL};
+    expect_error(a11, "log-level");
+    const char *a12[] = {"--name", NULL};
+    expect_error(a12, "needs an argument");
+    const char *a13[] = {"stray", NULL};
+    expect_error(a13, "stray");
+    const char *a14[] = {"--quota-backend-bytes=-5", NULL};
+    expect_error(a14, "quota-backend-bytes");
+}
+END_TEST
+
+START_TEST(help_version_and_ignored)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *h[] = {"--help", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, h), CAIRN_CONFIG_HELP);
+    cairn_config_destroy(&cfg);
+    const char *v[] = {"-version", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, v), CAIRN_CONFIG_VERSION);
+    cairn_config_destroy(&cfg);
+    const char *ig[] = {"--logger", "zap", "--heartbeat-interval=100", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, ig), CAIRN_CONFIG_RUN);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+START_TEST(urls_to_addresses)
+{
+    char a[64];
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://127.0.0.1:2379"), 0);
+    ck_assert_str_eq(a, "127.0.0.1:2379");
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://localhost:1/"), 0);
+    ck_assert_str_eq(a, "localhost:1");
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://[::1]:5"), 0);
+    ck_assert_str_eq(a, "[::1]:5");
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://[::1]"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://h:99999"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://h:1/path"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "unix:///x"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, 4, "http://127.0.0.1:1"), CAIRN_EINVAL);
+}
+END_TEST
+
+START_TEST(crc32c_vectors)
+{
+    /* The standard check value of CRC-32C, and chaining. */
+    ck_assert_uint_eq(rpc_crc32c(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(rpc_crc32c(rpc_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+    ck_assert_uint_eq(rpc_crc32c(0, "", 0), 0);
+}
+END_TEST
+
+START_TEST(error_rows)
+{
+    ck_assert_int_eq(cairn_error_grpc_status(CAIRN_EUNMARSHAL), 13);
+    ck_assert_int_eq(cairn_error_grpc_status(CAIRN_EMSGTOOLARGE), 8);
+    ck_assert_int_eq(cairn_error_grpc_status(CAIRN_ENOSUCHMETHOD), 12);
+    ck_assert_str_eq(cairn_strerror(CAIRN_EREQUESTTOOLARGE), "etcdserver: request is too large");
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("server");
+    TCase *tc = tcase_create("config");
+    tcase_add_test(tc, defaults_are_etcds);
+    tcase_add_test(tc, both_value_forms_and_single_dash);
+    tcase_add_test(tc, data_dir_and_cluster_follow_name);
+    tcase_add_test(tc, initial_cluster_merges_names);
+    tcase_add_test(tc, rejections);
+    tcase_add_test(tc, help_version_and_ignored);
+    tcase_add_test(tc, urls_to_addresses);
+    tcase_add_test(tc, crc32c_vectors);
+    tcase_add_test(tc, error_rows);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
