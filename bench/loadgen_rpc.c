@@ -658,6 +658,7 @@ static int engine_init(engine *e, const lg_config *cfg)
 {
     memset(e, 0, sizeof *e);
     e->cfg = cfg;
+    atomic_init(&e->next_insert, cfg->first_key);
     e->nctx = cfg->open_loop ? cfg->max_inflight : cfg->clients;
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
