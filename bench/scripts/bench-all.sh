@@ -99,7 +99,9 @@ command -v protoc >/dev/null || { echo "bench-all: protoc not on PATH" >&2; exit
   { echo "bench-all: $PY lacks grpc/protobuf (Debian: python3-grpcio python3-protobuf)" >&2; exit 2; }
 
 STAMP=$(date -u +%Y-%m-%dT%H%MZ)
-[ -n "$OUTDIR" ] || OUTDIR=bench/results/$STAMP$([ "$QUICK" = 1 ] && echo -quick)
+SUFFIX=""
+[ "$QUICK" = 0 ] || SUFFIX=-quick
+[ -n "$OUTDIR" ] || OUTDIR=bench/results/$STAMP$SUFFIX
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 LOG=$OUTDIR/run.log
