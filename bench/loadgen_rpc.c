@@ -905,7 +905,7 @@ int lg_run(lg_result *res, const lg_config *cfg)
     }
     res->unsent = unsent;
     res->late = atomic_load(&e->late);
-    res->load_done = atomic_load(&e->load_exhausted) && res->inserted >= cfg->keys;
+    res->load_done = atomic_load(&e->load_exhausted) && res->inserted >= cfg->keys - cfg->first_key;
     uint64_t end = e->w1;
     uint64_t last = atomic_load(&e->last_done_ns);
     if (atomic_load(&e->load_exhausted) && last < end)
