@@ -37,10 +37,12 @@
 #
 # Usage: bench/scripts/bench-all.sh [--quick] [--build DIR] [--reps N]
 #          [--duration S] [--big-keys N] [--rates "500 1000 ..."] [--no-pin]
-#          [--out DIR]
+#          [--out DIR] [--keep-data DIR]
+#   --keep-data DIR  move the big-load data dirs (DIR/etcd.data, DIR/cairn.data)
+#             there at the end, e.g. to profile a restart afterwards.
 #   --quick   smoke run of a few minutes: 1 repetition, 2 s runs, 2 rates,
 #             20,000 keys for the load/restart part. Not a measurement.
-#   default   3 repetitions of 5 s runs, rates 500..12000, 1,000,000 keys:
+#   default   3 repetitions of 5 s runs, rates 250..12000, 1,000,000 keys:
 #             about 25 minutes on a 2-core machine.
 # Needs: <build>/cairn and <build>/cairn-loadgen (cmake --build build
 #        --target cairn cairn-loadgen), etcd and etcdctl 3.4 on PATH, protoc,
@@ -56,6 +58,7 @@ BIG_KEYS=""
 RATES=""
 PIN=1
 OUTDIR=""
+KEEP=""
 ARGS=("$@")
 
 while [ $# -gt 0 ]; do
@@ -68,6 +71,7 @@ while [ $# -gt 0 ]; do
     --rates) RATES=$2; shift 2 ;;
     --no-pin) PIN=0; shift ;;
     --out) OUTDIR=$2; shift 2 ;;
+    --keep-data) KEEP=$2; shift 2 ;;
     -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "bench-all: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -76,7 +80,7 @@ if [ "$QUICK" = 1 ]; then
   : "${REPS:=1}" "${DURATION:=2}" "${BIG_KEYS:=20000}" "${RATES:=1000 4000}"
   WATCH_COUNT=100
 else
-  : "${REPS:=3}" "${DURATION:=5}" "${BIG_KEYS:=1000000}" "${RATES:=500 1000 2000 3000 4000 6000 8000 12000}"
+  : "${REPS:=3}" "${DURATION:=5}" "${BIG_KEYS:=1000000}" "${RATES:=250 500 1000 1500 2000 3000 4000 6000 8000 12000}"
   WATCH_COUNT=500
 fi
 KEYS=10000
@@ -335,6 +339,9 @@ for s in "${SYSTEMS[@]}"; do
   say "  $s after restarts: VmRSS $(rss_mib "${PID[$s]}") MiB, $n keys"
 done
 for s in "${SYSTEMS[@]}"; do stop_pid "${PID[$s]}"; done
+if [ -n "$KEEP" ]; then
+  mkdir -p "$KEEP" && mv "$WORK/etcd.data" "$WORK/cairn.data" "$KEEP/" && say "data dirs kept in $KEEP"
+fi
 
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUTDIR/env.txt"
 echo "finished: $(date -u '+%Y-%m-%d %H:%M:%S UTC') ($(( $(date +%s) - T_BEGIN )) s)" | tee -a "$OUTDIR/env.txt"
