@@ -84,7 +84,7 @@ def main():
         held = {}
         for s in ("etcd", "cairn"):
             t, u = med(f + ".tput", s), med(f + ".unsent", s)
-            held[s] = (not math.isnan(t)) and t >= 0.95 * r and u == 0 and med(f + ".p99", s) <= 100
+            held[s] = (not math.isnan(t)) and t >= 0.95 * r and u == 0
             curve.append((s, r, t, med(f + ".p50", s), med(f + ".p99", s), held[s]))
         if held["etcd"]:
             etcd_sat = r
@@ -161,7 +161,7 @@ def main():
     out.append("| one change per client write costs <= 10% of peak put throughput against a "
                "batching build | no batching build exists | not measured |")
     out.append("\nYCSB A: a rate is *held* when the median achieved throughput is at least 95% of "
-               "the target, no request slot went unsent and the median p99 is at most 100 ms (beyond that a queue is building up); open-loop latency is measured from "
+               "the target and no request slot went unsent (requests that took longer than the loadgen's 5 s deadline count as failed, so a queue that never drains does not hold); open-loop latency is measured from "
                "each request's scheduled time (no coordinated omission).\n")
     out.append("Plots (when gnuplot was installed): `ycsb-a.png` (throughput–latency), "
                "`cdf-*.png` (latency CDFs, repetition 1).\n")
