@@ -43,10 +43,12 @@ report() { # report PERFDATA TITLE OUTFILE
   {
     echo "# $2"
     echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "## flat (self time, top 40)"
-    perf report -i "$1" --no-children --sort symbol --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -40
-    echo "## with children (inclusive, top 40)"
-    perf report -i "$1" --children --sort symbol --stdio -g none 2>/dev/null | grep -v '^#' | grep '%' | head -40
+    echo "## self time by symbol (dso), >= 0.5%"
+    perf report -i "$1" --no-children --sort dso,symbol -g none --percent-limit 0.5 --stdio 2>/dev/null |
+      grep -v '^#' | grep '%' | cut -c1-160 || true
+    echo "## inclusive time (children) by symbol, >= 2%"
+    perf report -i "$1" --children --sort symbol -g none --percent-limit 2 --stdio 2>/dev/null |
+      grep -v '^#' | grep '%' | cut -c1-160 || true
   } >"$3"
 }
 
