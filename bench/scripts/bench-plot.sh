@@ -13,14 +13,14 @@ cd "$DIR"
 
 if [ -s ycsb.dat ]; then
   gnuplot <<'EOF'
-set terminal pngcairo size 900,600 noenhanced
+set terminal pngcairo size 1000,600 noenhanced
 set output 'ycsb-a.png'
 set title 'YCSB A (50% read, 50% update), open loop: latency against achieved throughput'
 set xlabel 'achieved throughput (ops/s)'
 set ylabel 'latency (ms, log scale)'
 set logscale y
 set grid
-set key top left
+set key outside right top
 plot 'ycsb.dat' index 0 using 3:5 with linespoints lw 2 lc rgb '#d62728' title 'etcd p99', \
      ''         index 0 using 3:4 with linespoints lw 1 dt 2 lc rgb '#d62728' title 'etcd p50', \
      ''         index 1 using 3:5 with linespoints lw 2 lc rgb '#1f77b4' title 'cairn p99', \

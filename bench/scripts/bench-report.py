@@ -76,6 +76,7 @@ def main():
 
     rates = [int(r) for r in a.rates.split()]
     etcd_sat = None
+    etcd_failed = False
     curve = []
     for r in rates:
         f = "ycsb-a-%d" % r
@@ -86,8 +87,13 @@ def main():
             t, u = med(f + ".tput", s), med(f + ".unsent", s)
             held[s] = (not math.isnan(t)) and t >= 0.95 * r and u == 0
             curve.append((s, r, t, med(f + ".p50", s), med(f + ".p99", s), held[s]))
-        if held["etcd"]:
+        # etcd's saturation rate: the last rate it held before the first it
+        # did not (noise can make a higher rate pass again; that one does not
+        # count).
+        if held["etcd"] and not etcd_failed:
             etcd_sat = r
+        elif not held["etcd"]:
+            etcd_failed = True
         for what in ("tput", "p50", "p99"):
             unit = "ops/s" if what == "tput" else "ms"
             label = "YCSB A at %d ops/s: %s%s" % (r, "achieved ops/s" if what == "tput" else what,
@@ -147,11 +153,14 @@ def main():
     out.append("\n### Targets (issue 7)\n\n| target | measured | |\n|---|---|---|")
     for label, target, ratio, met in met_lines:
         out.append("| %s: cairn/etcd %s | %s | %s |" % (label, target, fmt(ratio) + "x", met))
-    if sat_fig:
+    if sat_fig and not etcd_failed:
+        out.append("| YCSB A p99 at etcd's saturation rate | etcd held every swept rate (up to %d ops/s): "
+                   "it did not saturate within the sweep | not measured |" % etcd_sat)
+    elif sat_fig:
         e, c = med(sat_fig, "etcd"), med(sat_fig, "cairn")
         ratio = c / e if e else math.nan
         met = "met" if ratio <= 0.5 else "MISSED"
-        out.append("| YCSB A p99 at etcd's saturation rate (%d ops/s, the highest rate etcd held): "
+        out.append("| YCSB A p99 at etcd's saturation rate (%d ops/s, the last rate etcd held before the first it did not): "
                    "cairn/etcd <= 0.5 | %s ms vs %s ms = %sx | %s |" % (etcd_sat, fmt(c), fmt(e),
                                                                       fmt(ratio), met))
         summary.append('Targets,"YCSB A p99 at etcd saturation rate %d",ms,%s,%s,%s,lower,<= 0.5,%s,%d' %
