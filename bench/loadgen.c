@@ -11,6 +11,7 @@
  * alarm() set from those bounds ends the process if anything ever hangs.
  * It only sends to 127.0.0.1, ::1 or localhost unless --allow-remote says
  * otherwise: the team's rule is that load only ever goes to loopback. */
+#include <errno.h>
 #include <getopt.h>
 #include <grpc/grpc.h>
 #include <signal.h>
@@ -33,6 +34,7 @@ typedef struct options {
     out_format format;
     int csv_header;
     const char *label;
+    const char *cdf_path;
 } options;
 
 static void usage(FILE *f)
@@ -65,7 +67,11 @@ static void usage(FILE *f)
             "  --label S              a tag copied into json/csv (e.g. etcd, cairn)\n"
             "  --verify               decode read replies and count those without exactly the\n"
             "                         expected keys (every key must exist: use --preload)\n"
-            "  --allow-remote         allow a non-loopback endpoint\n",
+            "  --allow-remote         allow a non-loopback endpoint\n"
+            "  --first-key N          load: start at key N (insert N..keys-1), to split a\n"
+            "                         large load into bounded runs [0]\n"
+            "  --cdf FILE             write the latency CDF of all operations to FILE\n"
+            "                         (lines: latency_ms fraction_at_or_below)\n",
             LG_MAX_SECONDS);
 }
 
@@ -180,7 +186,9 @@ enum {
     OPT_LABEL,
     OPT_ALLOW_REMOTE,
     OPT_VERIFY,
-    OPT_HELP
+    OPT_HELP,
+    OPT_CDF,
+    OPT_FIRST_KEY
 };
 
 static int parse_args(options *o, int argc, char **argv)
@@ -210,6 +218,8 @@ static int parse_args(options *o, int argc, char **argv)
         {"allow-remote", no_argument, NULL, OPT_ALLOW_REMOTE},
         {"verify", no_argument, NULL, OPT_VERIFY},
         {"help", no_argument, NULL, OPT_HELP},
+        {"cdf", required_argument, NULL, OPT_CDF},
+        {"first-key", required_argument, NULL, OPT_FIRST_KEY},
         {NULL, 0, NULL, 0}};
     lg_config *c = &o->cfg;
     const char *endpoint = "127.0.0.1:2379";
@@ -319,6 +329,12 @@ static int parse_args(options *o, int argc, char **argv)
         case OPT_VERIFY:
             c->verify = 1;
             break;
+        case OPT_FIRST_KEY:
+            bad = parse_u64(&c->first_key, a, 0, LG_MAX_KEYS);
+            break;
+        case OPT_CDF:
+            o->cdf_path = a;
+            break;
         case OPT_HELP:
         case 'h':
             usage(stdout);
@@ -340,6 +356,10 @@ static int parse_args(options *o, int argc, char **argv)
     if (c->key_size < lg_key_min_size(c->keys)) {
         fprintf(stderr, "cairn-loadgen: --key-size %zu cannot hold %llu distinct keys (need %zu)\n",
                 c->key_size, (unsigned long long)c->keys, lg_key_min_size(c->keys));
+        return -1;
+    }
+    if (c->first_key >= c->keys) {
+        fprintf(stderr, "cairn-loadgen: --first-key must be below --keys\n");
         return -1;
     }
     if (c->workload == LG_WL_RANGE_PREFIX && (c->keys < 100 || c->key_size < 4)) {
@@ -418,7 +438,7 @@ static void print_text(FILE *f, const options *o, const lg_result *r)
                 LG_CAS_MAX_ATTEMPTS, (unsigned long long)r->abandoned);
     if (c->workload == LG_WL_LOAD)
         fprintf(f, "load: %llu of %llu keys inserted%s\n", (unsigned long long)r->inserted,
-                (unsigned long long)c->keys, r->load_done ? "" : " (INCOMPLETE)");
+                (unsigned long long)(c->keys - c->first_key), r->load_done ? "" : " (INCOMPLETE)");
     if (c->verify)
         fprintf(f, "verify: %llu bad read replies%s%s\n", (unsigned long long)r->verify_failures,
                 r->verify_failures ? "; first: " : "",
@@ -566,6 +586,7 @@ static int preload(const options *o)
 {
     lg_config pc = o->cfg;
     pc.workload = LG_WL_LOAD;
+    pc.first_key = 0;
     pc.open_loop = 0;
     pc.clients = PRELOAD_CLIENTS;
     pc.conns = o->cfg.conns;
@@ -589,6 +610,29 @@ static int preload(const options *o)
     }
     free(r);
     return rc;
+}
+
+/* Writes the CDF of |h|: one line per non-empty bucket, the bucket's upper
+ * bound in ms and the fraction of values at or below it. */
+static int write_cdf(const char *path, const lg_hist *h)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "cairn-loadgen: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "# latency_ms fraction (%llu operations)\n", (unsigned long long)h->count);
+    uint64_t seen = 0;
+    for (size_t i = 0; i < LG_HIST_BUCKETS && seen < h->count; i++) {
+        if (h->buckets[i] == 0)
+            continue;
+        seen += h->buckets[i];
+        uint64_t hi = lg_hist_highest(i);
+        if (hi > h->max)
+            hi = h->max;
+        fprintf(f, "%.4f %.6f\n", (double)hi / 1e6, (double)seen / (double)h->count);
+    }
+    return fclose(f) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -624,6 +668,8 @@ int main(int argc, char **argv)
         print_json(stdout, &o, r);
     if (o.format == OUT_CSV)
         print_csv(stdout, &o, r);
+    if (o.cdf_path != NULL && write_cdf(o.cdf_path, &r->all) != 0)
+        r->ok = 0;
     fflush(NULL);
     int rc = r->ok > 0 && r->verify_failures == 0 ? 0 : 1;
     if (r->drain_timed_out)

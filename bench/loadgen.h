@@ -59,6 +59,7 @@ typedef struct lg_config {
     int threads;      /* completion-queue threads */
     double duration_s, warmup_s, timeout_s;
     uint64_t keys;
+    uint64_t first_key; /* load: insert keys first_key..keys-1 (default 0) */
     size_t key_size, value_size;
     lg_dist dist;
     double theta;

@@ -658,6 +658,7 @@ static int engine_init(engine *e, const lg_config *cfg)
 {
     memset(e, 0, sizeof *e);
     e->cfg = cfg;
+    atomic_init(&e->next_insert, cfg->first_key);
     e->nctx = cfg->open_loop ? cfg->max_inflight : cfg->clients;
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
@@ -904,7 +905,7 @@ int lg_run(lg_result *res, const lg_config *cfg)
     }
     res->unsent = unsent;
     res->late = atomic_load(&e->late);
-    res->load_done = atomic_load(&e->load_exhausted) && res->inserted >= cfg->keys;
+    res->load_done = atomic_load(&e->load_exhausted) && res->inserted >= cfg->keys - cfg->first_key;
     uint64_t end = e->w1;
     uint64_t last = atomic_load(&e->last_done_ns);
     if (atomic_load(&e->load_exhausted) && last < end)
