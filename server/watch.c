@@ -241,8 +241,10 @@ static int copy_ev(ring_ev *dst, const ring_ev *src)
         free(dst->value);
         return CAIRN_ENOMEM;
     }
-    memcpy(dst->key, src->key, src->key_len);
-    memcpy(dst->value, src->value, src->value_len);
+    if (src->key_len) /* a history DELETE has no value (NULL) */
+        memcpy(dst->key, src->key, src->key_len);
+    if (src->value_len)
+        memcpy(dst->value, src->value, src->value_len);
     return 0;
 }
 

@@ -103,6 +103,9 @@ def run(kind, binary):
                                  "stderr: %s" % (kind, len(events), revs, want_hist + 1,
                                                  expect, err))
         return [norm(e) for e in events]
+    except Exception:
+        print("%s log:\n%s" % (kind, srv.read_log()), file=sys.stderr)
+        raise
     finally:
         srv.stop()
         srv.cleanup()
