@@ -7,11 +7,13 @@
  * durable). The hub copies the events into a ring of recent revisions
  * (bounded: RING_MAX_EVENTS events and RING_MAX_BYTES bytes); a watcher
  * whose start revision is in the ring catches up from it, then follows the
- * live stream. The store offers no event history of its own yet, so a
- * start revision older than the ring (before this process started, or
- * evicted) is answered like a compacted one: canceled, with
- * compact_revision = the first revision the ring can replay. Clients that
- * handle compaction (etcdctl, Kubernetes reflectors) re-list and go on.
+ * live stream. A start revision older than the ring (before this process
+ * started, or evicted) but not below the store's compaction floor catches
+ * up from disk instead (cairn_store_history, read by the pump outside the
+ * hub lock): each disk batch covers exactly the revisions [next_rev, until]
+ * (until <= the hub's last revision, capped at what the store's snapshot
+ * saw), and next_rev moves to until + 1, so the ring or the live stream
+ * goes on from there with no gap and no duplicate.
  *
  * Semantics measured on etcd 3.4 / read in its watch.go and
  * watchable_store.go: a created response first (header at the current
@@ -78,6 +80,7 @@ typedef struct watcher {
     uint8_t *end; /* NULL: the single key; end_len 0: every key >= key */
     size_t end_len;
     int noput, nodelete, prev_kv, fragment;
+    uint64_t serial;  /* unique in the hub: found again after a disk read */
     int64_t next_rev; /* first revision not yet delivered */
     int synced;       /* caught up: one response per revision */
     uint64_t not_before_ms; /* catching up: not served before this */
@@ -115,6 +118,7 @@ struct watch_hub {
     int64_t floor;      /* revisions below this cannot be replayed */
     wstream *streams;
     int wait_catchup; /* a watcher waits for its catch-up time */
+    uint64_t next_serial;
     int stop;
     pthread_t pump;
     int pump_running;
@@ -237,8 +241,10 @@ static int copy_ev(ring_ev *dst, const ring_ev *src)
         free(dst->value);
         return CAIRN_ENOMEM;
     }
-    memcpy(dst->key, src->key, src->key_len);
-    memcpy(dst->value, src->value, src->value_len);
+    if (src->key_len) /* a history DELETE has no value (NULL) */
+        memcpy(dst->key, src->key, src->key_len);
+    if (src->value_len)
+        memcpy(dst->value, src->value, src->value_len);
     return 0;
 }
 
@@ -256,9 +262,23 @@ static size_t ring_find(struct watch_hub *h, int64_t rev)
     return lo;
 }
 
-/* Picks the next events for |w| into |b|; 1 if there are some. May cancel
- * |w| for compaction (queues the response, returns 0). Hub locked. */
-static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b)
+/* A catch-up from disk, planned under the hub lock, read outside it. */
+typedef struct hist_req {
+    watcher w; /* a copy with its own key/end: the filters and range */
+    int64_t from, until;
+} hist_req;
+
+static void hist_req_free(hist_req *q)
+{
+    free(q->w.key);
+    free(q->w.end);
+    memset(q, 0, sizeof *q);
+}
+
+/* Picks the next events for |w| into |b|; 1 if there are some, 2 if |w|
+ * must catch up from disk first (|q| planned). May cancel |w| for
+ * compaction (queues the response, returns 0). Hub locked. */
+static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b, hist_req *q)
 {
     struct watch_hub *h = srv->watch;
     if (w->next_rev > h->last_rev)
@@ -270,16 +290,38 @@ static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b)
     }
     if (!live) {
         /* etcd: a start below the compact revision (-1 while never
-         * compacted) is answered with it; cairn's floor of replayable
-         * history counts as compacted too. */
+         * compacted) is answered with it. */
         int64_t compacted = cairn_store_compacted_rev(srv->store);
         int64_t eff = compacted > 0 ? compacted : -1;
-        if (h->floor > 0 && h->floor > eff)
-            eff = h->floor;
         if (w->next_rev < eff) {
             queue_ctl(srv, ws, w->id, 0, 1, NULL, 0, eff);
             w->next_rev = INT64_MAX; /* removed by the caller */
             return 0;
+        }
+        if (h->floor > 0 && w->next_rev < h->floor) {
+            /* Older than the ring: from disk (etcd's batch of revisions). */
+            memset(q, 0, sizeof *q);
+            q->w = *w;
+            q->w.next = NULL;
+            q->w.key = malloc(w->key_len ? w->key_len : 1);
+            q->w.end = w->end ? malloc(w->end_len ? w->end_len : 1) : NULL;
+            if (!q->w.key || (w->end && !q->w.end)) {
+                hist_req_free(q);
+                ws->closing = 1;
+                return 0;
+            }
+            memcpy(q->w.key, w->key, w->key_len);
+            if (w->end)
+                memcpy(q->w.end, w->end, w->end_len);
+            q->from = w->next_rev;
+            int64_t until = w->next_rev + CATCHUP_MAX_REVS - 1;
+            if (until > h->last_rev)
+                until = h->last_rev;
+            q->until = until;
+            b->watch_id = w->id;
+            b->prev_kv = w->prev_kv;
+            b->fragment = w->fragment;
+            return 2;
         }
     }
     size_t i = ring_find(h, w->next_rev);
@@ -434,6 +476,84 @@ out:
     return nout;
 }
 
+/* ---- catching up from disk ---------------------------------------------- */
+
+typedef struct hist_ctx {
+    hist_req *q;
+    batch *b;
+    size_t cap;
+    int full; /* saw a revision past q->until: [from, until] all read */
+} hist_ctx;
+
+#define HIST_STOP 1 /* not a cairn error code: the scan went past until */
+
+static int hist_cb(void *arg, int64_t rev, const cairn_event *ev, size_t nev)
+{
+    hist_ctx *x = arg;
+    if (rev > x->q->until) {
+        x->full = 1;
+        return HIST_STOP;
+    }
+    for (size_t i = 0; i < nev; i++) {
+        const cairn_kv *kv = &ev[i].kv;
+        ring_ev e;
+        memset(&e, 0, sizeof e);
+        e.rev = rev;
+        e.type = ev[i].type;
+        e.key = (uint8_t *)kv->key;
+        e.key_len = kv->key_len;
+        e.value = (uint8_t *)kv->value;
+        e.value_len = ev[i].type == CAIRN_EVENT_PUT ? kv->value_len : 0;
+        e.create_revision = kv->create_revision;
+        e.version = kv->version;
+        e.lease = kv->lease;
+        if (!matches(&x->q->w, &e))
+            continue;
+        if (x->b->n == x->cap) {
+            size_t nc = x->cap ? 2 * x->cap : 8;
+            ring_ev *grown = realloc(x->b->ev, nc * sizeof *grown);
+            if (!grown)
+                return CAIRN_ENOMEM;
+            x->b->ev = grown;
+            x->cap = nc;
+        }
+        if (copy_ev(&x->b->ev[x->b->n], &e) != 0)
+            return CAIRN_ENOMEM;
+        x->b->n++;
+    }
+    return 0;
+}
+
+/* Reads the revisions [q->from, q->until] of q's range into |b| (no lock
+ * held). Returns 0 and sets *done to the last revision covered (less than
+ * q->until if the store's visible revision lags the hub's), or an error
+ * (CAIRN_ECOMPACTED: compacted meanwhile). */
+static int hist_read(cairn_server *srv, hist_req *q, batch *b, int64_t *done)
+{
+    static const uint8_t zero = 0;
+    const uint8_t *end = NULL;
+    size_t end_len = 0;
+    if (q->w.end && q->w.end_len == 0) { /* every key >= key */
+        end = &zero;
+        end_len = 1;
+    } else if (q->w.end) {
+        end = q->w.end;
+        end_len = q->w.end_len;
+    }
+    hist_ctx x = {q, b, 0, 0};
+    int64_t last = 0;
+    int rc = cairn_store_history(srv->store, &last, q->from, q->w.key, q->w.key_len, end,
+                                 end_len, hist_cb, &x);
+    if (rc == HIST_STOP && x.full) {
+        *done = q->until;
+        return 0;
+    }
+    if (rc)
+        return rc;
+    *done = last < q->until ? last : q->until;
+    return 0;
+}
+
 /* ---- the stream ---------------------------------------------------------- */
 
 static void pump(cairn_server *srv, wstream *ws);
@@ -483,6 +603,9 @@ static void on_sent(void *arg, int ok);
 static void pump(cairn_server *srv, wstream *ws)
 {
     struct watch_hub *h = srv->watch;
+    hist_req q;
+    memset(&q, 0, sizeof q);
+again:
     pthread_mutex_lock(&h->mu);
     ws->dirty = 0;
     if (ws->sending || ws->finished) {
@@ -492,7 +615,7 @@ static void pump(cairn_server *srv, wstream *ws)
     grpc_byte_buffer *bb = NULL;
     batch b;
     memset(&b, 0, sizeof b);
-    int have_batch = 0;
+    int have_batch = 0, have_hist = 0;
     if (!ws->closing) {
         if (ws->ctl_head) {
             ctl_msg *m = ws->ctl_head;
@@ -504,7 +627,12 @@ static void pump(cairn_server *srv, wstream *ws)
         } else {
             for (watcher *w = ws->watchers; w;) {
                 watcher *next = w->next;
-                have_batch = pick(srv, ws, w, &b);
+                have_batch = pick(srv, ws, w, &b, &q);
+                if (have_batch == 2) {
+                    have_batch = 0;
+                    have_hist = 1;
+                    break;
+                }
                 if (w->next_rev == INT64_MAX) { /* compacted: its answer is queued */
                     remove_watcher(ws, w);
                     if (ws->ctl_head) {
@@ -524,7 +652,7 @@ static void pump(cairn_server *srv, wstream *ws)
             }
         }
     }
-    if (!bb && !have_batch) {
+    if (!bb && !have_batch && !have_hist) {
         int fin = maybe_finish(srv, ws);
         pthread_mutex_unlock(&h->mu);
         if (fin)
@@ -533,6 +661,49 @@ static void pump(cairn_server *srv, wstream *ws)
     }
     ws->sending = 1;
     pthread_mutex_unlock(&h->mu);
+
+    if (have_hist) {
+        /* The disk read runs unlocked; ws->sending keeps every other pump
+         * of this stream out, and the watcher is found again by serial
+         * (a cancel may have removed it meanwhile). */
+        int64_t done = 0;
+        int rc = hist_read(srv, &q, &b, &done);
+        pthread_mutex_lock(&h->mu);
+        ws->sending = 0;
+        watcher *w = ws->watchers;
+        while (w && w->serial != q.w.serial)
+            w = w->next;
+        if (w && !ws->closing && w->next_rev == q.from) {
+            if (rc == CAIRN_ECOMPACTED) {
+                int64_t compacted = cairn_store_compacted_rev(srv->store);
+                queue_ctl(srv, ws, w->id, 0, 1, NULL, 0, compacted);
+                remove_watcher(ws, w);
+            } else if (rc) {
+                ws->closing = 1; /* cannot keep the protocol: end the stream */
+            } else if (done >= q.from) {
+                w->next_rev = done + 1;
+                if (done >= h->last_rev)
+                    w->synced = 1;
+                if (b.n > 0) {
+                    have_batch = 1;
+                    b.header_rev = h->last_rev;
+                }
+            } else {
+                /* The store's snapshot lagged the hub: try again later. */
+                w->not_before_ms = mono_ms() + SYNC_DELAY_MS;
+                h->wait_catchup = 1;
+                pthread_cond_signal(&h->cv);
+            }
+        }
+        hist_req_free(&q);
+        if (!have_batch) {
+            batch_free(&b);
+            pthread_mutex_unlock(&h->mu);
+            goto again;
+        }
+        ws->sending = 1;
+        pthread_mutex_unlock(&h->mu);
+    }
 
     grpc_byte_buffer **frags = NULL;
     size_t nfrags = 0;
@@ -677,6 +848,7 @@ static void handle_create(cairn_server *srv, wstream *ws, const Etcdserverpb__Wa
         return;
     }
     w->id = id;
+    w->serial = ++h->next_serial;
     w->key_len = key.len;
     w->end_len = fromkey ? 0 : r->range_end.len;
     for (size_t i = 0; i < r->n_filters; i++) {

@@ -4,7 +4,9 @@
 For each server (a real etcd 3.4 and cairn, each started here on random free
 127.0.0.1 ports with a temporary data dir), the test
 
- 1. writes a first batch of puts, deletes and multi-key txns, then stops;
+ 1. writes a first batch of puts, deletes and multi-key txns, then stops
+    and restarts the server (SIGTERM, same data dir; --no-restart skips
+    this), so that past starts must be served from persisted history;
  2. opens several Watch streams with many watches each (1,000 by default):
     single keys (some never written), prefixes, "\\0" from-key ranges, the
     whole key space, [a, b) ranges; start_revision 0 (from now), in the past
@@ -37,7 +39,7 @@ every exit path. A hard timeout bounds the whole run.
 
 Usage: test_watch_stress.py [--cairn build/cairn] [--etcd /usr/bin/etcd]
        [--target both|etcd|cairn] [--watchers 1000] [--duration 12] [--seed 1]
-       [--restart]  (opt-in, see --help)
+       [--no-restart]
 """
 
 import argparse
@@ -508,7 +510,7 @@ def run_one(kind, binary, msgs, workdir, args, deadline):
         for w in writers:
             w.run_n(args.pre_writes)
         if args.restart:
-            # opt-in: past starts must then come from the persisted history
+            # past starts must then come from the persisted history
             srv.restart(msgs)
             rpc = Rpc(srv, msgs)
             for w in writers:
@@ -686,10 +688,10 @@ def main():
     ap.add_argument("--pre-writes", type=int, default=60, help="per writer, before watching")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds of concurrent writes")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--restart", action="store_true",
-                    help="restart the server (SIGTERM, same data dir) after the first "
-                         "writes, so that past starts are served from persisted history "
-                         "(opt-in: cairn's watch history is an in-memory ring)")
+    ap.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="do not restart the server (SIGTERM, same data dir) after the "
+                         "first writes (by default past starts are served from the "
+                         "history persisted before the restart)")
     ap.add_argument("--cancels", type=int, default=50,
                     help="watches canceled at random moments while the writers run")
     ap.add_argument("--stalled", type=int, default=20,
