@@ -28,7 +28,7 @@ static _Atomic int reader_errors;
 
 static int64_t read_counter(int c, int64_t *mod)
 {
-    char k[8];
+    char k[16];
     snprintf(k, sizeof k, "ctr%d", c);
     cairn_range_req q = {0};
     q.key = (const uint8_t *)k;
@@ -50,7 +50,7 @@ static void *cas_main(void *arg)
     for (int i = 0; i < ITERS; i++) {
         seed = seed * 6364136223846793005ull + 1;
         int c = (int)((seed >> 33) % COUNTERS);
-        char k[8], v[32];
+        char k[16], v[32];
         snprintf(k, sizeof k, "ctr%d", c);
         for (;;) {
             int64_t mod;
@@ -122,7 +122,7 @@ START_TEST(cas_has_no_lost_update)
     char *dir = make_tmpdir();
     st = open_store(dir);
     for (int c = 0; c < COUNTERS; c++) {
-        char k[8];
+        char k[16];
         snprintf(k, sizeof k, "ctr%d", c);
         put_kv(st, k, "0");
     }
@@ -156,7 +156,7 @@ START_TEST(cas_has_no_lost_update)
         int64_t v = read_counter(c, &mod);
         ck_assert_int_eq(v, atomic_load(&successes[c]));
         total += v;
-        char k[8];
+        char k[16];
         snprintf(k, sizeof k, "ctr%d", c);
         cairn_range_req q = {0};
         q.key = (const uint8_t *)k;
