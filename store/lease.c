@@ -401,33 +401,6 @@ void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms)
 
 /* ---- writes ------------------------------------------------------------------- */
 
-typedef struct lwait {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, rc;
-} lwait;
-
-static void lwait_done(void *arg, int rc)
-{
-    lwait *w = arg;
-    pthread_mutex_lock(&w->mu);
-    w->rc = rc;
-    w->done = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static int lwait_for(lwait *w)
-{
-    pthread_mutex_lock(&w->mu);
-    while (!w->done)
-        pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
-    return w->rc;
-}
-
 static int commit(cairn_store *s)
 {
     cairn_doc_observer obs;
@@ -540,12 +513,12 @@ int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64
     cairn_objid none = {0, 0};
     if (!rc)
         rc = write_lease(s, id, 1, none, ttl, (int64_t)cairn_store_now_ms(s) + ttl * 1000);
-    lwait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     if (!rc)
-        rc = cairn_store_enqueue_wait(s, lwait_done, &w, NULL);
+        rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
     pthread_rwlock_unlock(&s->rw);
     if (!rc)
-        rc = lwait_for(&w);
+        rc = cairn_store_sync_wait_for(&w);
     if (rc)
         return rc;
     cairn_store_header(s, &resp->header);
@@ -572,13 +545,13 @@ int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
         rc = CAIRN_ELEASENOTFOUND;
     if (!rc)
         rc = revoke_locked(s, l);
-    lwait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     if (!rc)
-        rc = cairn_store_enqueue_wait(s, lwait_done, &w, NULL);
+        rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
     int64_t rev = s->rev;
     pthread_rwlock_unlock(&s->rw);
     if (!rc)
-        rc = lwait_for(&w);
+        rc = cairn_store_sync_wait_for(&w);
     if (!rc)
         cairn_store_fill_header(s, h, rev);
     return rc;
@@ -753,10 +726,10 @@ int cairn_store_lease_expire(cairn_store *s, size_t *nrevoked, uint64_t now_ms)
             (*nrevoked)++;
     }
     /* return once the revokes are durable, as a revoke call does */
-    lwait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    int waiting = !rc && nd && cairn_store_enqueue_wait(s, lwait_done, &w, NULL) == 0;
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int waiting = !rc && nd && cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL) == 0;
     pthread_rwlock_unlock(&s->rw);
-    return waiting ? lwait_for(&w) : rc;
+    return waiting ? cairn_store_sync_wait_for(&w) : rc;
 out:
     pthread_rwlock_unlock(&s->rw);
     return rc;

@@ -1312,15 +1312,9 @@ void cairn_store_close(cairn_store *s)
 
 /* ---- blocking helper ------------------------------------------------------------- */
 
-typedef struct sync_wait {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, rc;
-} sync_wait;
-
-static void sync_done(void *arg, int rc)
+void cairn_store_sync_done(void *arg, int rc)
 {
-    sync_wait *w = arg;
+    cairn_store_sync_wait *w = arg;
     pthread_mutex_lock(&w->mu);
     w->rc = rc;
     w->done = 1;
@@ -1328,7 +1322,7 @@ static void sync_done(void *arg, int rc)
     pthread_mutex_unlock(&w->mu);
 }
 
-static int sync_wait_for(sync_wait *w)
+int cairn_store_sync_wait_for(cairn_store_sync_wait *w)
 {
     pthread_mutex_lock(&w->mu);
     while (!w->done)
@@ -1343,11 +1337,11 @@ static int sync_wait_for(sync_wait *w)
  * failed blocking call leaves nothing to free. */
 #define SYNC_CALL(call_async, destroy)                                                             \
     do {                                                                                           \
-        sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};                \
+        cairn_store_sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};    \
         int rc_ = (call_async);                                                                    \
         if (rc_)                                                                                   \
             return rc_;                                                                            \
-        rc_ = sync_wait_for(&w_);                                                                  \
+        rc_ = cairn_store_sync_wait_for(&w_);                                                      \
         if (rc_)                                                                                   \
             destroy;                                                                               \
         return rc_;                                                                                \
@@ -1355,23 +1349,25 @@ static int sync_wait_for(sync_wait *w)
 
 int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
 {
-    SYNC_CALL(cairn_store_put_async(s, resp, req, sync_done, &w_), cairn_put_resp_destroy(resp));
+    SYNC_CALL(cairn_store_put_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_put_resp_destroy(resp));
 }
 
 int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
 {
-    SYNC_CALL(cairn_store_delete_async(s, resp, req, sync_done, &w_),
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, cairn_store_sync_done, &w_),
               cairn_delete_resp_destroy(resp));
 }
 
 int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
 {
-    SYNC_CALL(cairn_store_txn_async(s, resp, req, sync_done, &w_), cairn_txn_resp_destroy(resp));
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_txn_resp_destroy(resp));
 }
 
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
 {
-    SYNC_CALL(cairn_store_receive_async(s, bytes, len, sync_done, &w_), (void)0);
+    SYNC_CALL(cairn_store_receive_async(s, bytes, len, cairn_store_sync_done, &w_), (void)0);
 }
 
 /* ---- compaction ------------------------------------------------------------------- */
@@ -1407,11 +1403,11 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
     s->compacted = revision;
     int64_t cur = s->rev;
     pthread_rwlock_unlock(&s->rw);
-    sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    rc = cairn_store_enqueue_wait(s, sync_done, &w, NULL);
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
     if (rc)
         return rc;
-    rc = sync_wait_for(&w);
+    rc = cairn_store_sync_wait_for(&w);
     if (rc)
         return rc;
     if (physical) {

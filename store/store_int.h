@@ -282,4 +282,16 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
 extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o);
 void cairn_store_fill_header(const cairn_store *s, cairn_header *h, int64_t rev);
 
+/* Blocking on an async write: initialise with
+ * {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, pass
+ * cairn_store_sync_done and the struct as the completion, then wait. */
+typedef struct cairn_store_sync_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc;
+} cairn_store_sync_wait;
+void cairn_store_sync_done(void *arg, int rc);
+/* Waits for the completion, destroys the struct's lock and returns its rc. */
+int cairn_store_sync_wait_for(cairn_store_sync_wait *w);
+
 #endif
