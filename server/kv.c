@@ -369,8 +369,7 @@ static int range_resp_to_pb(struct arena **a, Etcdserverpb__RangeResponse *out,
     return kvs_to_pb(a, &out->kvs, r->kvs, r->nkvs);
 }
 
-static int put_resp_to_pb(struct arena **a, Etcdserverpb__PutResponse *out,
-                          const cairn_put_resp *r)
+static int put_resp_to_pb(struct arena **a, Etcdserverpb__PutResponse *out, const cairn_put_resp *r)
 {
     etcdserverpb__put_response__init(out);
     if (r->prev_kv) {
@@ -391,8 +390,8 @@ static int delete_resp_to_pb(struct arena **a, Etcdserverpb__DeleteRangeResponse
     return kvs_to_pb(a, &out->prev_kvs, r->prev_kvs, r->nprev_kvs);
 }
 
-static int txn_resp_to_pb(struct arena **a, Etcdserverpb__TxnResponse *out,
-                          const cairn_txn_resp *r, int depth)
+static int txn_resp_to_pb(struct arena **a, Etcdserverpb__TxnResponse *out, const cairn_txn_resp *r,
+                          int depth)
 {
     etcdserverpb__txn_response__init(out);
     out->succeeded = r->succeeded;
@@ -462,10 +461,28 @@ static int txn_resp_to_pb(struct arena **a, Etcdserverpb__TxnResponse *out,
 
 /* ---- handlers ------------------------------------------------------------ */
 
+/* Answers |c| with |out| (its header filled from the store's |sh|), or with
+ * the error |rc| from the store or the conversion; frees the conversion's
+ * arena |a| either way. */
+static void reply_kv(rpc_call *c, int rc, ProtobufCMessage *out,
+                     Etcdserverpb__ResponseHeader **hdr_slot, const cairn_header *sh,
+                     struct arena *a)
+{
+    Etcdserverpb__ResponseHeader h;
+    if (rc == 0) {
+        rpc_header(c->srv, &h, sh);
+        *hdr_slot = &h;
+        rpc_reply(c, out);
+    } else {
+        rpc_fail(c, rc, NULL);
+    }
+    arena_free(a);
+}
+
 void kv_range(rpc_call *c, const uint8_t *req, size_t len)
 {
-    Etcdserverpb__RangeRequest *m =
-        (Etcdserverpb__RangeRequest *)rpc_unpack(c, &etcdserverpb__range_request__descriptor, req, len);
+    Etcdserverpb__RangeRequest *m = (Etcdserverpb__RangeRequest *)rpc_unpack(
+        c, &etcdserverpb__range_request__descriptor, req, len);
     if (!m)
         return;
     cairn_range_req r;
@@ -480,15 +497,8 @@ void kv_range(rpc_call *c, const uint8_t *req, size_t len)
     }
     struct arena *a = NULL;
     Etcdserverpb__RangeResponse out;
-    Etcdserverpb__ResponseHeader h;
     rc = range_resp_to_pb(&a, &out, &resp);
-    rpc_header(c->srv, &h, &resp.header);
-    out.header = &h;
-    if (rc == 0)
-        rpc_reply(c, &out.base);
-    else
-        rpc_fail(c, rc, NULL);
-    arena_free(a);
+    reply_kv(c, rc, &out.base, &out.header, &resp.header, a);
     cairn_range_resp_destroy(&resp);
 }
 
@@ -501,21 +511,11 @@ static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
     rpc_write_end(c);
-    if (rc != 0) {
-        rpc_fail(c, rc, NULL);
-        return;
-    }
     struct arena *a = NULL;
     Etcdserverpb__PutResponse out;
-    Etcdserverpb__ResponseHeader h;
-    rc = put_resp_to_pb(&a, &out, &c->resp.put);
-    rpc_header(c->srv, &h, &c->resp.put.header);
-    out.header = &h;
     if (rc == 0)
-        rpc_reply(c, &out.base);
-    else
-        rpc_fail(c, rc, NULL);
-    arena_free(a);
+        rc = put_resp_to_pb(&a, &out, &c->resp.put);
+    reply_kv(c, rc, &out.base, &out.header, &c->resp.put.header, a);
 }
 
 void kv_put(rpc_call *c, const uint8_t *req, size_t len)
@@ -551,21 +551,11 @@ static void delete_done(void *arg, int rc)
 {
     rpc_call *c = arg;
     rpc_write_end(c);
-    if (rc != 0) {
-        rpc_fail(c, rc, NULL);
-        return;
-    }
     struct arena *a = NULL;
     Etcdserverpb__DeleteRangeResponse out;
-    Etcdserverpb__ResponseHeader h;
-    rc = delete_resp_to_pb(&a, &out, &c->resp.del);
-    rpc_header(c->srv, &h, &c->resp.del.header);
-    out.header = &h;
     if (rc == 0)
-        rpc_reply(c, &out.base);
-    else
-        rpc_fail(c, rc, NULL);
-    arena_free(a);
+        rc = delete_resp_to_pb(&a, &out, &c->resp.del);
+    reply_kv(c, rc, &out.base, &out.header, &c->resp.del.header, a);
 }
 
 void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
@@ -596,21 +586,11 @@ static void txn_done(void *arg, int rc)
 {
     rpc_call *c = arg;
     rpc_write_end(c);
-    if (rc != 0) {
-        rpc_fail(c, rc, NULL);
-        return;
-    }
     struct arena *a = NULL;
     Etcdserverpb__TxnResponse out;
-    Etcdserverpb__ResponseHeader h;
-    rc = txn_resp_to_pb(&a, &out, &c->resp.txn, 0);
-    rpc_header(c->srv, &h, &c->resp.txn.header);
-    out.header = &h;
     if (rc == 0)
-        rpc_reply(c, &out.base);
-    else
-        rpc_fail(c, rc, NULL);
-    arena_free(a);
+        rc = txn_resp_to_pb(&a, &out, &c->resp.txn, 0);
+    reply_kv(c, rc, &out.base, &out.header, &c->resp.txn.header, a);
 }
 
 static int varint_size(uint64_t v)
@@ -650,7 +630,8 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
     }
     /* etcd: only a Txn that writes goes through raft and its size check;
      * a Txn with a Put is refused while NOSPACE is raised. */
-    if (info.writes && 13u + 1u + (uint64_t)varint_size(len) + len > c->srv->cfg->max_request_bytes) {
+    if (info.writes &&
+        13u + 1u + (uint64_t)varint_size(len) + len > c->srv->cfg->max_request_bytes) {
         rpc_fail(c, CAIRN_EREQUESTTOOLARGE, NULL);
         return;
     }
