@@ -215,9 +215,12 @@ def watch_checks(etcd, cairn):
         s.etcdctl("del", "h/k")
         w = Watch(s, "--rev=%d" % first, "h/k")
         try:
-            w.wait_lines(5)
+            # Three events of three lines each (type, key, value) replayed,
+            # then the live one: wait for all of them, not for a count
+            # the replay alone already reaches.
+            w.wait_lines(9)
             s.etcdctl("put", "h/k", "3")
-            lines = w.wait_lines(7)
+            lines = w.wait_lines(12)
         finally:
             w.stop()
         return lines
