@@ -30,26 +30,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server  # noqa: E402
+from verdict import check, failures, strip_ids  # noqa: E402
 
 HARD_TIMEOUT = 170  # seconds; ctest allows 200
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-def strip_ids(x):
-    if isinstance(x, dict):
-        return {k: strip_ids(v) for k, v in x.items()
-                if k not in ("cluster_id", "member_id", "raft_term")}
-    if isinstance(x, list):
-        return [strip_ids(v) for v in x]
-    return x
-
 
 def norm_text(s, srv):
     s = s.decode("utf-8", "replace")

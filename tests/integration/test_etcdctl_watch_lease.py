@@ -15,7 +15,7 @@ outputs do not depend on timing. Lease ids differ between servers and are
 replaced by "<id>". Every wait is bounded; the watch processes are ours and
 are stopped by their PID.
 
-Not in ctest yet (like the conformance suites watch and lease). Usage:
+Usage:
     test_etcdctl_watch_lease.py --cairn build/cairn [--etcd etcd]
 """
 
@@ -32,27 +32,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server  # noqa: E402
+from verdict import check, failures, strip_ids  # noqa: E402
 
 HARD_TIMEOUT = 170   # seconds for the whole test
 LINE_WAIT = 8.0      # seconds a watch may take to print what it must
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-def strip_ids(x):
-    if isinstance(x, dict):
-        return {k: strip_ids(v) for k, v in x.items()
-                if k not in ("cluster_id", "member_id", "raft_term")}
-    if isinstance(x, list):
-        return [strip_ids(v) for v in x]
-    return x
-
 
 def hide_ids(text):
     """Lease ids (16 hex digits or fewer, as etcdctl prints them) -> <id>."""

@@ -34,18 +34,10 @@ except ImportError:  # a pyenv python without Debian's python3-grpcio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server, free_port  # noqa: E402
+from verdict import check, failures  # noqa: E402
 
 HARD_TIMEOUT = 170
 SEED = 20261129
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
 
 # ---- protobuf by hand -----------------------------------------------------
 
