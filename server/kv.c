@@ -583,7 +583,8 @@ void kv_batcher_free(cairn_server *srv)
     if (!b)
         return;
     cairn_log(CAIRN_LOG_INFO,
-              "experimental-batch-writes: %" PRIu64 " puts in %" PRIu64 " changes (%.2f per change)",
+              "experimental-batch-writes: %" PRIu64 " puts in %" PRIu64
+              " changes (%.2f per change)",
               b->puts, b->changes, b->changes ? (double)b->puts / (double)b->changes : 0.0);
     pthread_mutex_destroy(&b->mu);
     free(b);
