@@ -34,7 +34,18 @@
 #define DEFAULT_MAX_REQUEST_BYTES (1536u * 1024u)
 #define DEFAULT_MAX_TXN_OPS 128u
 
-enum flag_kind { F_STRING, F_URLS, F_CLUSTER, F_U64, F_I64, F_U32, F_LOGLEVEL, F_INT, F_IGNORED };
+enum flag_kind {
+    F_STRING,
+    F_URLS,
+    F_CLUSTER,
+    F_U64,
+    F_I64,
+    F_U32,
+    F_LOGLEVEL,
+    F_INT,
+    F_BATCH,
+    F_IGNORED
+};
 
 struct flag {
     const char *name;
@@ -67,6 +78,10 @@ static const struct flag flags[] = {
      "Raise the NOSPACE alarm when the backend size exceeds this (0 = 2 GiB)."},
     {"log-level", F_LOGLEVEL, "debug, info, warn, error, panic or fatal (default info)."},
     {"threads", F_INT, "cairn: gRPC worker threads (default: one per CPU core)."},
+    {"experimental-batch-writes", F_BATCH,
+     "cairn, for benchmarks only: coalesce up to N concurrent plain Puts into one change\n"
+     "        (one revision for all of them, which breaks etcd's one revision per Put;\n"
+     "        N <= --max-txn-ops). 0 = off (default)."},
     {"logger", F_IGNORED, NULL},
     {"log-outputs", F_IGNORED, NULL},
     {"heartbeat-interval", F_IGNORED, NULL},
@@ -363,6 +378,11 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
             return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
         cfg->threads = (int)i;
         break;
+    case F_BATCH:
+        if (parse_i64(&i, v) != 0 || i < 0 || i > UINT32_MAX)
+            return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
+        cfg->batch_writes = (uint32_t)i;
+        break;
     }
     return rc;
 }
@@ -459,6 +479,11 @@ int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size
         snprintf(err, errlen, "out of memory");
         return rc;
     }
+    /* A batch is one Txn in the store, so it obeys the Txn op limit. */
+    if (cfg->batch_writes > cfg->max_txn_ops)
+        return fail(err, errlen,
+                    "--experimental-batch-writes %" PRIu32 " exceeds --max-txn-ops %" PRIu32,
+                    cfg->batch_writes, cfg->max_txn_ops);
     int found = 0;
     for (size_t i = 0; i < cfg->ninitial_cluster; i++)
         found |= strcmp(cfg->initial_cluster[i].name, cfg->name) == 0;

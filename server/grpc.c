@@ -710,6 +710,8 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
 
     int rc = watch_hub_new(srv);
     if (rc == 0)
+        rc = kv_batcher_new(srv);
+    if (rc == 0)
         rc = open_store(srv, err, errlen);
     if (rc != 0)
         goto fail;
@@ -927,6 +929,7 @@ void cairn_server_free(cairn_server *srv)
     free(srv->ports);
     free(srv->alarms);
     watch_hub_free(srv);
+    kv_batcher_free(srv);
     pthread_mutex_destroy(&srv->shut_mu);
     pthread_cond_destroy(&srv->shut_cv);
     pthread_mutex_destroy(&srv->gate_mu);

@@ -99,6 +99,7 @@ struct cairn_server {
 
     atomic_uint snapshot_seq;
     struct watch_hub *watch;    /* watch.c */
+    struct kv_batcher *batcher; /* kv.c; NULL unless --experimental-batch-writes */
     char shutdown_tag; /* its address is the shutdown notification's tag */
     int64_t live_calls; /* accepted and not yet freed (shut_mu) */
 };
@@ -183,6 +184,11 @@ void kv_put(rpc_call *c, const uint8_t *req, size_t len);
 void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len);
 void kv_txn(rpc_call *c, const uint8_t *req, size_t len);
 void kv_compact(rpc_call *c, const uint8_t *req, size_t len);
+/* The Put batcher of --experimental-batch-writes (benchmarks only; see
+ * kv.c): made before the server serves, freed once no call is live. With
+ * the flag off kv_batcher_new leaves srv->batcher NULL. */
+int kv_batcher_new(cairn_server *srv);
+void kv_batcher_free(cairn_server *srv);
 void maint_status(rpc_call *c, const uint8_t *req, size_t len);
 void maint_alarm(rpc_call *c, const uint8_t *req, size_t len);
 void maint_defragment(rpc_call *c, const uint8_t *req, size_t len);

@@ -62,6 +62,10 @@ typedef struct cairn_config {
     int64_t quota_backend_bytes; /* 0 = etcd's default, 2 GiB */
     int log_level;
     int threads; /* gRPC worker threads; 0 = one per core */
+    /* Benchmarks only (--experimental-batch-writes): up to this many
+     * concurrent plain Puts share one change and one revision (kv.c).
+     * 0 = off: one change per Put, as etcd numbers them. */
+    uint32_t batch_writes;
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */

@@ -30,20 +30,23 @@ lib_pick_port() {
   return 1
 }
 
-# lib_start_server NAME BINARY: starts BINARY with etcd's flags (cairn takes
-# the same names), waits until a KV Range succeeds (at most 30 s), and sets
-# ENDPOINT. Returns non-zero, with the log's tail on stderr, on failure.
+# lib_start_server NAME BINARY [FLAGS...]: starts BINARY with etcd's flags
+# (cairn takes the same names) and any extra FLAGS, waits until a KV Range
+# succeeds (at most 30 s), and sets ENDPOINT and SERVER_PID. Returns
+# non-zero, with the log's tail on stderr, on failure.
 lib_start_server() {
   local name=$1 bin=$2 cport pport dir pid
+  shift 2
   cport=$(lib_pick_port) || return 1
   pport=$((cport + 1))
   dir=$WORK/$name.data
   "${SERVER_PIN[@]}" "$bin" --name default --data-dir "$dir" \
     --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-    --initial-cluster "default=http://127.0.0.1:$pport" >"$WORK/$name.log" 2>&1 &
+    --initial-cluster "default=http://127.0.0.1:$pport" "$@" >"$WORK/$name.log" 2>&1 &
   pid=$!
   LIB_PIDS+=("$pid")
+  SERVER_PID=$pid
   ENDPOINT=127.0.0.1:$cport
   for _ in $(seq 60); do
     if ! kill -0 "$pid" 2>/dev/null; then
