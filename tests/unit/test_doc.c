@@ -114,11 +114,10 @@ static void deliver(cairn_doc *to, const cairn_doc *from)
 {
     const cairn_dag *fd = cairn_doc_dag(from);
     for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
-        const cairn_change *c = cairn_dag_at(fd, i);
-        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+        if (cairn_dag_has(cairn_doc_dag(to), cairn_dag_hash_at(fd, i)))
             continue;
         cairn_change *copy;
-        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_dag_load(&copy, fd, i), 0);
         ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
     }
 }
@@ -734,11 +733,10 @@ static void deliver_logged(cairn_doc *to, const cairn_doc *from, struct log *lg)
     cairn_doc_observer obs = {lg, log_change, log_patch};
     const cairn_dag *fd = cairn_doc_dag(from);
     for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
-        const cairn_change *c = cairn_dag_at(fd, i);
-        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+        if (cairn_dag_has(cairn_doc_dag(to), cairn_dag_hash_at(fd, i)))
             continue;
         cairn_change *copy;
-        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_dag_load(&copy, fd, i), 0);
         ck_assert_int_eq(cairn_doc_receive(to, copy, &obs), 0);
     }
 }
@@ -1116,10 +1114,8 @@ START_TEST(receive_reports_first_error_and_applies_the_rest)
     ops[0] = set_op((cairn_opid){5, 0}, "bad", "b"); /* no object (5, author) */
     cairn_change *h = hostile(t, 9, 1, 100, ops, 1, NULL, 0);
     cairn_change *x, *dd;
-    ck_assert_int_eq(
-        cairn_change_decode(&x, cairn_dag_at(sd, 1)->bytes, cairn_dag_at(sd, 1)->len, NULL), 0);
-    ck_assert_int_eq(
-        cairn_change_decode(&dd, cairn_dag_at(sd, 0)->bytes, cairn_dag_at(sd, 0)->len, NULL), 0);
+    ck_assert_int_eq(cairn_dag_load(&x, sd, 1), 0);
+    ck_assert_int_eq(cairn_dag_load(&dd, sd, 0), 0);
     /* both wait for D; when it arrives, H is rejected and X still applies */
     ck_assert_int_eq(cairn_doc_receive(r, h, NULL), 0);
     ck_assert_int_eq(cairn_doc_receive(r, x, NULL), 0);

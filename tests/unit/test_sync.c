@@ -74,9 +74,8 @@ static void copy_all(cairn_doc *to, const cairn_doc *from)
 {
     const cairn_dag *d = cairn_doc_dag(from);
     for (uint64_t i = 0; i < cairn_dag_count(d); i++) {
-        const cairn_change *c = cairn_dag_at(d, i);
         cairn_change *copy = NULL;
-        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_dag_load(&copy, d, i), 0);
         ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
     }
 }
@@ -203,8 +202,8 @@ static void diverged(int k, int base, int keep_state)
     /* Both now know the other has everything. */
     const cairn_dag *d = cairn_doc_dag(a);
     for (uint64_t i = 0; i < cairn_dag_count(d); i++) {
-        ck_assert_int_eq(cairn_sync_peer_has(sa, a, &cairn_dag_at(d, i)->hash), 1);
-        ck_assert_int_eq(cairn_sync_peer_has(sb, b, &cairn_dag_at(d, i)->hash), 1);
+        ck_assert_int_eq(cairn_sync_peer_has(sa, a, cairn_dag_hash_at(d, i)), 1);
+        ck_assert_int_eq(cairn_sync_peer_has(sb, b, cairn_dag_hash_at(d, i)), 1);
     }
     cairn_sync_state_free(sa);
     cairn_sync_state_free(sb);
@@ -303,7 +302,7 @@ START_TEST(peer_has_tracks_acknowledgement)
     edit(a, "a", 3, NULL);
     const cairn_hash *h;
     ck_assert_uint_eq(cairn_dag_heads(cairn_doc_dag(a), &h), 1);
-    cairn_hash first = cairn_dag_at(cairn_doc_dag(a), 0)->hash;
+    cairn_hash first = *cairn_dag_hash_at(cairn_doc_dag(a), 0);
     cairn_hash head = h[0];
     ck_assert_int_eq(cairn_sync_peer_has(sa, a, &head), 0);
     ck_assert_int_eq(cairn_sync_peer_has(sa, a, &first), 0);
@@ -338,14 +337,14 @@ START_TEST(push_then_sync)
     edit(a, "base", 4, NULL);
     ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
     /* Three fresh changes pushed at once. */
-    const cairn_change *fresh[3];
+    cairn_change *fresh[3];
     edit(a, "p", 3, NULL);
     const cairn_dag *da = cairn_doc_dag(a);
     for (int i = 0; i < 3; i++)
-        fresh[i] = cairn_dag_at(da, cairn_dag_count(da) - 3 + (uint64_t)i);
+        ck_assert_int_eq(cairn_dag_load(&fresh[i], da, cairn_dag_count(da) - 3 + (uint64_t)i), 0);
     uint8_t *m = NULL;
     size_t len = 0, np = 0;
-    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, fresh, 3), 0);
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3), 0);
     ck_assert_ptr_nonnull(m);
     ck_assert_uint_eq(np, 3);
     cairn_sync_msg dm;
@@ -357,13 +356,15 @@ START_TEST(push_then_sync)
     free(m);
     assert_same_state(a, b);
     /* Pushing them again sends nothing: they are in flight already. */
-    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, fresh, 3), 0);
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3), 0);
     ck_assert_ptr_null(m);
     /* b acknowledges; a has nothing more to send. */
     ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
     ck_assert_uint_le(st.msgs, 2);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(cairn_sync_peer_has(sa, a, &fresh[i]->hash), 1);
+    for (int i = 0; i < 3; i++)
+        cairn_change_free(fresh[i]);
     cairn_sync_state_free(sa);
     cairn_sync_state_free(sb);
     cairn_doc_free(a);
