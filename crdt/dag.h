@@ -68,8 +68,8 @@ int cairn_dag_set_loader(cairn_dag *d, cairn_dag_load_cb fn, void *arg);
  * dependency is ordered. */
 int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state);
 
-/* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order or
- * cairn_dag_discard. */
+/* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order
+ * (which may hand this very pointer to its caller) or cairn_dag_discard. */
 const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and

@@ -582,8 +582,8 @@ START_TEST(random_permutations_converge)
         ck_assert_rc(cairn_dag_ancestors(&w, &nw, ref, &mid->hash, 1), 0);
         ck_assert_uint_eq(nv, nw);
         for (size_t i = 0; i < nv; i++)
-            ck_assert_int_eq(
-                cairn_dag_is_ancestor(ref, cairn_dag_hash_at(d, v[i]), &mid->hash, 1), 1);
+            ck_assert_int_eq(cairn_dag_is_ancestor(ref, cairn_dag_hash_at(d, v[i]), &mid->hash, 1),
+                             1);
         free(v);
         free(w);
         cairn_dag_free(d);

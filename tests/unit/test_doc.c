@@ -1169,8 +1169,8 @@ START_TEST(values_outlive_change_bodies)
     ck_assert_int_eq(cairn_doc_begin(a, 10), 0);
     put_s(a, CAIRN_ROOT, "k", "local value");
     cairn_objid l;
-    ck_assert_int_eq(cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST),
-                     0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
     cairn_value item = str_v("list item");
     ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &item), 0);
     const cairn_change *c;
@@ -1223,14 +1223,15 @@ START_TEST(values_outlive_change_bodies)
     for (int side = 0; side < 2; side++) {
         cairn_read all[4];
         size_t n;
-        ck_assert_int_eq(cairn_doc_get_all(side ? b : a, all, 4, &n, CAIRN_ROOT,
-                                           (const uint8_t *)"c", 1),
-                         0);
+        ck_assert_int_eq(
+            cairn_doc_get_all(side ? b : a, all, 4, &n, CAIRN_ROOT, (const uint8_t *)"c", 1), 0);
         ck_assert_uint_eq(n, 2);
         int fa = 0, fb = 0;
         for (size_t i = 0; i < n; i++) {
-            fa |= all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from a", 6) == 0;
-            fb |= all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from b", 6) == 0;
+            fa |=
+                all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from a", 6) == 0;
+            fb |=
+                all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from b", 6) == 0;
         }
         ck_assert(fa && fb);
     }

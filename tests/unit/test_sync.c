@@ -352,7 +352,8 @@ START_TEST(push_then_sync)
         ck_assert_int_eq(cairn_dag_load(&fresh[i], da, cairn_dag_count(da) - 3 + (uint64_t)i), 0);
     uint8_t *m = NULL;
     size_t len = 0, np = 0;
-    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3), 0);
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3),
+                     0);
     ck_assert_ptr_nonnull(m);
     ck_assert_uint_eq(np, 3);
     cairn_sync_msg dm;
@@ -364,7 +365,8 @@ START_TEST(push_then_sync)
     free(m);
     assert_same_state(a, b);
     /* Pushing them again sends nothing: they are in flight already. */
-    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3), 0);
+    ck_assert_int_eq(cairn_sync_push(&m, &len, &np, a, sa, (const cairn_change *const *)fresh, 3),
+                     0);
     ck_assert_ptr_null(m);
     /* b acknowledges; a has nothing more to send. */
     ck_assert_int_eq(sync_pair(b, sb, a, sa, &rng, 10, &st), 0);
