@@ -99,11 +99,10 @@ static size_t sync_to(cairn_doc *to, const cairn_doc *from)
     const cairn_dag *fd = cairn_doc_dag(from);
     size_t sent = 0;
     for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
-        const cairn_change *c = cairn_dag_at(fd, i);
-        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+        if (cairn_dag_has(cairn_doc_dag(to), cairn_dag_hash_at(fd, i)))
             continue;
         cairn_change *copy;
-        check(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), "decode");
+        check(cairn_dag_load(&copy, fd, i), "load");
         check(cairn_doc_receive(to, copy, NULL), "receive");
         sent++;
     }

@@ -10,7 +10,8 @@
  *      changes, then receiving the overwrites (decode + validate + DAG +
  *      apply, and apply without decode);
  *   4. memory per key: heap bytes in use (mallinfo2) of a whole replica per
- *      key, of a bare DAG holding the same changes, and the difference (the
+ *      key, of a bare DAG holding the same changes (keeping their bytes, and
+ *      with a body loader, as the store's DAG), and the difference (the
  *      document state itself); plus RSS.
  *
  * Usage: crdt_bench [nkeys [nupdates]]. Single-threaded; the document's
@@ -106,13 +107,21 @@ static void put_one(cairn_doc *d, uint64_t t, uint32_t k, uint32_t version,
         die("local write", rc);
 }
 
-static cairn_change *copy_of(const cairn_change *c)
+/* The change at |index| of |d|, decoded afresh from the bytes the DAG keeps
+ * (what a peer would receive). */
+static cairn_change *copy_of(const cairn_dag *d, uint64_t index)
 {
     cairn_change *copy;
-    int rc = cairn_change_decode(&copy, c->bytes, c->len, &c->hash);
+    int rc = cairn_dag_load(&copy, d, index);
     if (rc)
         die("decode", rc);
     return copy;
+}
+
+/* A body loader serving another DAG's bytes (stands in for storage). */
+static int load_from(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+{
+    return cairn_dag_load_bytes(bytes, len, arg, index);
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -166,7 +175,7 @@ int main(int argc, char **argv)
     double t2 = now_s();
     const cairn_dag *da = cairn_doc_dag(a);
     for (uint64_t i = 0; i < cairn_dag_count(da); i++)
-        if ((rc = cairn_doc_receive(b, copy_of(cairn_dag_at(da, i)), NULL)) != 0)
+        if ((rc = cairn_doc_receive(b, copy_of(da, i), NULL)) != 0)
             die("receive", rc);
     double t3 = now_s();
     size_t heap_b = heap_bytes() - heap1;
@@ -196,7 +205,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < BATCHES; k++) {
         double x0 = now_s();
         for (uint32_t j = 0; j < bs; j++)
-            pre[j] = copy_of(cairn_dag_at(da, first_update + (uint64_t)k * bs + j));
+            pre[j] = copy_of(da, first_update + (uint64_t)k * bs + j);
         double x1 = now_s();
         for (uint32_t j = 0; j < bs; j++)
             if ((rc = cairn_doc_receive(b, pre[j], NULL)) != 0)
@@ -209,19 +218,31 @@ int main(int argc, char **argv)
     double t7 = now_s();
     free(pre);
 
-    /* 4. the first n changes in a bare DAG (last: freeing it fragments the heap) */
-    size_t heap2 = heap_bytes();
-    cairn_dag *bare;
-    if ((rc = cairn_dag_new(&bare)) != 0)
-        die("dag", rc);
-    for (uint64_t i = 0; i < n; i++) {
-        int st;
-        if ((rc = cairn_dag_add(bare, copy_of(cairn_dag_at(da, i)), &st)) != 0 ||
-            (rc = cairn_dag_order(bare, NULL)) != 0)
-            die("dag add", rc);
+    /* 4. the first n changes in a bare DAG, keeping their bytes (as every DAG
+     * here does), then in one whose bodies a loader serves (as the store's:
+     * here the loader reads them from replica a). Last: freeing fragments
+     * the heap. */
+    size_t heap_dag = 0, heap_dag_ld = 0;
+    for (int with_loader = 0; with_loader < 2; with_loader++) {
+        size_t heap2 = heap_bytes();
+        cairn_dag *bare;
+        if ((rc = cairn_dag_new(&bare)) != 0)
+            die("dag", rc);
+        if (with_loader && (rc = cairn_dag_set_loader(bare, load_from, (void *)da)) != 0)
+            die("loader", rc);
+        for (uint64_t i = 0; i < n; i++) {
+            int st;
+            if ((rc = cairn_dag_add(bare, copy_of(da, i), &st)) != 0 ||
+                (rc = cairn_dag_order(bare, NULL, NULL)) != 0)
+                die("dag add", rc);
+        }
+        cairn_change *back;
+        if ((rc = cairn_dag_load(&back, bare, n / 2)) != 0)
+            die("load", rc);
+        cairn_change_free(back);
+        *(with_loader ? &heap_dag_ld : &heap_dag) = heap_bytes() - heap2;
+        cairn_dag_free(bare);
     }
-    size_t heap_dag = heap_bytes() - heap2;
-    cairn_dag_free(bare);
 
     uint8_t *dump_a, *dump_b;
     size_t la, lb;
@@ -248,10 +269,14 @@ int main(int argc, char **argv)
     printf("memory, whole replica:       %.1f B/key heap (doc + DAG of one change per key), "
            "%.1f B/key RSS\n",
            (double)heap_a / n, (double)rss_a / n);
-    printf("memory, bare DAG:            %.1f B/change heap\n", (double)heap_dag / n);
-    printf("memory, document state:      %.1f B/key heap (replica - DAG, values borrowed "
-           "from changes)\n",
+    printf("memory, bare DAG:            %.1f B/change heap (bodies kept as bytes), %.1f "
+           "B/change (bodies from a loader)\n",
+           (double)heap_dag / n, (double)heap_dag_ld / n);
+    printf("memory, document state:      %.1f B/key heap (replica - DAG; values are the "
+           "doc's copies)\n",
            ((double)heap_b - (double)heap_dag) / n);
+    printf("memory, replica with loader: %.1f B/key heap (document state + loader DAG)\n",
+           ((double)heap_b - (double)heap_dag + (double)heap_dag_ld) / n);
     cairn_doc_free(a);
     cairn_doc_free(b);
     return 0;

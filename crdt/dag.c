@@ -3,26 +3,37 @@
  * applied them, which wait for dependencies, and the ancestry queries that
  * sync needs.
  *
- * Every hash the DAG has heard of is a node in one open-addressing table
- * (linear probing, backward-shift deletion). A node is ORDERED (in the apply
- * order, with an index), READY (all deps ordered, queued for the caller),
- * PENDING (some dep not ordered yet), a STUB (a hash that pending changes
- * depend on but that we have never seen) or REJECTED (a change that broke the
- * sequence rule and that pending changes still wait for, forever). Every node
- * that is not ordered keeps the list of pending nodes waiting for it;
- * ordering it decrements their missing-counts and queues those that reach
- * zero. So delivery in any order costs O(deps) per change, with no rescans of
- * the pending buffer.
+ * Two kinds of record. A change that is not ordered yet is a node in one
+ * open-addressing table of pointers (linear probing, backward-shift
+ * deletion): READY (all deps ordered, queued for the caller), PENDING (some
+ * dep not ordered yet), a STUB (a hash that pending changes depend on but
+ * that we have never seen) or REJECTED (a change that broke the sequence
+ * rule and that pending changes still wait for, forever). Every such node
+ * keeps the list of pending nodes waiting for it; ordering it decrements
+ * their missing-counts and queues those that reach zero. So delivery in any
+ * order costs O(deps) per change, with no rescans of the pending buffer.
+ *
+ * An ORDERED change is no node at all but one row of parallel arrays indexed
+ * by its apply index: its hash (32 bytes), the offset of its deps in one
+ * shared byte string (deps as apply indices, each a varint of "my index minus
+ * the dep's", so the common dep, the change just before, is one byte), and a
+ * slot in a second hash table whose 8-byte slots hold the index and 24 bits
+ * of the slot hash (a probe rarely touches the hash array). That is about 60
+ * bytes per change, whatever the change carried. Its body is not kept: a
+ * loader (cairn_dag_set_loader) reads it back from storage on demand and the
+ * DAG checks it against the hash. Without a loader (tests, benchmarks, the
+ * in-memory replicas of the fuzzers) the DAG keeps the canonical bytes of
+ * every ordered change in one append-only log instead, never decoded structs.
  *
  * The sequence rule (seq n needs the author's n-1 among its ancestors) is
  * checked against the author's last ordered change: ordered changes of one
  * author always form the contiguous run 1..max, so n <= max is a fork, n >
  * max+1 a gap, and n == max+1 needs change max (at apply index L) among the
  * ancestors. The common case finds it among the deps directly; otherwise a
- * walk back from the deps never visits a node whose index is below L (an
- * ancestor always has a smaller index), so it visits at most the changes
- * ordered since the author's previous one: few in honest histories, O(n) in
- * a hostile one. Walks use explicit stacks and per-node epoch marks, never
+ * walk back from the deps never visits an index below L (an ancestor always
+ * has a smaller index), so it visits at most the changes ordered since the
+ * author's previous one: few in honest histories, O(n) in a hostile one.
+ * Walks use explicit stacks and bitmaps over the span they may visit, never
  * recursion.
  *
  * Table slots are placed by SipHash with a per-DAG random key, so a peer
@@ -43,20 +54,19 @@
 #define MAX_PENDING_EDGES (8u * CAIRN_DAG_MAX_PENDING)
 #define MAX_PENDING_BYTES ((size_t)256 << 20)
 
-enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_ORDERED = 3, ST_REJECTED = 4 };
+enum { ST_STUB = 0, ST_PENDING = 1, ST_READY = 2, ST_REJECTED = 4 };
 
 #define NO_POS UINT32_MAX
 
+/* A change that is not ordered (or a hash we only heard of). */
 typedef struct node {
     cairn_hash hash;
-    cairn_change *c; /* NULL for a stub */
-    uint64_t index;  /* ORDERED: apply-order index */
-    /* Not ORDERED: pending nodes that wait for this one. */
+    cairn_change *c; /* NULL for a stub or a rejected change */
+    /* Pending nodes that wait for this one. */
     struct node **waiters;
     uint32_t nwaiters, capwaiters;
     uint32_t nmissing; /* PENDING: deps not ordered yet */
-    uint32_t pos;      /* ORDERED head: slot in heads; STUB: slot in stubs */
-    uint32_t mark;     /* walk epoch */
+    uint32_t pos;      /* STUB: slot in stubs */
     uint8_t state;
 } node;
 
@@ -79,23 +89,48 @@ struct vec { /* a growable array of pointers */
     size_t n, cap;
 };
 
+/* Ordered-table slot: 0 = empty, else (fingerprint << IDX_BITS) | (index + 1). */
+#define IDX_BITS 40
+#define IDX_MASK ((UINT64_C(1) << IDX_BITS) - 1)
+#define FP_MASK UINT64_C(0xFFFFFF)
+#define MAX_ORDERED (IDX_MASK - 1)
+
+/* Heads: apply indices, ascending (a new head always has the greatest index,
+ * so appending keeps the order); a removed head is flagged and swept out
+ * once the flagged ones outnumber the live ones. */
+#define HEAD_DEAD (UINT64_C(1) << 63)
+
 struct cairn_dag {
     uint8_t key[crypto_shorthash_KEYBYTES]; /* table hash key */
-    struct table nodes;
+    struct table nodes;                     /* changes not ordered yet */
     struct table actors;
-    node **order;
-    size_t norder, caporder;
+
+    /* Ordered changes, by apply index. */
+    cairn_hash *ohash;
+    uint64_t *dep_off; /* norder + 1 offsets into dep_bytes */
+    uint8_t *dep_bytes;
+    size_t norder, caporder, ndep_bytes, capdep_bytes;
+    uint64_t *otab; /* hash -> index */
+    size_t otab_cap;
+    int otab_shift;
+
+    /* Bodies: a loader, or (no loader) every canonical encoding, appended. */
+    cairn_dag_load_cb load;
+    void *load_arg;
+    uint64_t *body_off; /* norder + 1 offsets into body */
+    uint8_t *body;
+    size_t nbody, capbody;
+
     /* Ready FIFO: a ring buffer. */
     node **ready;
     size_t rhead, rlen, rcap;
-    struct vec heads; /* unsorted; sorted copy below on demand */
+    uint64_t *heads;
+    size_t nheads, capheads, nlive_heads;
     struct vec stubs;
     cairn_hash *sorted_heads;
     size_t nsorted, capsorted;
     int heads_dirty;
     size_t npending, pending_edges, pending_bytes;
-    uint32_t epoch;
-    struct vec stack; /* walk scratch */
 };
 
 /* ---- small containers ---------------------------------------------- */
@@ -114,16 +149,63 @@ static int vec_push(struct vec *v, void *p)
     return 0;
 }
 
-/* The slot for a key of |t|'s kind: SipHash-2-4 with a per-DAG random key
- * over all of the key's bytes (a peer chooses dep hashes freely, so any byte
- * left out could be used to pile entries onto one slot). */
-static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
+/* Grows array *p of |size|-byte elements to hold at least |need|. */
+static int reserve(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 16;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*p, nc * size);
+    if (!np)
+        return CAIRN_ENOMEM;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+static size_t put_uv(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* Reads a varint this file wrote (trusted: no bounds beyond the writer's). */
+static uint64_t get_uv(const uint8_t **pp)
+{
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int s = 0;
+    while (*p & 0x80) {
+        v |= (uint64_t)(*p++ & 0x7F) << s;
+        s += 7;
+    }
+    v |= (uint64_t)*p++ << s;
+    *pp = p;
+    return v;
+}
+
+/* SipHash-2-4 with a per-DAG random key over all of the key's bytes (a peer
+ * chooses dep hashes freely, so any byte left out could be used to pile
+ * entries onto one slot). */
+static uint64_t sip(const cairn_dag *d, const uint8_t *key, size_t klen)
 {
     uint8_t out[crypto_shorthash_BYTES];
     uint64_t x;
-    crypto_shorthash(out, key, t->klen, d->key);
+    crypto_shorthash(out, key, klen, d->key);
     memcpy(&x, out, sizeof x);
-    return (size_t)(x >> t->shift);
+    return x;
+}
+
+static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
+{
+    return (size_t)(sip(d, key, t->klen) >> t->shift);
 }
 
 /* Every table entry (node, actor_rec) starts with its key. */
@@ -149,16 +231,21 @@ static void *tab_get(const cairn_dag *d, const struct table *t, const uint8_t *k
     return t->slot[tab_find(d, t, key)];
 }
 
-static int tab_grow(const cairn_dag *d, struct table *t)
+static int shift_for(size_t cap)
 {
-    size_t cap = t->cap ? t->cap * 2 : 64;
     int shift = 64;
     for (size_t c = cap; c > 1; c >>= 1)
         shift--;
+    return shift;
+}
+
+static int tab_grow(const cairn_dag *d, struct table *t)
+{
+    size_t cap = t->cap ? t->cap * 2 : 64;
     void **slot = calloc(cap, sizeof *slot);
     if (!slot)
         return CAIRN_ENOMEM;
-    struct table nt = {slot, cap, t->n, shift, t->klen};
+    struct table nt = {slot, cap, t->n, shift_for(cap), t->klen};
     for (size_t i = 0; i < t->cap; i++) {
         if (t->slot[i]) {
             size_t j = slot_of(d, &nt, key_of(t->slot[i]));
@@ -215,10 +302,61 @@ static node *get_node(const cairn_dag *d, const cairn_hash *h)
     return tab_get(d, &d->nodes, h->b);
 }
 
-static node *get_ordered(const cairn_dag *d, const cairn_hash *h)
+/* ---- the ordered table ------------------------------------------------- */
+
+/* Looks |h| up among ordered changes: 1 and *index, or 0. */
+static int get_ordered(const cairn_dag *d, const cairn_hash *h, uint64_t *index)
 {
-    node *n = get_node(d, h);
-    return n && n->state == ST_ORDERED ? n : NULL;
+    if (!d->otab_cap)
+        return 0;
+    uint64_t x = sip(d, h->b, CAIRN_HASH_LEN), fp = x & FP_MASK;
+    size_t mask = d->otab_cap - 1;
+    for (size_t i = (size_t)(x >> d->otab_shift); d->otab[i]; i = (i + 1) & mask) {
+        uint64_t s = d->otab[i];
+        if (s >> IDX_BITS != fp)
+            continue;
+        uint64_t ix = (s & IDX_MASK) - 1;
+        if (memcmp(d->ohash[ix].b, h->b, CAIRN_HASH_LEN) == 0) {
+            if (index)
+                *index = ix;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void otab_insert(uint64_t *tab, size_t cap, int shift, uint64_t x, uint64_t index)
+{
+    size_t i = (size_t)(x >> shift), mask = cap - 1;
+    while (tab[i])
+        i = (i + 1) & mask;
+    tab[i] = ((x & FP_MASK) << IDX_BITS) | (index + 1);
+}
+
+/* Room for one more ordered change at load <= 3/4. */
+static int otab_reserve(cairn_dag *d)
+{
+    if (d->otab_cap && (d->norder + 1) * 4 <= d->otab_cap * 3)
+        return 0;
+    size_t cap = d->otab_cap ? d->otab_cap * 2 : 64;
+    uint64_t *t = calloc(cap, sizeof *t);
+    if (!t)
+        return CAIRN_ENOMEM;
+    int shift = shift_for(cap);
+    for (size_t i = 0; i < d->norder; i++)
+        otab_insert(t, cap, shift, sip(d, d->ohash[i].b, CAIRN_HASH_LEN), i);
+    free(d->otab);
+    d->otab = t;
+    d->otab_cap = cap;
+    d->otab_shift = shift;
+    return 0;
+}
+
+/* Deps of ordered change |i|: [*p, *end) of varint index deltas. */
+static void deps_range(const cairn_dag *d, uint64_t i, const uint8_t **p, const uint8_t **end)
+{
+    *p = d->dep_bytes + d->dep_off[i];
+    *end = d->dep_bytes + d->dep_off[i + 1];
 }
 
 /* ---- life cycle ------------------------------------------------------ */
@@ -242,6 +380,15 @@ int cairn_dag_new(cairn_dag **out)
     return 0;
 }
 
+int cairn_dag_set_loader(cairn_dag *d, cairn_dag_load_cb fn, void *arg)
+{
+    if (d->norder)
+        return CAIRN_ESTATE;
+    d->load = fn;
+    d->load_arg = arg;
+    return 0;
+}
+
 static void node_free(node *n)
 {
     cairn_change_free(n->c);
@@ -260,12 +407,16 @@ void cairn_dag_free(cairn_dag *d)
         free(d->actors.slot[i]);
     free(d->nodes.slot);
     free(d->actors.slot);
-    free(d->order);
+    free(d->ohash);
+    free(d->dep_off);
+    free(d->dep_bytes);
+    free(d->otab);
+    free(d->body_off);
+    free(d->body);
     free(d->ready);
-    free(d->heads.p);
+    free(d->heads);
     free(d->stubs.p);
     free(d->sorted_heads);
-    free(d->stack.p);
     free(d);
 }
 
@@ -346,6 +497,10 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
     *state = CAIRN_DAG_KNOWN;
     if (!c)
         return CAIRN_EINVAL;
+    if (get_ordered(d, &c->hash, NULL)) {
+        cairn_change_free(c);
+        return 0;
+    }
     node *n = get_node(d, &c->hash);
     if (n && n->state != ST_STUB) {
         cairn_change_free(c);
@@ -357,7 +512,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
 
     uint32_t missing = 0;
     for (uint32_t i = 0; i < c->ndeps; i++)
-        if (!get_ordered(d, &c->deps[i]))
+        if (!get_ordered(d, &c->deps[i], NULL))
             missing++;
     if (missing) {
         if (d->npending >= CAIRN_DAG_MAX_PENDING ||
@@ -384,9 +539,9 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         /* Register with every dep that is not ordered, creating stubs. */
         uint32_t done = 0;
         for (; done < c->ndeps; done++) {
-            node *dep = get_node(d, &c->deps[done]);
-            if (dep && dep->state == ST_ORDERED)
+            if (get_ordered(d, &c->deps[done], NULL))
                 continue;
+            node *dep = get_node(d, &c->deps[done]);
             if (!dep) {
                 dep = calloc(1, sizeof *dep);
                 if (!dep || list_add(&d->stubs, dep)) {
@@ -410,8 +565,8 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
             /* Undo: we are the last waiter of each dep registered so far. */
             for (uint32_t i = 0; i < done; i++) {
                 node *dep = get_node(d, &c->deps[i]);
-                if (dep->state == ST_ORDERED)
-                    continue;
+                if (!dep)
+                    continue; /* ordered */
                 dep->nwaiters--;
                 if (dep->state == ST_STUB && dep->nwaiters == 0) {
                     list_remove(&d->stubs, dep);
@@ -504,54 +659,104 @@ static void reject(cairn_dag *d)
     drop_node(d, n);
 }
 
-static void next_epoch(cairn_dag *d)
-{
-    if (++d->epoch == 0) {
-        for (size_t i = 0; i < d->norder; i++)
-            d->order[i]->mark = 0;
-        d->epoch = 1;
-    }
-}
+/* A growable stack of apply indices. */
+struct ustack {
+    uint64_t *v;
+    size_t n, cap;
+};
 
-/* Is the ordered change at index |target| an ancestor of |c|'s deps? */
-static int reaches(cairn_dag *d, const cairn_change *c, uint64_t target)
+static int us_push(struct ustack *s, uint64_t x)
 {
-    for (uint32_t i = 0; i < c->ndeps; i++) {
-        node *dep = get_ordered(d, &c->deps[i]);
-        if (dep && dep->index == target)
-            return 1;
-    }
-    next_epoch(d);
-    d->stack.n = 0;
-    for (uint32_t i = 0; i < c->ndeps; i++) {
-        node *dep = get_ordered(d, &c->deps[i]);
-        if (dep && dep->index > target && dep->mark != d->epoch) {
-            dep->mark = d->epoch;
-            if (vec_push(&d->stack, dep))
-                return CAIRN_ENOMEM;
-        }
-    }
-    while (d->stack.n) {
-        node *x = d->stack.p[--d->stack.n];
-        for (uint32_t i = 0; i < x->c->ndeps; i++) {
-            node *dep = get_ordered(d, &x->c->deps[i]);
-            if (!dep || dep->index < target || dep->mark == d->epoch)
-                continue;
-            if (dep->index == target)
-                return 1;
-            dep->mark = d->epoch;
-            if (vec_push(&d->stack, dep))
-                return CAIRN_ENOMEM;
-        }
-    }
+    if (s->n == s->cap && reserve((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v))
+        return CAIRN_ENOMEM;
+    s->v[s->n++] = x;
     return 0;
 }
 
-int cairn_dag_order(cairn_dag *d, uint64_t *index)
+#define BIT(b, i) ((b)[(i) >> 6] >> ((i)&63) & 1)
+#define SETBIT(b, i) ((b)[(i) >> 6] |= (uint64_t)1 << ((i)&63))
+
+/* Is the ordered change at index |target| an ancestor of |c|'s deps?
+ * 1 / 0, or CAIRN_ENOMEM. */
+static int reaches(const cairn_dag *d, const cairn_change *c, uint64_t target)
+{
+    uint64_t ix;
+    for (uint32_t i = 0; i < c->ndeps; i++)
+        if (get_ordered(d, &c->deps[i], &ix) && ix == target)
+            return 1;
+    /* Only indices in [target, norder) can lead to target. */
+    uint64_t span = d->norder - target;
+    uint64_t *seen = calloc(span / 64 + 1, sizeof *seen);
+    struct ustack st = {0};
+    int rc = CAIRN_ENOMEM;
+    if (!seen)
+        goto out;
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        if (get_ordered(d, &c->deps[i], &ix) && ix > target && !BIT(seen, ix - target)) {
+            SETBIT(seen, ix - target);
+            if (us_push(&st, ix))
+                goto out;
+        }
+    }
+    rc = 0;
+    while (st.n && !rc) {
+        uint64_t x = st.v[--st.n];
+        const uint8_t *p, *end;
+        deps_range(d, x, &p, &end);
+        while (p < end) {
+            uint64_t dep = x - get_uv(&p);
+            if (dep < target || BIT(seen, dep - target))
+                continue;
+            if (dep == target) {
+                rc = 1;
+                break;
+            }
+            SETBIT(seen, dep - target);
+            if (us_push(&st, dep)) {
+                rc = CAIRN_ENOMEM;
+                break;
+            }
+        }
+    }
+out:
+    free(seen);
+    free(st.v);
+    return rc;
+}
+
+/* Binary search for head |ix| (flagged or not); its position or -1. */
+static ptrdiff_t head_find(const cairn_dag *d, uint64_t ix)
+{
+    size_t lo = 0, hi = d->nheads;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        uint64_t v = d->heads[mid] & ~HEAD_DEAD;
+        if (v == ix)
+            return (ptrdiff_t)mid;
+        if (v < ix)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static void heads_sweep(cairn_dag *d)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < d->nheads; i++)
+        if (!(d->heads[i] & HEAD_DEAD))
+            d->heads[k++] = d->heads[i];
+    d->nheads = k;
+}
+
+int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
 {
     int rc;
     if (index)
         *index = 0;
+    if (body)
+        *body = NULL;
     if (!d->rlen)
         return CAIRN_ESTATE;
     node *n = d->ready[d->rhead];
@@ -576,6 +781,8 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
             return CAIRN_ESEQGAP;
         }
     }
+    if (d->norder >= MAX_ORDERED)
+        return CAIRN_ELIMIT;
 
     /* Reserve everything first so that the state changes below cannot fail
      * half-way. */
@@ -588,39 +795,68 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
         a->actor = c->actor;
         tab_put(d, &d->actors, a);
     }
-    if (d->norder == d->caporder) {
-        size_t cap = d->caporder ? d->caporder * 2 : 64;
-        node **np = realloc(d->order, cap * sizeof *np);
-        if (!np)
-            return CAIRN_ENOMEM;
-        d->order = np;
+    size_t cap = d->caporder;
+    if ((rc = reserve((void **)&d->ohash, &cap, d->norder + 1, sizeof *d->ohash)))
+        return rc;
+    if (cap != d->caporder) {
+        size_t c2 = d->caporder ? d->caporder + 1 : 0;
+        if ((rc = reserve((void **)&d->dep_off, &c2, cap + 1, sizeof *d->dep_off)))
+            return rc;
+        if (!d->load) {
+            c2 = d->caporder ? d->caporder + 1 : 0;
+            if ((rc = reserve((void **)&d->body_off, &c2, cap + 1, sizeof *d->body_off)))
+                return rc;
+        }
         d->caporder = cap;
     }
-    if (d->heads.n == d->heads.cap) {
-        if ((rc = vec_push(&d->heads, NULL)))
-            return rc;
-        d->heads.n--;
-    }
+    if ((rc = reserve((void **)&d->dep_bytes, &d->capdep_bytes,
+                      d->ndep_bytes + (size_t)c->ndeps * 10, 1)))
+        return rc;
+    if (!d->load && (rc = reserve((void **)&d->body, &d->capbody, d->nbody + c->len, 1)))
+        return rc;
+    if ((rc = otab_reserve(d)))
+        return rc;
+    if ((rc = reserve((void **)&d->heads, &d->capheads, d->nheads + 1, sizeof *d->heads)))
+        return rc;
     size_t unblocked = 0;
     for (uint32_t i = 0; i < n->nwaiters; i++)
         unblocked += n->waiters[i]->nmissing == 1;
     if ((rc = ready_reserve(d, unblocked)))
         return rc;
 
+    /* Nothing fails from here on. */
     ready_pop(d);
-    n->state = ST_ORDERED;
-    n->index = d->norder;
-    d->order[d->norder++] = n;
-    a->max_seq = c->seq;
-    a->last_index = n->index;
-
-    for (uint32_t i = 0; i < c->ndeps; i++) {
-        node *dep = get_ordered(d, &c->deps[i]);
-        if (dep && dep->pos != NO_POS)
-            list_remove(&d->heads, dep);
+    uint64_t ix = d->norder++;
+    d->ohash[ix] = c->hash;
+    if (ix == 0) {
+        d->dep_off[0] = 0;
+        if (!d->load)
+            d->body_off[0] = 0;
     }
-    list_add(&d->heads, n); /* room reserved above */
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        uint64_t di;
+        get_ordered(d, &c->deps[i], &di); /* ready: every dep is ordered */
+        d->ndep_bytes += put_uv(d->dep_bytes + d->ndep_bytes, ix - di);
+        ptrdiff_t hp = head_find(d, di);
+        if (hp >= 0 && !(d->heads[hp] & HEAD_DEAD)) {
+            d->heads[hp] |= HEAD_DEAD;
+            d->nlive_heads--;
+        }
+    }
+    d->dep_off[ix + 1] = d->ndep_bytes;
+    if (!d->load) {
+        memcpy(d->body + d->nbody, c->bytes, c->len);
+        d->nbody += c->len;
+        d->body_off[ix + 1] = d->nbody;
+    }
+    otab_insert(d->otab, d->otab_cap, d->otab_shift, sip(d, c->hash.b, CAIRN_HASH_LEN), ix);
+    if (d->nheads > 2 * d->nlive_heads + 16)
+        heads_sweep(d);
+    d->heads[d->nheads++] = ix; /* room reserved above; sweeping only shrinks */
+    d->nlive_heads++;
     d->heads_dirty = 1;
+    a->max_seq = c->seq;
+    a->last_index = ix;
 
     for (uint32_t i = 0; i < n->nwaiters; i++) {
         node *w = n->waiters[i];
@@ -631,11 +867,15 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index)
             ready_push(d, w); /* room reserved above */
         }
     }
-    free(n->waiters);
-    n->waiters = NULL;
-    n->nwaiters = n->capwaiters = 0;
+    /* The node's work is done: the row above is all that stays. */
+    n->c = NULL;
+    drop_node(d, n);
+    if (body)
+        *body = c;
+    else
+        cairn_change_free(c);
     if (index)
-        *index = n->index;
+        *index = ix;
     return 0;
 }
 
@@ -646,27 +886,92 @@ uint64_t cairn_dag_count(const cairn_dag *d)
     return d->norder;
 }
 
-const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index)
+const cairn_hash *cairn_dag_hash_at(const cairn_dag *d, uint64_t index)
 {
-    return index < d->norder ? d->order[index]->c : NULL;
+    return index < d->norder ? &d->ohash[index] : NULL;
+}
+
+size_t cairn_dag_deps_at(uint64_t *out, size_t cap, const cairn_dag *d, uint64_t index)
+{
+    if (index >= d->norder)
+        return 0;
+    const uint8_t *p, *end;
+    deps_range(d, index, &p, &end);
+    size_t n = 0;
+    while (p < end) {
+        uint64_t dep = index - get_uv(&p);
+        if (n < cap)
+            out[n] = dep;
+        n++;
+    }
+    return n;
+}
+
+int cairn_dag_load_bytes(uint8_t **bytes, size_t *len, const cairn_dag *d, uint64_t index)
+{
+    *bytes = NULL;
+    *len = 0;
+    if (index >= d->norder)
+        return CAIRN_ENOTFOUND;
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (!d->load) {
+        n = (size_t)(d->body_off[index + 1] - d->body_off[index]);
+        b = malloc(n ? n : 1);
+        if (!b)
+            return CAIRN_ENOMEM;
+        memcpy(b, d->body + d->body_off[index], n);
+    } else {
+        int rc = d->load(d->load_arg, index, &b, &n);
+        if (rc) {
+            free(b);
+            return rc < 0 ? rc : CAIRN_EIO;
+        }
+        /* Storage is not trusted to hand back what was ordered. */
+        cairn_hash h;
+        if (b)
+            cairn_hash_bytes(&h, b, n);
+        if (!b || cairn_hash_cmp(&h, &d->ohash[index]) != 0) {
+            free(b);
+            return CAIRN_ECORRUPT;
+        }
+    }
+    *bytes = b;
+    *len = n;
+    return 0;
+}
+
+int cairn_dag_load(cairn_change **out, const cairn_dag *d, uint64_t index)
+{
+    *out = NULL;
+    uint8_t *b;
+    size_t n;
+    int rc = cairn_dag_load_bytes(&b, &n, d, index);
+    if (rc)
+        return rc;
+    rc = cairn_change_decode(out, b, n, &d->ohash[index]);
+    free(b);
+    if (rc && rc != CAIRN_ENOMEM)
+        rc = CAIRN_ECORRUPT; /* it hashed right, so it was never canonical */
+    return rc;
 }
 
 int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index)
 {
-    node *n = get_ordered(d, h);
-    if (!n)
+    uint64_t ix;
+    if (!get_ordered(d, h, &ix))
         return CAIRN_ENOTFOUND;
     if (index)
-        *index = n->index;
+        *index = ix;
     return 0;
 }
 
 int cairn_dag_has(const cairn_dag *d, const cairn_hash *h)
 {
+    if (get_ordered(d, h, NULL))
+        return 1;
     node *n = get_node(d, h);
-    if (!n || n->state == ST_STUB)
-        return 0;
-    return n->state == ST_ORDERED ? 1 : 2;
+    return !n || n->state == ST_STUB ? 0 : 2;
 }
 
 static int cmp_hash(const void *a, const void *b)
@@ -679,19 +984,22 @@ size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads)
     /* The sorted copy is a cache; rebuilding it changes nothing observable. */
     cairn_dag *m = (cairn_dag *)d;
     if (m->heads_dirty) {
-        if (m->capsorted < d->heads.n) {
-            cairn_hash *np = realloc(m->sorted_heads, d->heads.n * sizeof *np);
+        size_t k = d->nlive_heads;
+        if (m->capsorted < k) {
+            cairn_hash *np = realloc(m->sorted_heads, k * sizeof *np);
             if (!np) {
                 *heads = NULL;
                 return 0;
             }
             m->sorted_heads = np;
-            m->capsorted = d->heads.n;
+            m->capsorted = k;
         }
-        for (size_t i = 0; i < d->heads.n; i++)
-            m->sorted_heads[i] = ((node *)d->heads.p[i])->hash;
-        qsort(m->sorted_heads, d->heads.n, sizeof(cairn_hash), cmp_hash);
-        m->nsorted = d->heads.n;
+        k = 0;
+        for (size_t i = 0; i < d->nheads; i++)
+            if (!(d->heads[i] & HEAD_DEAD))
+                m->sorted_heads[k++] = d->ohash[d->heads[i]];
+        qsort(m->sorted_heads, k, sizeof(cairn_hash), cmp_hash);
+        m->nsorted = k;
         m->heads_dirty = 0;
     }
     *heads = m->nsorted ? m->sorted_heads : NULL;
@@ -705,54 +1013,56 @@ uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor)
 }
 
 /* Marks in |bits| (indices >= |floor|, bit i - floor) every ordered ancestor
- * of the ordered nodes among |heads|, inclusive. Unknown heads: ENOTFOUND
+ * of the ordered changes among |heads|, inclusive. Unknown heads: ENOTFOUND
  * if |strict|, else skipped. With |target| != UINT64_MAX, stops with 1 as
  * soon as it is marked. */
 static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *heads,
                           size_t nheads, int strict, uint64_t floor, uint64_t target)
 {
-    struct vec st = {0};
+    struct ustack st = {0};
     int rc = 0;
 #define SEEN(i) (bits[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
 #define SET(i) (bits[((i)-floor) >> 6] |= (uint64_t)1 << (((i)-floor) & 63))
     for (size_t i = 0; i < nheads; i++) {
-        node *n = get_ordered(d, &heads[i]);
-        if (!n) {
+        uint64_t ix;
+        if (!get_ordered(d, &heads[i], &ix)) {
             if (strict) {
                 rc = CAIRN_ENOTFOUND;
                 goto out;
             }
             continue;
         }
-        if (n->index < floor || SEEN(n->index))
+        if (ix < floor || SEEN(ix))
             continue;
-        SET(n->index);
-        if (n->index == target) {
+        SET(ix);
+        if (ix == target) {
             rc = 1;
             goto out;
         }
-        if ((rc = vec_push(&st, n)))
+        if ((rc = us_push(&st, ix)))
             goto out;
     }
     while (st.n) {
-        node *x = st.p[--st.n];
-        for (uint32_t i = 0; i < x->c->ndeps; i++) {
-            node *dep = get_ordered(d, &x->c->deps[i]);
-            if (!dep || dep->index < floor || SEEN(dep->index))
+        uint64_t x = st.v[--st.n];
+        const uint8_t *p, *end;
+        deps_range(d, x, &p, &end);
+        while (p < end) {
+            uint64_t dep = x - get_uv(&p);
+            if (dep < floor || SEEN(dep))
                 continue;
-            SET(dep->index);
-            if (dep->index == target) {
+            SET(dep);
+            if (dep == target) {
                 rc = 1;
                 goto out;
             }
-            if ((rc = vec_push(&st, dep)))
+            if ((rc = us_push(&st, dep)))
                 goto out;
         }
     }
 #undef SEEN
 #undef SET
 out:
-    free(st.p);
+    free(st.v);
     return rc;
 }
 
@@ -834,17 +1144,14 @@ static uint64_t heap_pop(struct heap *h)
     return top;
 }
 
-#define BIT(b, i) ((b)[(i) >> 6] >> ((i)&63) & 1)
-#define SETBIT(b, i) ((b)[(i) >> 6] |= (uint64_t)1 << ((i)&63))
-
 /*
- * Walks down from their heads and ours at once, newest index first. A node
+ * Walks down from their heads and ours at once, newest index first. A change
  * reached from theirs is their ancestor; one reached only from ours, once
  * popped, cannot be reached from theirs any more (its descendants all have
  * larger indices and were popped before it), so it is in the answer. The walk
- * stops as soon as no node of ours is left on the heap: everything older is
- * reachable from theirs. So a peer that is nearly up to date costs about the
- * size of the difference, not of the history.
+ * stops as soon as no change of ours is left on the heap: everything older
+ * is reachable from theirs. So a peer that is nearly up to date costs about
+ * the size of the difference, not of the history.
  */
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads)
@@ -861,30 +1168,29 @@ int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const
     if (!seen || !theirs)
         goto out;
     for (size_t i = 0; i < nheads; i++) {
-        node *x = get_ordered(d, &heads[i]);
-        if (!x || BIT(seen, x->index))
+        uint64_t x;
+        if (!get_ordered(d, &heads[i], &x) || BIT(seen, x))
             continue;
-        SETBIT(seen, x->index);
-        SETBIT(theirs, x->index);
-        if (heap_push(&h, x->index))
+        SETBIT(seen, x);
+        SETBIT(theirs, x);
+        if (heap_push(&h, x))
             goto out;
     }
     if (h.n == 0) { /* nothing in common known: everything */
         rc = collect(out, n, seen, d->norder, 0);
         goto out;
     }
-    for (size_t i = 0; i < d->heads.n; i++) {
-        node *x = d->heads.p[i];
-        if (BIT(seen, x->index))
+    for (size_t i = 0; i < d->nheads; i++) {
+        uint64_t x = d->heads[i];
+        if ((x & HEAD_DEAD) || BIT(seen, x))
             continue;
-        SETBIT(seen, x->index);
+        SETBIT(seen, x);
         mine++;
-        if (heap_push(&h, x->index))
+        if (heap_push(&h, x))
             goto out;
     }
     while (mine) {
         uint64_t i = heap_pop(&h);
-        const cairn_change *c = d->order[i]->c;
         int t = BIT(theirs, i);
         if (!t) {
             mine--;
@@ -898,20 +1204,20 @@ int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const
             }
             v[nv++] = i;
         }
-        for (uint32_t k = 0; k < c->ndeps; k++) {
-            node *y = get_ordered(d, &c->deps[k]);
-            if (!y)
-                continue;
-            if (!BIT(seen, y->index)) {
-                SETBIT(seen, y->index);
+        const uint8_t *p, *end;
+        deps_range(d, i, &p, &end);
+        while (p < end) {
+            uint64_t y = i - get_uv(&p);
+            if (!BIT(seen, y)) {
+                SETBIT(seen, y);
                 if (t)
-                    SETBIT(theirs, y->index);
+                    SETBIT(theirs, y);
                 else
                     mine++;
-                if (heap_push(&h, y->index))
+                if (heap_push(&h, y))
                     goto out;
-            } else if (t && !BIT(theirs, y->index)) {
-                SETBIT(theirs, y->index); /* still on the heap, now theirs */
+            } else if (t && !BIT(theirs, y)) {
+                SETBIT(theirs, y); /* still on the heap, now theirs */
                 mine--;
             }
         }
@@ -939,15 +1245,15 @@ out:
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
                           size_t nheads)
 {
-    node *t = get_ordered(d, h);
-    if (!t)
+    uint64_t t;
+    if (!get_ordered(d, h, &t))
         return 0;
     /* Only indices >= t's can lead to t. */
-    uint64_t span = d->norder - t->index;
+    uint64_t span = d->norder - t;
     uint64_t *bits = calloc(span / 64 + 1, sizeof *bits);
     if (!bits)
         return 0; /* out of memory: "not known to be", the safe answer for sync */
-    int rc = mark_ancestors(bits, d, heads, nheads, 0, t->index, t->index);
+    int rc = mark_ancestors(bits, d, heads, nheads, 0, t, t);
     free(bits);
     return rc == 1;
 }
@@ -965,4 +1271,11 @@ int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d)
     *out = v;
     *n = d->stubs.n;
     return 0;
+}
+
+size_t cairn_dag_mem_bytes(const cairn_dag *d)
+{
+    return d->caporder * sizeof *d->ohash + (d->caporder + 1) * sizeof *d->dep_off +
+           d->capdep_bytes + d->otab_cap * sizeof *d->otab + d->capheads * sizeof *d->heads +
+           (d->load ? 0 : (d->caporder + 1) * sizeof *d->body_off + d->capbody);
 }

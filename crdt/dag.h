@@ -12,6 +12,14 @@
  * Indices: the i-th change of the apply order has index i (0-based); indices
  * never change once given.
  *
+ * Bodies. The DAG keeps, per ordered change, only its hash, its deps (as
+ * indices) and the bookkeeping of heads and authors — not the change. Bodies
+ * come back through cairn_dag_load*: from a loader the owner installs
+ * (storage that already holds every ordered change), or, with no loader,
+ * from the canonical bytes the DAG keeps itself (in-memory replicas). A body
+ * read back must hash to its id: anything else is CAIRN_ECORRUPT, never
+ * handed out. Pending and ready changes keep their decoded bodies.
+ *
  * Sequence rule (checked in cairn_dag_order): a change with seq n > 1 must
  * have the author's change n-1 among its ancestors, and no other change with
  * the same (actor, seq) may be known (CAIRN_ESEQGAP / CAIRN_EFORK).
@@ -41,25 +49,39 @@ enum {
 int cairn_dag_new(cairn_dag **out);
 void cairn_dag_free(cairn_dag *d);
 
+/* Reads the canonical bytes of the ordered change at apply index |index|
+ * from storage into a new malloc'd buffer (*bytes; the DAG frees it) of
+ * *len bytes. Returns 0 or a negative code (CAIRN_EIO, CAIRN_ECORRUPT,
+ * CAIRN_ENOTFOUND, CAIRN_ENOMEM); on failure *bytes is left NULL or is
+ * freed. Called under the DAG's caller's serialisation; it must not call
+ * back into the DAG. */
+typedef int (*cairn_dag_load_cb)(void *arg, uint64_t index, uint8_t **bytes, size_t *len);
+
+/* Installs the body loader: from then on ordered changes' bytes are not kept
+ * in memory. Only before the first change is ordered (CAIRN_ESTATE after):
+ * the loader must be able to serve every ordered index. */
+int cairn_dag_set_loader(cairn_dag *d, cairn_dag_load_cb fn, void *arg);
+
 /* Offers a decoded (hence hash-verified) change. Takes ownership of |c| in
  * every case, freeing it when it is a duplicate or on error. *state is one of
  * CAIRN_DAG_*. A pending change becomes ready when its last missing
  * dependency is ordered. */
 int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state);
 
-/* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order or
- * cairn_dag_discard. */
+/* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order
+ * (which may hand this very pointer to its caller) or cairn_dag_discard. */
 const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
  * Fails (and discards the change; changes depending on it stay pending, and
  * while they do, offering it again is CAIRN_DAG_KNOWN) with CAIRN_ESEQGAP or
- * CAIRN_EFORK. *index
- * (if not NULL) receives its index. CAIRN_ESTATE if nothing is ready;
- * CAIRN_ENOMEM leaves the change ready and the DAG unchanged (retry or
- * discard it). */
-int cairn_dag_order(cairn_dag *d, uint64_t *index);
+ * CAIRN_EFORK. *index (if not NULL) receives its index. The DAG lets go of
+ * the decoded change: *body (if not NULL) receives it, owned by the caller
+ * (the pointer cairn_dag_peek_ready gave); with |body| NULL it is freed.
+ * CAIRN_ESTATE if nothing is ready; CAIRN_ENOMEM leaves the change ready and
+ * the DAG unchanged (retry or discard it). */
+int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body);
 
 /* Drops the peeked ready change (the document rejected it). Changes that
  * depend on it stay pending forever (bounded by CAIRN_DAG_MAX_PENDING). */
@@ -68,9 +90,24 @@ void cairn_dag_discard(cairn_dag *d);
 /* Number of ordered changes. */
 uint64_t cairn_dag_count(const cairn_dag *d);
 
-/* The change at apply-order |index| (borrowed, valid for the DAG's life), or
- * NULL if out of range. */
-const cairn_change *cairn_dag_at(const cairn_dag *d, uint64_t index);
+/* The hash of the change at apply-order |index|, or NULL if out of range.
+ * Borrowed: valid until the next cairn_dag_order. */
+const cairn_hash *cairn_dag_hash_at(const cairn_dag *d, uint64_t index);
+
+/* The deps of the change at |index| as apply indices (each < index), in no
+ * particular order: fills up to |cap| of |out| and returns how many there
+ * are (<= CAIRN_CHANGE_MAX_DEPS; 0 if out of range). */
+size_t cairn_dag_deps_at(uint64_t *out, size_t cap, const cairn_dag *d, uint64_t index);
+
+/* The canonical bytes of the change at |index|, hash-verified, in a new
+ * buffer (*bytes, caller frees). CAIRN_ENOTFOUND out of range; the loader's
+ * CAIRN_EIO / CAIRN_ENOMEM; CAIRN_ECORRUPT if what storage returned does not
+ * hash to the change's id. */
+int cairn_dag_load_bytes(uint8_t **bytes, size_t *len, const cairn_dag *d, uint64_t index);
+
+/* The change at |index| decoded (owned by the caller; cairn_change_free).
+ * Errors as cairn_dag_load_bytes. */
+int cairn_dag_load(cairn_change **out, const cairn_dag *d, uint64_t index);
 
 /* Ordered change by hash: 0 and *index set, or CAIRN_ENOTFOUND. */
 int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index);
@@ -104,6 +141,11 @@ int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const
  * ancestors of |heads| ordered after |h|. */
 int cairn_dag_is_ancestor(const cairn_dag *d, const cairn_hash *h, const cairn_hash *heads,
                           size_t nheads);
+
+/* Bytes the DAG holds for its ordered changes (capacity of its arrays and
+ * tables, bodies included when there is no loader); for tests and
+ * benchmarks. */
+size_t cairn_dag_mem_bytes(const cairn_dag *d);
 
 /* Hashes that pending changes depend on and that are not known at all
  * (what to ask peers for), sorted, new array (*out, caller frees). */

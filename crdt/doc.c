@@ -261,8 +261,37 @@ static obj *find_obj(cairn_doc *d, cairn_objid id)
     return (obj *)cairn_doc_find_obj_(d, id.counter, id.actor);
 }
 
+/* ---- value bytes ------------------------------------------------------- */
+
+static int vop_has_bytes(const vop *o)
+{
+    return o->kind == VK_SCALAR && (o->vtype == CAIRN_V_BYTES || o->vtype == CAIRN_V_STR) &&
+           o->len > 0;
+}
+
+static vbytes *vop_bytes(const vop *o)
+{
+    return (vbytes *)(void *)((uintptr_t)o->v.p - offsetof(vbytes, b));
+}
+
+static void vop_ref(const vop *o)
+{
+    if (vop_has_bytes(o))
+        vop_bytes(o)->refs++;
+}
+
+static void vop_unref(const vop *o)
+{
+    if (vop_has_bytes(o) && --vop_bytes(o)->refs == 0)
+        free(vop_bytes(o));
+}
+
+/* Releases the set: its ops' bytes and the array. */
 static void vs_free(vset *s)
 {
+    const vop *v = vs_ops(s);
+    for (uint32_t i = 0; i < s->n; i++)
+        vop_unref(&v[i]);
     if (s->n >= 2)
         free(s->u.many);
     s->n = 0;
@@ -297,7 +326,8 @@ static int in_preds(const vop *v, const cairn_opid *pred, uint32_t npred)
 
 /* Computes into |out| (fresh; |in| untouched) the set after an op: INC adds
  * |delta| to the named counters; otherwise the named preds go and |add| (if
- * any) joins in id order. */
+ * any) joins in id order. The ops taken from |in| gain a reference; |add|'s
+ * bytes move into |out| on success (the caller releases them on failure). */
 static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *add,
                       const cairn_opid *pred, uint32_t npred, int inc, int64_t delta)
 {
@@ -326,6 +356,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
             if (src[i].kind == VK_SCALAR && src[i].vtype == CAIRN_V_COUNTER &&
                 in_preds(&src[i], pred, npred))
                 dst[k].v.i = (int64_t)((uint64_t)src[i].v.i + (uint64_t)delta);
+            vop_ref(&dst[k]);
             k++;
             continue;
         }
@@ -335,6 +366,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
             dst[k++] = *add;
             added = 1;
         }
+        vop_ref(&src[i]);
         dst[k++] = src[i];
     }
     if (add && !added && !inc)
@@ -345,15 +377,6 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
     else if (total >= 2)
         out->u.many = dst;
     return 0;
-}
-
-static int vs_find(const vset *s, uint64_t counter, uint32_t actor)
-{
-    const vop *v = vs_ops(s);
-    for (uint32_t i = 0; i < s->n; i++)
-        if (v[i].counter == counter && v[i].actor == actor)
-            return (int)i;
-    return -1;
 }
 
 static void read_of(cairn_read *r, const vop *v)
@@ -392,18 +415,20 @@ static void read_of(cairn_read *r, const vop *v)
     }
 }
 
-static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v)
+/* Fills |o| for op (counter, actor); a bytes/str value is copied into a new
+ * vbytes that |o| holds one reference to. */
+static int vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v)
 {
     memset(o, 0, sizeof *o);
     o->counter = counter;
     o->actor = actor;
     if (action == CAIRN_OP_MAKE_MAP) {
         o->kind = VK_MAP;
-        return;
+        return 0;
     }
     if (action == CAIRN_OP_MAKE_LIST) {
         o->kind = VK_LIST;
-        return;
+        return 0;
     }
     o->kind = VK_SCALAR;
     o->vtype = v->type;
@@ -423,12 +448,21 @@ static void vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, c
         break;
     case CAIRN_V_BYTES:
     case CAIRN_V_STR:
-        o->v.p = v->v.bytes.ptr;
         o->len = (uint32_t)v->v.bytes.len;
+        o->v.p = (const uint8_t *)"";
+        if (o->len) {
+            vbytes *b = xmalloc(sizeof *b + o->len);
+            if (!b)
+                return CAIRN_ENOMEM;
+            b->refs = 1;
+            memcpy(b->b, v->v.bytes.ptr, o->len);
+            o->v.p = b->b;
+        }
         break;
     default:
         break;
     }
+    return 0;
 }
 
 /* ---- patches ---------------------------------------------------------------- */
@@ -540,12 +574,16 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         return 0; /* the counter was overwritten concurrently */
     vop add;
     int adds = action != CAIRN_OP_DEL && !inc;
-    if (adds)
-        vop_make(&add, counter, actor, action, v);
-    vset out;
-    int rc = vs_compute(d, &out, in, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
-    if (rc)
+    int rc;
+    if (adds && (rc = vop_make(&add, counter, actor, action, v)) != 0)
         return rc;
+    vset out;
+    rc = vs_compute(d, &out, in, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
+    if (rc) {
+        if (adds)
+            vop_unref(&add);
+        return rc;
+    }
     mkey *nrec = NULL;
     if (!rec && out.n > 0) {
         nrec = xmalloc(sizeof *nrec + key_len);
@@ -658,11 +696,16 @@ static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t co
     e->counter = counter;
     e->actor = actor;
     e->vs.n = 1;
-    vop_make(&e->vs.u.one, counter, actor, action, v);
+    int rc = vop_make(&e->vs.u.one, counter, actor, action, v);
+    if (rc) {
+        free(e);
+        return rc;
+    }
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 4;
         elem **ni = xrealloc(o->items, cap * sizeof *ni);
         if (!ni) {
+            vs_free(&e->vs);
             free(e);
             return CAIRN_ENOMEM;
         }
@@ -670,8 +713,9 @@ static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t co
         o->cap = cap;
     }
     obj *no = NULL;
-    int rc = obj_prepare(d, &no, action, counter, actor);
+    rc = obj_prepare(d, &no, action, counter, actor);
     if (rc) {
+        vs_free(&e->vs);
         free(e);
         return rc;
     }
@@ -708,12 +752,16 @@ static int apply_list_elem(cairn_doc *d, obj *o, cairn_opid target, uint64_t cou
     int inc = action == CAIRN_OP_INC;
     vop add;
     int adds = action != CAIRN_OP_DEL && !inc;
-    if (adds)
-        vop_make(&add, counter, actor, action, v);
-    vset out;
-    int rc = vs_compute(d, &out, &e->vs, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
-    if (rc)
+    int rc;
+    if (adds && (rc = vop_make(&add, counter, actor, action, v)) != 0)
         return rc;
+    vset out;
+    rc = vs_compute(d, &out, &e->vs, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
+    if (rc) {
+        if (adds)
+            vop_unref(&add);
+        return rc;
+    }
     obj *no = NULL;
     if ((rc = obj_prepare(d, &no, action, counter, actor)) != 0) {
         vs_free(&out);
@@ -788,6 +836,12 @@ int cairn_doc_new(cairn_doc **out, const cairn_actor *actor)
     return 0;
 }
 
+static void drop_last_commit(cairn_doc *d)
+{
+    cairn_change_free(d->last_commit);
+    d->last_commit = NULL;
+}
+
 static void pending_clear(cairn_doc *d)
 {
     for (size_t i = 0; i < d->npops; i++) {
@@ -822,6 +876,7 @@ void cairn_doc_free(cairn_doc *d)
     free(d->actors);
     free(d->actor_max);
     free(d->aslots);
+    cairn_change_free(d->last_commit);
     cairn_dag_free(d->dag);
     free(d);
 }
@@ -829,6 +884,11 @@ void cairn_doc_free(cairn_doc *d)
 const cairn_dag *cairn_doc_dag(const cairn_doc *doc)
 {
     return doc->dag;
+}
+
+int cairn_doc_set_loader(cairn_doc *doc, cairn_dag_load_cb fn, void *arg)
+{
+    return cairn_dag_set_loader(doc->dag, fn, arg);
 }
 
 const cairn_actor *cairn_doc_actor(const cairn_doc *doc)
@@ -854,6 +914,7 @@ int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms)
         return doc->broken;
     if (doc->in_edit || doc->readonly)
         return CAIRN_ESTATE;
+    drop_last_commit(doc);
     uint64_t start = doc->max_counter + 1;
     if (now_ms > start)
         start = now_ms;
@@ -1337,42 +1398,11 @@ out:
     return rc;
 }
 
-/* Points committed bytes values at the sealed change's copy, so that the
- * pending buffers can go. */
-static void repoint(cairn_doc *d, const cairn_change *c)
-{
-    for (size_t i = 0; i < d->npops; i++) {
-        const cairn_op *op = &d->pops[i].op;
-        if (op->action != CAIRN_OP_SET ||
-            (op->value.type != CAIRN_V_BYTES && op->value.type != CAIRN_V_STR))
-            continue;
-        uint64_t counter = d->p_start + i;
-        obj *o = find_obj(d, op->obj);
-        if (!o)
-            continue;
-        vset *vs = NULL;
-        if (o->type == CAIRN_OBJ_MAP) {
-            mkey *r = map_lookup(d, o, op->key, op->key_len, hash_bytes(d, op->key, op->key_len));
-            vs = r ? &r->vs : NULL;
-        } else {
-            cairn_opid t = op->insert ? (cairn_opid){counter, 0} : op->elem;
-            ptrdiff_t at = list_find(o, t.counter, t.actor);
-            vs = at >= 0 ? &o->items[at]->vs : NULL;
-        }
-        if (!vs)
-            continue;
-        int k = vs_find(vs, counter, 0);
-        if (k < 0)
-            continue;
-        vop *v = (vop *)&vs_ops(vs)[k];
-        v->v.p = c->ops[i].value.v.bytes.ptr;
-    }
-}
-
 int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs)
 {
     if (out)
         *out = NULL;
+    drop_last_commit(doc);
     if (doc->broken)
         return doc->broken;
     if (!doc->in_edit)
@@ -1390,19 +1420,22 @@ int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_o
     rc = cairn_dag_add(doc->dag, c, &state);
     if (rc)
         goto fail;
-    const cairn_change *r = cairn_dag_peek_ready(doc->dag);
-    if (state != CAIRN_DAG_READY || !r || cairn_hash_cmp(&r->hash, &h) != 0) {
+    const cairn_change *peek = cairn_dag_peek_ready(doc->dag);
+    if (state != CAIRN_DAG_READY || !peek || cairn_hash_cmp(&peek->hash, &h) != 0) {
         rc = CAIRN_ESTATE; /* our own change must be ready at once */
         goto fail;
     }
     uint64_t index;
-    rc = cairn_dag_order(doc->dag, &index);
+    cairn_change *r;
+    rc = cairn_dag_order(doc->dag, &index, &r);
     if (rc) {
         if (rc == CAIRN_ENOMEM)
             cairn_dag_discard(doc->dag); /* else it would stay ready */
         goto fail;
     }
-    repoint(doc, r);
+    /* The DAG keeps no body; the doc holds this one for |out| until its next
+     * write. The edits' values are already the doc's own copies. */
+    doc->last_commit = r;
     uint64_t last = doc->p_start + doc->npops - 1;
     if (last > doc->max_counter)
         doc->max_counter = last;
@@ -1573,6 +1606,7 @@ int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer 
 /* Receive without the read-only check (new_at replays through it). */
 int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
 {
+    drop_last_commit(doc);
     int state;
     int rc = cairn_dag_add(doc->dag, c, &state);
     if (rc)
@@ -1592,7 +1626,8 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
             continue;
         }
         uint64_t index;
-        rc = cairn_dag_order(doc->dag, &index);
+        cairn_change *body;
+        rc = cairn_dag_order(doc->dag, &index, &body);
         if (rc) {
             /* the sequence rule discarded it; out of memory leaves it ready,
              * and retrying here could spin: drop it (a peer resends) */
@@ -1602,18 +1637,22 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
                 first = rc;
             continue;
         }
+        /* The body is ours now: applied, reported, then freed (the DAG or
+         * its loader has the bytes; the doc copied the values it keeps). */
         if (obs && obs->change_cb)
-            obs->change_cb(obs->arg, r, index, 1);
+            obs->change_cb(obs->arg, body, index, 1);
         doc->obs = obs;
-        rc = apply_change(doc, r, amap);
+        rc = apply_change(doc, body, amap);
         doc->obs = NULL;
         if (rc) {
             doc->broken = rc; /* half-applied: nothing can be trusted now */
+            cairn_change_free(body);
             free(amap);
             return rc;
         }
         if (obs && obs->change_cb)
-            obs->change_cb(obs->arg, r, index, 0);
+            obs->change_cb(obs->arg, body, index, 0);
+        cairn_change_free(body);
     }
     free(amap);
     return first;

@@ -21,7 +21,10 @@
  * Performance: set/get of one key in a map of n keys is O(1) expected.
  *
  * Values returned by reads are borrowed: valid until the next write to, or
- * receive into, the document.
+ * receive into, the document. The document keeps its own copy of every
+ * bytes/str value it holds; nothing it serves points into a change body.
+ *
+ * Observer callbacks get the change being applied, borrowed for the call.
  */
 
 #include <stddef.h>
@@ -92,6 +95,12 @@ void cairn_doc_free(cairn_doc *doc);
 
 /* The DAG of applied changes. Borrowed; do not add to it directly. */
 const cairn_dag *cairn_doc_dag(const cairn_doc *doc);
+
+/* Installs the DAG's body loader (cairn_dag_set_loader): applied changes'
+ * bodies are then read back from storage when sync or cairn_doc_new_at need
+ * them, instead of being kept in memory. Before the first change only
+ * (CAIRN_ESTATE after). */
+int cairn_doc_set_loader(cairn_doc *doc, cairn_dag_load_cb fn, void *arg);
 const cairn_actor *cairn_doc_actor(const cairn_doc *doc);
 
 /* ---- local edits -----------------------------------------------------
@@ -120,9 +129,10 @@ int cairn_doc_list_increment(cairn_doc *doc, cairn_objid obj, size_t index, int6
 
 /* Seals the pending edits into one change (deps = heads, next seq), orders
  * it in the DAG and reports it to |obs| (may be NULL) as if received. *out
- * is the change (borrowed from the DAG), or NULL when there were no edits
- * (then nothing is committed). On failure the pending edits are rolled
- * back. */
+ * is the change, or NULL when there were no edits (then nothing is
+ * committed); borrowed, valid until the next begin, commit or receive on
+ * this document (the DAG does not keep change bodies). On failure the
+ * pending edits are rolled back. */
 int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs);
 void cairn_doc_rollback(cairn_doc *doc);
 

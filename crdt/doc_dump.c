@@ -17,8 +17,9 @@
  *           BYTES/STR u32 len + bytes           (all integers little-endian)
  *
  * cairn_doc_new_at replays, into a fresh document, the ancestors of the
- * given heads in this document's apply order (a topological order), decoding
- * each change again from its canonical bytes.
+ * given heads in this document's apply order (a topological order), loading
+ * each change from the DAG (memory or its loader, hash-verified) and decoding
+ * it again.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -204,9 +205,8 @@ int cairn_doc_new_at(cairn_doc **outp, const cairn_doc *doc, const cairn_hash *h
     if ((rc = cairn_doc_new(&nd, &doc->actors[0])) != 0)
         goto out;
     for (size_t i = 0; i < n && !rc; i++) {
-        const cairn_change *c = cairn_dag_at(doc->dag, idx[i]);
         cairn_change *copy;
-        rc = c ? cairn_change_decode(&copy, c->bytes, c->len, &c->hash) : CAIRN_ENOTFOUND;
+        rc = cairn_dag_load(&copy, doc->dag, idx[i]);
         if (!rc)
             rc = cairn_doc_receive_(nd, copy, NULL);
     }

@@ -16,10 +16,12 @@
 
 enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
 
-/* One visible op: its id and what it holds. Bytes/str values are borrowed
- * from the change that carried them (the DAG keeps every change for its
- * life); a pending local edit borrows from its own copy until commit
- * re-points it at the sealed change. A counter keeps its running total in i. */
+/* One visible op: its id and what it holds. Bytes/str values are the
+ * document's own copies (change bodies are not kept in memory): v.p points at
+ * the bytes of a vbytes, shared by reference count among the vsets that hold
+ * the op (a vset being computed, the current one, the undo log's saved one);
+ * an empty value points at a static "" and owns nothing. A counter keeps its
+ * running total in i. */
 typedef struct vop {
     uint64_t counter;
     uint32_t actor; /* document actor index */
@@ -33,6 +35,11 @@ typedef struct vop {
         const uint8_t *p;
     } v;
 } vop;
+
+typedef struct vbytes {
+    uint32_t refs;
+    uint8_t b[];
+} vbytes;
 
 /* The ops of one key or list element that nothing overwrote, greatest op id
  * first. One op (the common case) is stored inline. */
@@ -123,6 +130,8 @@ struct cairn_doc {
     size_t nundo, undo_cap;
     cairn_patch *pp;
     size_t npp, pp_cap;
+
+    cairn_change *last_commit; /* what cairn_doc_commit handed out */
 
     /* while applying */
     int local;

@@ -776,14 +776,13 @@ static int changes_to_send(uint64_t **out, size_t *n, const cairn_dag *d, cairn_
         /* Not in the filter, or a descendant of one that is not. Indices are
          * a topological order, so deps are decided before their dependents. */
         size_t k = 0;
+        uint64_t deps[CAIRN_CHANGE_MAX_DEPS];
         for (size_t i = 0; i < nall; i++) {
-            const cairn_change *c = cairn_dag_at(d, all[i]);
-            int send = !cairn_bloom_contains(&s->their_filter, &c->hash);
-            for (uint32_t j = 0; !send && j < c->ndeps; j++) {
-                uint64_t di;
-                if (cairn_dag_find(d, &c->deps[j], &di) == 0 && bit_get(mark, count / 8 + 1, di))
+            int send = !cairn_bloom_contains(&s->their_filter, cairn_dag_hash_at(d, all[i]));
+            size_t nd = send ? 0 : cairn_dag_deps_at(deps, CAIRN_CHANGE_MAX_DEPS, d, all[i]);
+            for (size_t j = 0; !send && j < nd; j++)
+                if (bit_get(mark, count / 8 + 1, deps[j]))
                     send = 1;
-            }
             if (send) {
                 mark[all[i] >> 3] |= (uint8_t)(1u << (all[i] & 7));
                 all[k++] = all[i];
@@ -832,27 +831,52 @@ static size_t hashes_wire(size_t n)
     return varint_len(n) + n * CAIRN_HASH_LEN;
 }
 
-/* Picks from |idx| the prefix that fits the limits, given |used| bytes of
- * header; returns the count, or sets *rc = ELIMIT if even the first change
- * cannot fit a message. */
-static size_t fit_changes(const cairn_dag *d, const cairn_sync_limits *l, const uint64_t *idx,
-                          size_t n, size_t used, int *rc)
+static void shells_free(cairn_change *sh, size_t n)
 {
-    size_t total = used + 10, k = 0;
-    *rc = 0;
-    for (; k < n && k < l->max_changes; k++) {
-        const cairn_change *c = cairn_dag_at(d, idx[k]);
-        size_t sz = varint_len(c->len) + c->len;
-        if (k > 0 && total + sz > l->target_msg_bytes)
+    for (size_t i = 0; i < n; i++)
+        free(sh[i].bytes);
+    free(sh);
+}
+
+/* Loads from the DAG the prefix of |idx| that fits the limits, given |used|
+ * bytes of header: *out gets one shell per change (only bytes and len set;
+ * shells_free), *k their count. CAIRN_ELIMIT if even the first change
+ * cannot fit a message; the DAG's load errors (CAIRN_EIO, CAIRN_ECORRUPT). */
+static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
+                       const cairn_sync_limits *l, const uint64_t *idx, size_t n, size_t used)
+{
+    size_t total = used + 10, m = n < l->max_changes ? n : l->max_changes;
+    *out = NULL;
+    *k = 0;
+    if (m == 0)
+        return 0;
+    cairn_change *sh = calloc(m, sizeof *sh);
+    if (!sh)
+        return CAIRN_ENOMEM;
+    size_t i = 0;
+    int rc = 0;
+    for (; i < m; i++) {
+        if ((rc = cairn_dag_load_bytes(&sh[i].bytes, &sh[i].len, d, idx[i])))
             break;
-        if (total + sz > l->max_msg_bytes) {
-            if (k == 0)
-                *rc = CAIRN_ELIMIT;
+        size_t sz = varint_len(sh[i].len) + sh[i].len;
+        if ((i > 0 && total + sz > l->target_msg_bytes) || total + sz > l->max_msg_bytes) {
+            if (i == 0)
+                rc = CAIRN_ELIMIT;
             break;
         }
         total += sz;
     }
-    return k;
+    if (rc) {
+        shells_free(sh, m);
+        return rc;
+    }
+    for (size_t j = i; j < m; j++) { /* the one that did not fit */
+        free(sh[j].bytes);
+        sh[j].bytes = NULL;
+    }
+    *out = sh;
+    *k = i;
+    return 0;
 }
 
 int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
@@ -869,7 +893,7 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
     cairn_hash *need = NULL, *base = NULL;
     size_t nneed = 0, nbase = 0, nsend = 0;
     uint64_t *send = NULL, *fidx = NULL;
-    cairn_change **chg = NULL;
+    cairn_change **chg = NULL, *shells = NULL;
     cairn_sync_msg m = {0};
     cairn_hash sample[CAIRN_SYNC_MAX_SAMPLE];
     size_t nsample = 0;
@@ -897,8 +921,8 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
             uint64_t count = cairn_dag_count(d);
             for (unsigned i = 0; i < 64 && ((uint64_t)1 << i) - 1 < count; i++)
                 sample[nsample++] =
-                    cairn_dag_at(d, count - (uint64_t)1 - (((uint64_t)1 << i) - 1))->hash;
-            sample[nsample++] = cairn_dag_at(d, 0)->hash;
+                    *cairn_dag_hash_at(d, count - (uint64_t)1 - (((uint64_t)1 << i) - 1));
+            sample[nsample++] = *cairn_dag_hash_at(d, 0);
             nsample = hashes_normalise(sample, nsample);
             m.has_sample = 1;
             m.sample = sample;
@@ -914,7 +938,7 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
                                    fmax, salt)))
             goto done;
         for (size_t i = 0; i < nf; i++)
-            cairn_bloom_add(&m.filter, &cairn_dag_at(d, fidx[i])->hash);
+            cairn_bloom_add(&m.filter, cairn_dag_hash_at(d, fidx[i]));
         used += m.filter.nbytes;
         m.has_filter = 1;
         m.since = base;
@@ -925,8 +949,7 @@ filter_done:
         rc = CAIRN_ELIMIT;
         goto done;
     }
-    nsend = fit_changes(d, &s->lim, send, nsend, used, &rc);
-    if (rc)
+    if ((rc = fit_changes(&shells, &nsend, d, &s->lim, send, nsend, used)))
         goto done;
 
     int go = nsend > 0 || !s->sent_any ||
@@ -941,9 +964,10 @@ filter_done:
             rc = CAIRN_ENOMEM;
             goto done;
         }
-        /* The encoder only reads the changes; the message does not own them. */
+        /* The encoder only reads the changes' bytes; the message does not own
+         * them. */
         for (size_t i = 0; i < nsend; i++)
-            chg[i] = (cairn_change *)cairn_dag_at(d, send[i]);
+            chg[i] = &shells[i];
     }
     /* Only a state that has neither sent nor heard anything says hello: a
      * reply to the peer's first message need not make it start over. */
@@ -981,6 +1005,8 @@ fail_out:
 done:
     cairn_bloom_destroy(&m.filter);
     free(chg);
+    if (shells)
+        shells_free(shells, nsend);
     free(send);
     free(fidx);
     free(need);
@@ -1000,8 +1026,12 @@ int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc
     if (nheads > s->lim.max_heads)
         return CAIRN_ELIMIT;
     uint64_t *idx = n ? malloc(n * sizeof *idx) : NULL;
-    if (n && !idx)
+    size_t *pos = n ? malloc(n * sizeof *pos) : NULL;
+    if (n && (!idx || !pos)) {
+        free(idx);
+        free(pos);
         return CAIRN_ENOMEM;
+    }
     size_t k = 0, taken = 0;
     int rc = 0;
     size_t used = 2 + hashes_wire(nheads) + hashes_wire(0) + 10, i;
@@ -1015,11 +1045,13 @@ int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc
             continue;
         if (k >= s->lim.max_changes)
             break;
-        const cairn_change *c = cairn_dag_at(d, ix);
+        /* The caller's change is the ordered one (same hash): send its bytes. */
+        const cairn_change *c = changes[i];
         size_t sz = varint_len(c->len) + c->len;
         if ((k > 0 && used + sz > s->lim.target_msg_bytes) || used + sz > s->lim.max_msg_bytes)
             break;
         used += sz;
+        pos[k] = i;
         idx[k++] = ix;
     }
     taken = i;
@@ -1030,7 +1062,7 @@ int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc
             goto done;
         }
         for (size_t j = 0; j < k; j++)
-            chg[j] = (cairn_change *)cairn_dag_at(d, idx[j]);
+            chg[j] = (cairn_change *)changes[pos[j]];
         cairn_sync_msg m = {0};
         m.heads = (cairn_hash *)heads;
         m.nheads = nheads;
@@ -1056,6 +1088,7 @@ done:
         *len = 0;
     }
     free(idx);
+    free(pos);
     return rc;
 }
 

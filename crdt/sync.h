@@ -113,7 +113,9 @@ int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, 
                        const cairn_doc_observer *obs);
 
 /* Optimistic push: a message carrying our heads and |changes| (changes of
- * |doc|, e.g. just committed, in apply order), without a filter. Changes
+ * |doc|, e.g. just committed, in apply order, with their canonical bytes:
+ * those are what is sent; the doc does not read them back), without a
+ * filter. Changes
  * already sent to this peer are skipped; at most the limits' worth are
  * included (*npushed says how many of |changes| were taken, the rest
  * follow through generate). *out is NULL when nothing was left to push. */

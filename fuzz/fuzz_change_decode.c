@@ -47,7 +47,7 @@ static void feed_dag(const cairn_change *c)
     } else {
         check(n == 0);
         check(cairn_dag_peek_ready(d) != NULL);
-        rc = cairn_dag_order(d, NULL);
+        rc = cairn_dag_order(d, NULL, NULL);
         /* A first change of its actor must have seq 1. */
         check(c->seq == 1 ? rc == 0 : rc == CAIRN_ESEQGAP);
         check(cairn_dag_count(d) == (c->seq == 1 ? 1u : 0u));

@@ -74,7 +74,7 @@ static void new_state(struct sim *s, int node)
 static void edit(struct sim *s, int node, uint8_t key, int n, int push)
 {
     cairn_doc *d = s->doc[node];
-    const cairn_change *made[4];
+    cairn_change *made[4];
     int k = 0;
     for (int i = 0; i < n; i++) {
         uint8_t kb[2] = {'k', (uint8_t)(key + i)};
@@ -97,18 +97,21 @@ static void edit(struct sim *s, int node, uint8_t key, int n, int push)
         const cairn_change *c = NULL;
         if (cairn_doc_commit(d, &c, NULL))
             abort();
-        if (c)
-            made[k++] = c;
+        /* commit's change is borrowed only until the next begin: keep a copy */
+        if (c && cairn_change_decode(&made[k++], c->bytes, c->len, &c->hash))
+            abort();
     }
     if (push && k) {
-        /* Borrowed changes stay valid: the DAG keeps them for its life. */
         uint8_t *m = NULL;
         size_t len = 0, np = 0;
-        if (cairn_sync_push(&m, &len, &np, d, s->st[node], made, (size_t)k))
+        if (cairn_sync_push(&m, &len, &np, d, s->st[node], (const cairn_change *const *)made,
+                            (size_t)k))
             abort();
         if (m)
             wire_put(&s->w[1 - node], m, len);
     }
+    for (int i = 0; i < k; i++)
+        cairn_change_free(made[i]);
 }
 
 static void generate(struct sim *s, int node, int *sent)

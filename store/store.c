@@ -233,6 +233,36 @@ static void meta_put(leveldb_writebatch_t *b, const char *name, const void *v, s
     leveldb_writebatch_put(b, (const char *)k, kl, v, vl);
 }
 
+/* The document's body loader (cairn_dag_load_cb): the DAG keeps no change
+ * bodies, so sync and reads at past heads get them from the 'O' record of
+ * their apply index (rev ++ canonical bytes); the DAG checks the hash. Only
+ * durable changes are there: a change still in the pending batch reads as
+ * CAIRN_ENOTFOUND. */
+static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+{
+    cairn_store *s = arg;
+    uint8_t k[9];
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
+    char *err = NULL;
+    size_t vl;
+    char *v = leveldb_get(s->db, s->ropt, (const char *)k, 9, &vl, &err);
+    int rc = db_err(err);
+    if (rc)
+        return rc;
+    if (!v)
+        return CAIRN_ENOTFOUND;
+    uint8_t *b = vl > 8 ? malloc(vl - 8) : NULL;
+    if (b)
+        memcpy(b, v + 8, vl - 8);
+    leveldb_free(v);
+    if (!b)
+        return vl > 8 ? CAIRN_ENOMEM : corrupt("short change record");
+    *bytes = b;
+    *len = vl - 8;
+    return 0;
+}
+
 static void meta_put_u64(leveldb_writebatch_t *b, const char *name, uint64_t v)
 {
     uint8_t x[8];
@@ -569,7 +599,12 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
             goto fail_nomem;
         pc->rev = rev;
         pc->hash = c->hash;
-        pc->bytes = c->bytes;
+        pc->bytes = malloc(c->len ? c->len : 1); /* the doc frees |c| after this call */
+        if (!pc->bytes) {
+            free(pc);
+            goto fail_nomem;
+        }
+        memcpy(pc->bytes, c->bytes, c->len);
         pc->len = c->len;
     }
     pthread_mutex_lock(&s->qmu);
@@ -620,6 +655,7 @@ static void free_pend_change(pend_change *c)
         free(c->ev[i].value);
     }
     free(c->ev);
+    free(c->bytes);
     free(c);
 }
 
@@ -829,6 +865,8 @@ static int create_fresh(cairn_store *s, const cairn_store_options *o)
         return CAIRN_EINVAL;
 
     int rc = cairn_doc_new(&s->doc, &s->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(s->doc, load_body, s);
     if (rc)
         return rc;
     cairn_change *g;
@@ -1079,6 +1117,8 @@ static int recover(cairn_store *s)
     int have_c = cv != NULL;
     leveldb_free(cv);
     rc = cairn_doc_new(&s->doc, &s->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(s->doc, load_body, s);
     if (rc)
         return rc;
 

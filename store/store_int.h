@@ -182,7 +182,7 @@ typedef struct pend_change {
     struct pend_change *next;
     int64_t rev;
     cairn_hash hash;
-    const uint8_t *bytes; /* borrowed from the doc's DAG */
+    uint8_t *bytes; /* a copy: the doc keeps no change bodies */
     size_t len;
     pend_event *ev;
     size_t nev;

@@ -92,7 +92,7 @@ static size_t drain(cairn_dag *d)
 {
     size_t n = 0;
     while (cairn_dag_peek_ready(d)) {
-        REQUIRE(cairn_dag_order(d, NULL) == 0);
+        REQUIRE(cairn_dag_order(d, NULL, NULL) == 0);
         n++;
     }
     return n;
@@ -112,16 +112,30 @@ static void check_topological(const cairn_dag *d)
 {
     uint64_t n = cairn_dag_count(d);
     for (uint64_t i = 0; i < n; i++) {
-        const cairn_change *c = cairn_dag_at(d, i);
+        cairn_change *c;
+        ck_assert_rc(cairn_dag_load(&c, d, i), 0);
+        ck_assert_mem_eq(c->hash.b, cairn_dag_hash_at(d, i)->b, CAIRN_HASH_LEN);
         uint64_t idx;
         ck_assert_rc(cairn_dag_find(d, &c->hash, &idx), 0);
         ck_assert_uint_eq(idx, i);
+        uint64_t deps[64];
+        size_t nd = cairn_dag_deps_at(deps, 64, d, i);
+        ck_assert_uint_eq(nd, c->ndeps);
         for (uint32_t j = 0; j < c->ndeps; j++) {
             ck_assert_rc(cairn_dag_find(d, &c->deps[j], &idx), 0);
             ck_assert_uint_lt(idx, i);
+            /* the compact deps name the same changes */
+            int found = 0;
+            for (size_t k = 0; k < nd; k++)
+                found |= deps[k] == idx;
+            ck_assert(found);
         }
+        cairn_change_free(c);
     }
-    ck_assert_ptr_null(cairn_dag_at(d, n));
+    ck_assert_ptr_null(cairn_dag_hash_at(d, n));
+    cairn_change *none;
+    ck_assert_rc(cairn_dag_load(&none, d, n), CAIRN_ENOTFOUND);
+    ck_assert_ptr_null(none);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -141,7 +155,7 @@ START_TEST(linear_in_order)
     const cairn_hash *h;
     ck_assert_uint_eq(cairn_dag_heads(d, &h), 0);
     ck_assert_ptr_null(cairn_dag_peek_ready(d));
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESTATE);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESTATE);
     cairn_change *c[5];
     for (int i = 0; i < 5; i++) {
         c[i] = mk(1, (uint64_t)i + 1, i ? &c[i - 1]->hash : NULL, i ? 1 : 0, 0);
@@ -150,7 +164,7 @@ START_TEST(linear_in_order)
         const cairn_change *r = cairn_dag_peek_ready(d);
         ck_assert_mem_eq(r->hash.b, c[i]->hash.b, 32);
         uint64_t idx = 99;
-        ck_assert_rc(cairn_dag_order(d, &idx), 0);
+        ck_assert_rc(cairn_dag_order(d, &idx, NULL), 0);
         ck_assert_uint_eq(idx, (uint64_t)i);
         ck_assert_int_eq(cairn_dag_has(d, &c[i]->hash), 1);
         check_heads(d, &c[i]->hash, 1);
@@ -183,7 +197,7 @@ START_TEST(duplicates_dropped)
     ck_assert_int_eq(add(d, c), CAIRN_DAG_KNOWN); /* pending duplicate */
     ck_assert_int_eq(add(d, a), CAIRN_DAG_READY);
     ck_assert_int_eq(add(d, a), CAIRN_DAG_KNOWN); /* ready duplicate */
-    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     ck_assert_int_eq(add(d, a), CAIRN_DAG_KNOWN); /* ordered duplicate */
     ck_assert_ptr_null(cairn_dag_peek_ready(d));
     ck_assert_int_eq(add(d, b), CAIRN_DAG_READY);
@@ -228,7 +242,7 @@ START_TEST(pending_cascade)
         const cairn_change *r = cairn_dag_peek_ready(d);
         ck_assert_ptr_nonnull(r);
         ck_assert_mem_eq(r->hash.b, c[i]->hash.b, 32);
-        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     }
     ck_assert_ptr_null(cairn_dag_peek_ready(d));
     check_heads(d, &c[5]->hash, 1);
@@ -256,21 +270,21 @@ START_TEST(seq_gap_and_fork)
     ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
     ck_assert_int_eq(add(d, b1), CAIRN_DAG_READY);
     ck_assert_int_eq(add(d, c2), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), 0);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
     ck_assert_int_eq(cairn_dag_has(d, &a1b->hash), 0); /* discarded */
-    ck_assert_rc(cairn_dag_order(d, NULL), 0);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     ck_assert_int_eq(add(d, a3), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     ck_assert_int_eq(add(d, a2x), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
     cairn_actor a = actor_n(1);
     ck_assert_uint_eq(cairn_dag_actor_seq(d, &a), 1);
     /* A fork arriving after the original is ordered. */
     ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
 
     /* A rejected fork that others depend on is remembered, not asked for. */
@@ -283,7 +297,7 @@ START_TEST(seq_gap_and_fork)
     ck_assert_uint_eq(nmiss, 1);
     free(miss);
     ck_assert_int_eq(add(d, fork), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_EFORK);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
     ck_assert_int_eq(cairn_dag_has(d, &fork->hash), 2);
     ck_assert_int_eq(cairn_dag_has(d, &child->hash), 2);
     ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
@@ -568,8 +582,8 @@ START_TEST(random_permutations_converge)
         ck_assert_rc(cairn_dag_ancestors(&w, &nw, ref, &mid->hash, 1), 0);
         ck_assert_uint_eq(nv, nw);
         for (size_t i = 0; i < nv; i++)
-            ck_assert_int_eq(
-                cairn_dag_is_ancestor(ref, &cairn_dag_at(d, v[i])->hash, &mid->hash, 1), 1);
+            ck_assert_int_eq(cairn_dag_is_ancestor(ref, cairn_dag_hash_at(d, v[i]), &mid->hash, 1),
+                             1);
         free(v);
         free(w);
         cairn_dag_free(d);
@@ -707,21 +721,21 @@ START_TEST(long_chain_linear_time)
     const size_t n = 100000;
     cairn_dag *d;
     ck_assert_rc(cairn_dag_new(&d), 0);
-    cairn_change *prev = NULL;
+    cairn_hash prev;
     uint64_t seq[3] = {0};
     cairn_hash first, last;
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
         uint32_t a = (uint32_t)(i % 3);
-        cairn_change *c = mk(a + 1, ++seq[a], prev ? &prev->hash : NULL, prev ? 1 : 0, i);
+        cairn_change *c = mk(a + 1, ++seq[a], i ? &prev : NULL, i ? 1 : 0, i);
         if (i == 0)
             first = c->hash;
         last = c->hash;
         int state;
         REQUIRE(cairn_dag_add(d, c, &state) == 0);
         REQUIRE(state == CAIRN_DAG_READY);
-        REQUIRE(cairn_dag_order(d, NULL) == 0);
-        prev = (cairn_change *)cairn_dag_at(d, i);
+        REQUIRE(cairn_dag_order(d, NULL, NULL) == 0);
+        prev = *cairn_dag_hash_at(d, i);
     }
     double t1 = now_s();
     ck_assert_uint_eq(cairn_dag_count(d), n);
@@ -777,18 +791,18 @@ START_TEST(seq_check_walks_back)
         prev = b->hash;
         int state;
         ck_assert_rc(cairn_dag_add(d, b, &state), 0);
-        ck_assert_rc(cairn_dag_order(d, NULL), 0);
+        ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     }
     cairn_change *a2 = mk(1, 2, &prev, 1, 0);
     ck_assert_int_eq(add(d, a2), CAIRN_DAG_READY);
-    ck_assert_rc(cairn_dag_order(d, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     /* An actor-3 branch off a1 that skips actor 1's newer changes. */
     cairn_change *c1 = mk(3, 1, &a1->hash, 1, 0);
     cairn_change *a3 = mk(1, 3, &c1->hash, 1, 0);
     add(d, c1);
     add(d, a3);
-    ck_assert_rc(cairn_dag_order(d, NULL), 0);
-    ck_assert_rc(cairn_dag_order(d, NULL), CAIRN_ESEQGAP);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     cairn_change_free(a1);
     cairn_change_free(a2);
     cairn_change_free(c1);
@@ -873,7 +887,7 @@ static void script(cairn_change **h, size_t n, cairn_hash *order_out, size_t *en
         REQUIRE(rc == 0);
         while (cairn_dag_peek_ready(d)) {
             uint64_t before = cairn_dag_count(d);
-            if (ARMED(cairn_dag_order(d, NULL)) == CAIRN_ENOMEM) {
+            if (ARMED(cairn_dag_order(d, NULL, NULL)) == CAIRN_ENOMEM) {
                 ++*enomem;
                 REQUIRE(cairn_dag_count(d) == before);
                 continue;
@@ -906,7 +920,7 @@ static void script(cairn_change **h, size_t n, cairn_hash *order_out, size_t *en
     REQUIRE(rc == 0 && nv > 0);
     free(v);
     for (size_t i = 0; i < n; i++)
-        order_out[i] = cairn_dag_at(d, i)->hash;
+        order_out[i] = *cairn_dag_hash_at(d, i);
     cairn_dag_free(d);
 }
 
@@ -971,6 +985,105 @@ START_TEST(alloc_failure_change)
 END_TEST
 #endif
 
+/* ---- bodies ------------------------------------------------------------------- */
+
+struct bodies {
+    uint8_t **b;
+    size_t *len;
+    size_t n;
+    size_t loads;
+};
+
+static int bodies_load(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+{
+    struct bodies *s = arg;
+    s->loads++;
+    if (index >= s->n)
+        return CAIRN_ENOTFOUND;
+    *bytes = malloc(s->len[index]);
+    if (!*bytes)
+        return CAIRN_ENOMEM;
+    memcpy(*bytes, s->b[index], s->len[index]);
+    *len = s->len[index];
+    return 0;
+}
+
+START_TEST(loader_rows_are_compact)
+{
+    /* 100k ordered changes with a loader: the DAG holds well under 100 bytes
+     * per change, tables included; bodies come back from the loader. Without
+     * a loader it keeps the bytes (and only the bytes). */
+    const size_t n = 100000;
+    struct bodies s = {malloc(n * sizeof(uint8_t *)), malloc(n * sizeof(size_t)), 0, 0};
+    ck_assert(s.b && s.len);
+    cairn_dag *d, *plain;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    ck_assert_rc(cairn_dag_new(&plain), 0);
+    ck_assert_rc(cairn_dag_set_loader(d, bodies_load, &s), 0);
+    cairn_hash prev;
+    uint64_t seq[3] = {0};
+    size_t body_bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = (uint32_t)(i % 3);
+        cairn_change *c = mk(a + 1, ++seq[a], i ? &prev : NULL, i ? 1 : 0, i);
+        s.b[i] = malloc(c->len);
+        REQUIRE(s.b[i] != NULL);
+        memcpy(s.b[i], c->bytes, c->len);
+        s.len[i] = c->len;
+        s.n++;
+        body_bytes += c->len;
+        int state;
+        REQUIRE(cairn_dag_add(plain, copy(c), &state) == 0 && state == CAIRN_DAG_READY);
+        REQUIRE(cairn_dag_order(plain, NULL, NULL) == 0);
+        REQUIRE(cairn_dag_add(d, c, &state) == 0 && state == CAIRN_DAG_READY);
+        cairn_change *body = NULL;
+        uint64_t ix;
+        REQUIRE(cairn_dag_order(d, &ix, &body) == 0);
+        REQUIRE(ix == i && body != NULL && cairn_hash_cmp(&body->hash, &prev) != 0);
+        prev = body->hash;
+        cairn_change_free(body);
+    }
+    ck_assert_rc(cairn_dag_set_loader(d, bodies_load, &s), CAIRN_ESTATE);
+    size_t per = cairn_dag_mem_bytes(d) / n;
+    printf("dag: %zu bytes per ordered change with a loader, %zu without (bodies %zu)\n", per,
+           cairn_dag_mem_bytes(plain) / n, body_bytes / n);
+    ck_assert_msg(per < 100, "%zu bytes per ordered change", per);
+    ck_assert_uint_ge(cairn_dag_mem_bytes(plain), body_bytes);
+    ck_assert_uint_eq(s.loads, 0); /* ordering never reads a body back */
+    uint64_t want[] = {0, 1, n / 2, n - 1};
+    for (size_t k = 0; k < 4; k++) {
+        cairn_change *c1, *c2;
+        ck_assert_rc(cairn_dag_load(&c1, d, want[k]), 0);
+        ck_assert_rc(cairn_dag_load(&c2, plain, want[k]), 0);
+        ck_assert_mem_eq(c1->hash.b, cairn_dag_hash_at(d, want[k])->b, CAIRN_HASH_LEN);
+        ck_assert_mem_eq(c1->hash.b, c2->hash.b, CAIRN_HASH_LEN);
+        uint64_t deps[4];
+        ck_assert_uint_eq(cairn_dag_deps_at(deps, 4, d, want[k]), want[k] ? 1 : 0);
+        if (want[k])
+            ck_assert_uint_eq(deps[0], want[k] - 1);
+        cairn_change_free(c1);
+        cairn_change_free(c2);
+    }
+    ck_assert_uint_eq(s.loads, 4);
+    /* bytes that do not hash to the id are never handed out */
+    s.b[7][s.len[7] - 1] ^= 1;
+    cairn_change *bad = (cairn_change *)1;
+    ck_assert_rc(cairn_dag_load(&bad, d, 7), CAIRN_ECORRUPT);
+    ck_assert_ptr_null(bad);
+    s.len[8]--; /* truncated */
+    ck_assert_rc(cairn_dag_load(&bad, d, 8), CAIRN_ECORRUPT);
+    s.n = 9; /* gone from storage */
+    ck_assert_rc(cairn_dag_load(&bad, d, 9), CAIRN_ENOTFOUND);
+    s.n = n;
+    for (size_t i = 0; i < n; i++)
+        free(s.b[i]);
+    free(s.b);
+    free(s.len);
+    cairn_dag_free(d);
+    cairn_dag_free(plain);
+}
+END_TEST
+
 static Suite *dag_suite(void)
 {
     Suite *s = suite_create("dag");
@@ -988,6 +1101,7 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, pending_limit);
     tcase_add_test(tc, pending_edge_limit);
     tcase_add_test(tc, long_chain_linear_time);
+    tcase_add_test(tc, loader_rows_are_compact);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);
 #ifndef NO_MALLOC_HOOK

@@ -114,11 +114,10 @@ static void deliver(cairn_doc *to, const cairn_doc *from)
 {
     const cairn_dag *fd = cairn_doc_dag(from);
     for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
-        const cairn_change *c = cairn_dag_at(fd, i);
-        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+        if (cairn_dag_has(cairn_doc_dag(to), cairn_dag_hash_at(fd, i)))
             continue;
         cairn_change *copy;
-        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_dag_load(&copy, fd, i), 0);
         ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
     }
 }
@@ -734,11 +733,10 @@ static void deliver_logged(cairn_doc *to, const cairn_doc *from, struct log *lg)
     cairn_doc_observer obs = {lg, log_change, log_patch};
     const cairn_dag *fd = cairn_doc_dag(from);
     for (uint64_t i = 0; i < cairn_dag_count(fd); i++) {
-        const cairn_change *c = cairn_dag_at(fd, i);
-        if (cairn_dag_has(cairn_doc_dag(to), &c->hash))
+        if (cairn_dag_has(cairn_doc_dag(to), cairn_dag_hash_at(fd, i)))
             continue;
         cairn_change *copy;
-        ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+        ck_assert_int_eq(cairn_dag_load(&copy, fd, i), 0);
         ck_assert_int_eq(cairn_doc_receive(to, copy, &obs), 0);
     }
 }
@@ -1116,10 +1114,8 @@ START_TEST(receive_reports_first_error_and_applies_the_rest)
     ops[0] = set_op((cairn_opid){5, 0}, "bad", "b"); /* no object (5, author) */
     cairn_change *h = hostile(t, 9, 1, 100, ops, 1, NULL, 0);
     cairn_change *x, *dd;
-    ck_assert_int_eq(
-        cairn_change_decode(&x, cairn_dag_at(sd, 1)->bytes, cairn_dag_at(sd, 1)->len, NULL), 0);
-    ck_assert_int_eq(
-        cairn_change_decode(&dd, cairn_dag_at(sd, 0)->bytes, cairn_dag_at(sd, 0)->len, NULL), 0);
+    ck_assert_int_eq(cairn_dag_load(&x, sd, 1), 0);
+    ck_assert_int_eq(cairn_dag_load(&dd, sd, 0), 0);
     /* both wait for D; when it arrives, H is rejected and X still applies */
     ck_assert_int_eq(cairn_doc_receive(r, h, NULL), 0);
     ck_assert_int_eq(cairn_doc_receive(r, x, NULL), 0);
@@ -1133,6 +1129,120 @@ START_TEST(receive_reports_first_error_and_applies_the_rest)
     cairn_doc_free(s);
     cairn_doc_free(t);
     cairn_doc_free(r);
+}
+END_TEST
+
+/* ---- values are the document's own copies -------------------------------------- */
+
+struct seen_values {
+    const uint8_t *ptr[8];
+    size_t n;
+};
+
+/* Records where the bytes values of each applied change live in the change. */
+static void note_values(void *arg, const cairn_change *c, uint64_t index, int begin)
+{
+    struct seen_values *sv = arg;
+    (void)index;
+    if (!begin)
+        return;
+    for (uint32_t i = 0; i < c->nops && sv->n < 8; i++)
+        if (c->ops[i].value.type == CAIRN_V_STR)
+            sv->ptr[sv->n++] = c->ops[i].value.v.bytes.ptr;
+}
+
+/* Allocates and scribbles over freed memory of the sizes a change had. */
+static void churn_heap(void)
+{
+    for (int i = 0; i < 2000; i++) {
+        size_t n = 16 + (size_t)(i * 37) % 512;
+        uint8_t *p = malloc(n);
+        ck_assert_ptr_nonnull(p);
+        memset(p, 0xEE, n);
+        free(p);
+    }
+}
+
+START_TEST(values_outlive_change_bodies)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    ck_assert_int_eq(cairn_doc_begin(a, 10), 0);
+    put_s(a, CAIRN_ROOT, "k", "local value");
+    cairn_objid l;
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
+    cairn_value item = str_v("list item");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &item), 0);
+    const cairn_change *c;
+    ck_assert_int_eq(cairn_doc_commit(a, &c, NULL), 0);
+    ck_assert_ptr_nonnull(c);
+    /* the read does not point into the change (its bytes or its ops) */
+    cairn_read r;
+    ck_assert_int_eq(cairn_doc_get(a, &r, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    const uint8_t *p = r.value.v.bytes.ptr;
+    ck_assert(p < c->bytes || p >= c->bytes + c->len);
+    ck_assert_ptr_ne(p, c->ops[0].value.v.bytes.ptr);
+    /* begin frees the committed change; values stay */
+    ck_assert_int_eq(cairn_doc_begin(a, 20), 0);
+    cairn_doc_rollback(a);
+    churn_heap();
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "local value");
+    ck_assert_str_eq(list_s(a, l), "list item");
+
+    /* Remote: decoded from a buffer that is then overwritten and freed;
+     * receive frees the change once applied. */
+    uint8_t *buf;
+    size_t len;
+    ck_assert_int_eq(cairn_dag_load_bytes(&buf, &len, cairn_doc_dag(a), 0), 0);
+    cairn_change *x;
+    ck_assert_int_eq(cairn_change_decode(&x, buf, len, NULL), 0);
+    memset(buf, 0xEE, len);
+    free(buf);
+    struct seen_values sv = {{0}, 0};
+    cairn_doc_observer obs = {&sv, note_values, NULL};
+    ck_assert_int_eq(cairn_doc_receive(b, x, &obs), 0);
+    ck_assert_uint_eq(sv.n, 2);
+    churn_heap();
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_ptr_ne(r.value.v.bytes.ptr, sv.ptr[0]);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "k"), "local value");
+    ck_assert_int_eq(cairn_doc_get(b, &r, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    ck_assert_int_eq(r.kind, CAIRN_READ_LIST);
+    ck_assert_str_eq(list_s(b, r.obj), "list item");
+
+    /* Conflicts keep their own copies too. */
+    ck_assert_int_eq(cairn_doc_begin(a, 30), 0);
+    put_s(a, CAIRN_ROOT, "c", "from a");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 30), 0);
+    put_s(b, CAIRN_ROOT, "c", "from b");
+    commit(b);
+    deliver(a, b);
+    deliver(b, a);
+    churn_heap();
+    for (int side = 0; side < 2; side++) {
+        cairn_read all[4];
+        size_t n;
+        ck_assert_int_eq(
+            cairn_doc_get_all(side ? b : a, all, 4, &n, CAIRN_ROOT, (const uint8_t *)"c", 1), 0);
+        ck_assert_uint_eq(n, 2);
+        int fa = 0, fb = 0;
+        for (size_t i = 0; i < n; i++) {
+            fa |=
+                all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from a", 6) == 0;
+            fb |=
+                all[i].value.v.bytes.len == 6 && memcmp(all[i].value.v.bytes.ptr, "from b", 6) == 0;
+        }
+        ck_assert(fa && fb);
+    }
+    /* overwriting the conflict frees both old copies (ASan: no leak) and
+     * keeps the new one */
+    ck_assert_int_eq(cairn_doc_begin(a, 40), 0);
+    put_s(a, CAIRN_ROOT, "c", "resolved");
+    commit(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "c"), "resolved");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
 }
 END_TEST
 
@@ -1156,6 +1266,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, receive_reports_first_error_and_applies_the_rest);
     tcase_add_test(tc, alloc_failure_changes_nothing);
     tcase_add_test(tc, alloc_failure_in_commit_rolls_back);
+    tcase_add_test(tc, values_outlive_change_bodies);
     suite_add_tcase(s, tc);
     return s;
 }
