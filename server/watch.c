@@ -13,7 +13,9 @@
  * hub lock): each disk batch covers exactly the revisions [next_rev, until]
  * (until <= the hub's last revision, capped at what the store's snapshot
  * saw), and next_rev moves to until + 1, so the ring or the live stream
- * goes on from there with no gap and no duplicate.
+ * goes on from there with no gap and no duplicate. Tests may shrink the
+ * ring with the environment variables CAIRN_WATCH_RING_EVENTS and
+ * CAIRN_WATCH_RING_BYTES (values above the defaults are ignored).
  *
  * Semantics measured on etcd 3.4 / read in its watch.go and
  * watchable_store.go: a created response first (header at the current
@@ -116,6 +118,8 @@ struct watch_hub {
     size_t bytes;
     int64_t last_rev;   /* newest revision the hub knows (the store's) */
     int64_t floor;      /* revisions below this cannot be replayed */
+    size_t max_events;  /* RING_MAX_EVENTS, or the test knob */
+    size_t max_bytes;   /* RING_MAX_BYTES, or the test knob */
     wstream *streams;
     int wait_catchup; /* a watcher waits for its catch-up time */
     uint64_t next_serial;
@@ -1041,8 +1045,8 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     for (size_t i = 0; i < nev; i++) {
         const cairn_kv *kv = &ev[i].kv;
         size_t need = kv->key_len + kv->value_len;
-        while (h->n > 0 && (h->n + 1 > h->cap || h->n >= RING_MAX_EVENTS ||
-                            h->bytes + need > RING_MAX_BYTES))
+        while (h->n > 0 && (h->n + 1 > h->cap || h->n >= h->max_events ||
+                            h->bytes + need > h->max_bytes))
             ring_drop_oldest(h);
         ring_ev *e = &h->ring[(h->head + h->n) % h->cap];
         memset(e, 0, sizeof *e);
@@ -1079,12 +1083,30 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     pthread_mutex_unlock(&h->mu);
 }
 
+/* Test knob: tests shrink the ring through the environment so that it
+ * evicts revisions a watcher still needs. Only values in [1, dflt] are
+ * taken; anything else keeps the default. */
+static void ring_knob(size_t *out, const char *name, size_t dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end == 0 && n >= 1 && n <= dflt)
+        *out = (size_t)n;
+}
+
 int watch_hub_new(cairn_server *srv)
 {
     struct watch_hub *h = calloc(1, sizeof *h);
     if (!h)
         return CAIRN_ENOMEM;
-    h->cap = RING_MAX_EVENTS + 1;
+    h->max_events = RING_MAX_EVENTS;
+    h->max_bytes = RING_MAX_BYTES;
+    ring_knob(&h->max_events, "CAIRN_WATCH_RING_EVENTS", RING_MAX_EVENTS);
+    ring_knob(&h->max_bytes, "CAIRN_WATCH_RING_BYTES", RING_MAX_BYTES);
+    h->cap = h->max_events + 1;
     h->ring = calloc(h->cap, sizeof *h->ring);
     if (!h->ring) {
         free(h);
