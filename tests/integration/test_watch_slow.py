@@ -15,7 +15,8 @@ Server: random free 127.0.0.1 ports, a temporary data dir, setpriv
            watcher on the main connection reads throughout and must have
            every event within a few seconds of the last put. Then the
            stalled streams read, and each must receive exactly the
-           acknowledged puts. The server's RSS is sampled throughout; the
+           acknowledged puts, and an answer to each of the progress
+           requests it sent while stalled. The server's RSS is sampled throughout; the
            same puts made before, with nobody watching, are the control:
            the stalled streams may add less than one copy of the puts to
            the RSS growth (a queue per stalled stream would add one each).
@@ -36,6 +37,7 @@ Usage: test_watch_slow.py --case stalled|evict [--cairn build/cairn]
 
 import argparse
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -59,6 +61,7 @@ LIVE_LAG = 5.0       # the reading watcher: complete this long after the last pu
 # What stalled streams may add to the server's RSS: less than one copy of
 # the puts (96 MiB), which a queue per stalled stream would hold each.
 RSS_EXTRA_MAX = 64 << 20
+PROGRESS_ASKS = 100  # progress requests a stalled stream sends
 
 
 class HardTimeout(BaseException):
@@ -115,16 +118,28 @@ class WatchStream:
             response_deserializer=msgs["etcdserverpb.WatchResponse"].FromString)
         WR = msgs["etcdserverpb.WatchRequest"]
         W = msgs["etcdserverpb.WatchCreateRequest"]
-        self.reqs = [WR(create_request=W(**c)) for c in creates]
+        self.reqs = queue.Queue()
+        for c in creates:
+            self.reqs.put(WR(create_request=W(**c)))
+        self.progress = 0       # progress answers (watch_id -1)
         self.hold = threading.Event()
         self.call = stub(self._requests(), timeout=HARD_TIMEOUT)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _requests(self):
-        for r in self.reqs:
+        while True:
+            r = self.reqs.get()
+            if r is None:
+                self.hold.wait(HARD_TIMEOUT)
+                return
             yield r
-        self.hold.wait(HARD_TIMEOUT)
+
+    def ask_progress(self, n):
+        WR = self.msgs["etcdserverpb.WatchRequest"]
+        P = self.msgs["etcdserverpb.WatchProgressRequest"]
+        for _ in range(n):
+            self.reqs.put(WR(progress_request=P()))
 
     def _read(self):
         try:
@@ -142,6 +157,10 @@ class WatchStream:
                     self.problems.append("canceled: %r compact_revision=%d"
                                          % (m.cancel_reason, m.compact_revision))
                     continue
+                if m.watch_id == -1 and not m.events:
+                    self.progress += 1
+                    self.last_at = time.monotonic()
+                    continue
                 if m.watch_id not in self.ids:
                     self.problems.append("events for unknown watch id %d" % m.watch_id)
                     continue
@@ -157,6 +176,7 @@ class WatchStream:
 
     def close(self):
         self.release.set()
+        self.reqs.put(None)
         self.hold.set()
         self.call.cancel()
 
@@ -195,10 +215,11 @@ def put_all(srv, msgs, items, nthreads):
     return acked, time.monotonic() - t0
 
 
-def wait_complete(streams, want, limit):
+def wait_complete(streams, want, limit, progress=0):
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        if all(len(evs) >= want[i] for s in streams for i, evs in s.events.items()):
+        if all(len(evs) >= want[i] for s in streams for i, evs in s.events.items()) and \
+                all(s.progress >= progress for s in streams):
             break
         if any(s.done.is_set() for s in streams):
             break
@@ -276,10 +297,15 @@ def case_stalled(kind, srv, msgs, args):
         if live.last_at - t_put > LIVE_LAG:
             problems.append("live watcher: last event %.1f s after the last put"
                             % (live.last_at - t_put))
+        # Requests keep coming on the stalled streams: the server may stop
+        # reading them (its answers cannot go out) but must answer them all.
+        for s in stalled:
+            s.ask_progress(PROGRESS_ASKS)
+        time.sleep(0.5)
         t_rel = time.monotonic()
         for s in stalled:
             s.release.set()
-        wait_complete(stalled, want, DRAIN_WAIT)
+        wait_complete(stalled, want, DRAIN_WAIT, PROGRESS_ASKS)
         print("%s: stalled streams drained in %.1f s"
               % (kind, max([s.last_at for s in stalled] + [t_rel]) - t_rel))
         sampler.stop.set()
@@ -295,6 +321,9 @@ def case_stalled(kind, srv, msgs, args):
                             % (growth / 2**20, growth_ctl / 2**20, RSS_EXTRA_MAX / 2**20))
         for n, s in enumerate(stalled):
             problems += s.problems
+            if s.progress != PROGRESS_ASKS:
+                problems.append("stalled stream %d: %d progress answers to %d requests"
+                                % (n, s.progress, PROGRESS_ASKS))
             problems += compare("stalled stream %d" % n, s.events.get(0, []), expect)
         problems += live.problems
         return problems
