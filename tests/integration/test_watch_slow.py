@@ -387,20 +387,26 @@ def run_one(kind, binary, msgs, workdir, args):
     if args.case == "evict":
         os.environ["CAIRN_WATCH_RING_EVENTS"] = str(args.ring)
     srv = Server(kind, binary, workdir)
+    problems = []
     try:
         srv.start(msgs)
         if args.case == "stalled":
-            return case_stalled(kind, srv, msgs, args)
-        return case_evict(kind, srv, msgs, args)
+            problems = case_stalled(kind, srv, msgs, args)
+        else:
+            problems = case_evict(kind, srv, msgs, args)
     finally:
         if env_ring is None:
             os.environ.pop("CAIRN_WATCH_RING_EVENTS", None)
         else:
             os.environ["CAIRN_WATCH_RING_EVENTS"] = env_ring
         srv.stop()
-        if not srv.alive() and srv.proc is not None and kind == "cairn" \
-                and srv.proc.returncode not in (0, -signal.SIGTERM):
-            print("%s exited with %s" % (kind, srv.proc.returncode))
+    if kind == "cairn":
+        if srv.proc is not None and srv.proc.returncode != 0:
+            problems.append("cairn exited with %s after SIGTERM" % srv.proc.returncode)
+        report = srv.sanitizer_report()
+        if report:
+            problems.append("sanitizer report in the server log:\n" + report)
+    return problems
 
 
 def main():
