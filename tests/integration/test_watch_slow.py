@@ -16,10 +16,12 @@ Server: random free 127.0.0.1 ports, a temporary data dir, setpriv
            every event within a few seconds of the last put. Then the
            stalled streams read, and each must receive exactly the
            acknowledged puts, and an answer to each of the progress
-           requests it sent while stalled. The server's RSS is sampled throughout; the
-           same puts made before, with nobody watching, are the control:
+           requests it sent while stalled. The server's RSS is sampled
+           throughout; the same puts made before under another prefix,
+           with a reading watcher but no stalled stream, are the control:
            the stalled streams may add less than one copy of the puts to
-           the RSS growth (a queue per stalled stream would add one each).
+           the RSS growth (a queue per stalled stream would add one each),
+           and the writers must keep at least half the control's rate.
   evict    cairn is started with a tiny ring (CAIRN_WATCH_RING_EVENTS, a
            test knob documented in server/watch.c; etcd ignores it) and a
            stalled live watcher lags by far more revisions than the ring
@@ -62,6 +64,7 @@ LIVE_LAG = 5.0       # the reading watcher: complete this long after the last pu
 # the puts (96 MiB), which a queue per stalled stream would hold each.
 RSS_EXTRA_MAX = 64 << 20
 PROGRESS_ASKS = 100  # progress requests a stalled stream sends
+WRITE_RATE_MIN = 0.5 # writers keep this share of their rate without watchers
 
 
 class HardTimeout(BaseException):
@@ -263,16 +266,23 @@ def case_stalled(kind, srv, msgs, args):
     prefix = b"big/"
     items = [(b"big/%03d" % (i % 100), (b"%07d," % i) * (args.value_kib * 128))
              for i in range(args.puts)]
-    # Control: the same puts once with nobody watching. The server's RSS
-    # grows with what is written whether or not anyone watches (the ring
-    # of recent events fills, and the store keeps data), so the stalled
-    # streams may add at most RSS_EXTRA_MAX to that growth.
+    # Control: the same puts under another prefix, with its own reading
+    # watcher and no stalled stream. The server's RSS grows with what is
+    # written whether or not anyone stalls (the ring of recent events
+    # fills, and the store keeps data), so the stalled streams may add at
+    # most RSS_EXTRA_MAX to that growth.
+    ctl_live = WatchStream(msgs, srv.channel, [dict(key=b"ctl/", range_end=prefix_end(b"ctl/"))],
+                           stalled=False)
+    if not ctl_live.created.wait(10):
+        raise Failure("control watch not created within 10 s (%s)" % ctl_live.problems)
     control = RssSampler(srv.proc.pid)
     control.start()
-    put_all(srv, msgs, [(k, b"w" + v) for k, v in items], args.writers)
-    time.sleep(0.5)
+    _, secs_ctl = put_all(srv, msgs, [(b"ctl/" + k[4:], v) for k, v in items], args.writers)
+    rate_ctl = len(items) / secs_ctl
+    wait_complete([ctl_live], {0: len(items)}, LIVE_LAG)
     control.stop.set()
     control.join()
+    ctl_live.close()
     growth_ctl = control.peak - control.base
     live = WatchStream(msgs, srv.channel, [dict(key=prefix, range_end=prefix_end(prefix))],
                        stalled=False)
@@ -288,12 +298,17 @@ def case_stalled(kind, srv, msgs, args):
         sampler.start()
         acked, secs = put_all(srv, msgs, items, args.writers)
         t_put = time.monotonic()
-        print("%s: %d puts of %d KiB in %.1f s (%.0f/s) with %d stalled streams"
-              % (kind, len(acked), args.value_kib, secs, len(acked) / secs, len(stalled)))
+        rate = len(acked) / secs
+        print("%s: %d puts of %d KiB in %.1f s (%.0f/s) with %d stalled streams, "
+              "%.0f/s without stalled streams"
+              % (kind, len(acked), args.value_kib, secs, rate, len(stalled), rate_ctl))
         expect = [(r, acked[r][0], acked[r][1]) for r in sorted(acked)]
         want = {0: len(expect)}
         wait_complete([live], want, LIVE_LAG)
         problems = ["live watcher: " + p for p in compare("live watcher", live.events[0], expect)]
+        if rate < WRITE_RATE_MIN * rate_ctl:
+            problems.append("writers slowed down: %.0f puts/s with stalled streams, %.0f/s "
+                            "without" % (rate, rate_ctl))
         if live.last_at - t_put > LIVE_LAG:
             problems.append("live watcher: last event %.1f s after the last put"
                             % (live.last_at - t_put))
@@ -311,7 +326,7 @@ def case_stalled(kind, srv, msgs, args):
         sampler.stop.set()
         sampler.join()
         growth = sampler.peak - sampler.base
-        print("%s: server RSS grew by %.0f MiB for the puts with nobody watching, by "
+        print("%s: server RSS grew by %.0f MiB for the puts without stalled streams, by "
               "%.0f MiB (to %.0f MiB) for the puts while %d streams stalled and drained"
               % (kind, growth_ctl / 2**20, growth / 2**20, sampler.peak / 2**20,
                  len(stalled)))
