@@ -15,7 +15,8 @@
  * saw), and next_rev moves to until + 1, so the ring or the live stream
  * goes on from there with no gap and no duplicate. Tests may shrink the
  * ring with the environment variables CAIRN_WATCH_RING_EVENTS and
- * CAIRN_WATCH_RING_BYTES (values above the defaults are ignored).
+ * CAIRN_WATCH_RING_BYTES (values above the defaults are ignored), and set
+ * the live lag bounds below with CAIRN_WATCH_LAG_REVS and _LAG_BYTES.
  *
  * Semantics measured on etcd 3.4 / read in its watch.go and
  * watchable_store.go: a created response first (header at the current
@@ -154,6 +155,8 @@ struct watch_hub {
     int64_t floor;      /* revisions below this cannot be replayed */
     size_t max_events;  /* RING_MAX_EVENTS, or the test knob */
     size_t max_bytes;   /* RING_MAX_BYTES, or the test knob */
+    size_t lag_revs;    /* LIVE_MAX_LAG_REVS, or the test knob */
+    size_t lag_bytes;   /* LIVE_MAX_LAG_BYTES, or the test knob */
     wstream *streams;
     int wait_catchup; /* a watcher waits for its catch-up time */
     uint64_t next_serial;
@@ -331,7 +334,7 @@ static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b, hist_req *
         size_t at = ring_find(h, w->next_rev);
         uint64_t lag = at < h->n ? h->added - ring_at(h, at)->cum : 0;
         if ((h->floor > 0 && w->next_rev < h->floor) ||
-            h->last_rev - w->next_rev >= LIVE_MAX_LAG_REVS || lag > LIVE_MAX_LAG_BYTES) {
+            (uint64_t)(h->last_rev - w->next_rev) >= h->lag_revs || lag > h->lag_bytes) {
             w->synced = 0;
             w->not_before_ms = 0;
             live = 0;
@@ -1163,17 +1166,17 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     pthread_mutex_unlock(&h->mu);
 }
 
-/* Test knob: tests shrink the ring through the environment so that it
- * evicts revisions a watcher still needs. Only values in [1, dflt] are
- * taken; anything else keeps the default. */
-static void ring_knob(size_t *out, const char *name, size_t dflt)
+/* Test knobs: tests shrink the ring through the environment so that it
+ * evicts revisions a watcher still needs, or move the lag bounds. Only
+ * values in [1, max] are taken; anything else keeps the default. */
+static void knob(size_t *out, const char *name, unsigned long long max)
 {
     const char *v = getenv(name);
     if (!v || !*v)
         return;
     char *end;
     unsigned long long n = strtoull(v, &end, 10);
-    if (*end == 0 && n >= 1 && n <= dflt)
+    if (*end == 0 && n >= 1 && n <= max && n <= SIZE_MAX)
         *out = (size_t)n;
 }
 
@@ -1184,8 +1187,12 @@ int watch_hub_new(cairn_server *srv)
         return CAIRN_ENOMEM;
     h->max_events = RING_MAX_EVENTS;
     h->max_bytes = RING_MAX_BYTES;
-    ring_knob(&h->max_events, "CAIRN_WATCH_RING_EVENTS", RING_MAX_EVENTS);
-    ring_knob(&h->max_bytes, "CAIRN_WATCH_RING_BYTES", RING_MAX_BYTES);
+    h->lag_revs = LIVE_MAX_LAG_REVS;
+    h->lag_bytes = LIVE_MAX_LAG_BYTES;
+    knob(&h->max_events, "CAIRN_WATCH_RING_EVENTS", RING_MAX_EVENTS);
+    knob(&h->max_bytes, "CAIRN_WATCH_RING_BYTES", RING_MAX_BYTES);
+    knob(&h->lag_revs, "CAIRN_WATCH_LAG_REVS", 1ull << 40);
+    knob(&h->lag_bytes, "CAIRN_WATCH_LAG_BYTES", 1ull << 40);
     h->cap = h->max_events + 1;
     h->ring = calloc(h->cap, sizeof *h->ring);
     if (!h->ring) {

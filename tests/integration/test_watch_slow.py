@@ -23,17 +23,23 @@ Server: random free 127.0.0.1 ports, a temporary data dir, setpriv
            the RSS growth (a queue per stalled stream would add one each),
            and the writers must keep at least half the control's rate.
   evict    cairn is started with a tiny ring (CAIRN_WATCH_RING_EVENTS, a
-           test knob documented in server/watch.c; etcd ignores it) and a
+           test knob documented in server/watch.c; etcd ignores it) and
+           without the live lag bounds (CAIRN_WATCH_LAG_REVS/BYTES), and a
            stalled live watcher lags by far more revisions than the ring
            holds while small and large values are put; afterwards it must
            receive every revision (from disk), exactly once, in order.
-           Without --stall-live-only a second watch on the same stream
-           starts in the past, so a catch-up and a live watcher interleave.
+           A second watch on the same stream starts in the past, so a
+           catch-up and a live watcher interleave (and fill the connection's
+           flow-control window sooner).
+  lag      A live watcher stalls while 600 values of 64 KiB are put (all
+           within the ring); afterwards it must receive them all, exactly
+           once and in order, in batches: at most one response per two
+           revisions (etcd: victim, then unsynced, then batches).
 
 Nothing expected is hard-coded: the expectation is what the server itself
 acknowledged (every put's header revision). A hard timeout bounds the run.
 
-Usage: test_watch_slow.py --case stalled|evict [--cairn build/cairn]
+Usage: test_watch_slow.py --case stalled|evict|lag [--cairn build/cairn]
        [--etcd /usr/bin/etcd] [--target cairn|etcd|both]
 """
 
@@ -125,6 +131,7 @@ class WatchStream:
         for c in creates:
             self.reqs.put(WR(create_request=W(**c)))
         self.progress = 0       # progress answers (watch_id -1)
+        self.responses = 0      # answers with events
         self.hold = threading.Event()
         self.call = stub(self._requests(), timeout=HARD_TIMEOUT)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -168,6 +175,7 @@ class WatchStream:
                     self.problems.append("events for unknown watch id %d" % m.watch_id)
                     continue
                 got = self.events[self.ids.index(m.watch_id)]
+                self.responses += 1
                 for ev in m.events:
                     got.append((ev.kv.mod_revision, ev.kv.key, ev.kv.value))
                 self.last_at = time.monotonic()
@@ -321,8 +329,9 @@ def case_stalled(kind, srv, msgs, args):
         for s in stalled:
             s.release.set()
         wait_complete(stalled, want, DRAIN_WAIT, PROGRESS_ASKS)
-        print("%s: stalled streams drained in %.1f s"
-              % (kind, max([s.last_at for s in stalled] + [t_rel]) - t_rel))
+        print("%s: stalled streams drained in %.1f s, in %s responses"
+              % (kind, max([s.last_at for s in stalled] + [t_rel]) - t_rel,
+                 "/".join(str(s.responses) for s in stalled)))
         sampler.stop.set()
         sampler.join()
         growth = sampler.peak - sampler.base
@@ -353,19 +362,17 @@ def case_evict(kind, srv, msgs, args):
     prefix = b"ev/"
     ch = own_channel(srv)
     creates = [dict(key=prefix, range_end=prefix_end(prefix))]
-    first = None
-    if not args.stall_live_only:
-        # history to start from, written before the watches
-        put = srv.channel.unary_unary(
-            "/etcdserverpb.KV/Put", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=msgs["etcdserverpb.PutResponse"].FromString)
-        P = msgs["etcdserverpb.PutRequest"]
-        pre = {}
-        for i in range(40):
-            k, v = b"ev/pre%02d" % (i % 7), b"pre-%d" % i
-            pre[put(P(key=k, value=v), timeout=RPC_TIMEOUT).header.revision] = (k, v)
-        first = min(pre)
-        creates.append(dict(key=prefix, range_end=prefix_end(prefix), start_revision=first))
+    # history to start from, written before the watches
+    put = srv.channel.unary_unary(
+        "/etcdserverpb.KV/Put", request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=msgs["etcdserverpb.PutResponse"].FromString)
+    P = msgs["etcdserverpb.PutRequest"]
+    pre = {}
+    for i in range(40):
+        k, v = b"ev/pre%02d" % (i % 7), b"pre-%d" % i
+        pre[put(P(key=k, value=v), timeout=RPC_TIMEOUT).header.revision] = (k, v)
+    first = min(pre)
+    creates.append(dict(key=prefix, range_end=prefix_end(prefix), start_revision=first))
     s = WatchStream(msgs, ch, creates, stalled=True)
     try:
         if not s.created.wait(10):
@@ -381,39 +388,78 @@ def case_evict(kind, srv, msgs, args):
         print("%s: %d puts in %.1f s while the watch stream stalls"
               % (kind, len(acked), secs))
         expect = [(r, acked[r][0], acked[r][1]) for r in sorted(acked)]
-        want = {0: len(expect)}
-        if first is not None:
-            want[1] = len(pre) + len(expect)
+        want = {0: len(expect), 1: len(pre) + len(expect)}
         s.release.set()
         wait_complete([s], want, DRAIN_WAIT)
         problems = list(s.problems)
         problems += compare("live watcher", s.events.get(0, []), expect)
-        if first is not None:
-            hist = [(r, pre[r][0], pre[r][1]) for r in sorted(pre)] + expect
-            problems += compare("catch-up watcher", s.events.get(1, []), hist)
+        hist = [(r, pre[r][0], pre[r][1]) for r in sorted(pre)] + expect
+        problems += compare("catch-up watcher", s.events.get(1, []), hist)
         return problems
     finally:
         s.close()
         ch.close()
 
 
+def case_lag(kind, srv, msgs, args):
+    """A stalled live watcher whose backlog stays within the ring: once it
+    reads again, the backlog must come in batches (etcd: a watcher whose
+    send channel filled is a victim, then unsynced, and catches up in
+    batches), not one response per revision."""
+    prefix = b"lag/"
+    ch = own_channel(srv)
+    s = WatchStream(msgs, ch, [dict(key=prefix, range_end=prefix_end(prefix))], stalled=True)
+    try:
+        if not s.created.wait(10):
+            raise Failure("watch not created within 10 s (%s)" % s.problems)
+        items = [(b"lag/%02d" % (i % 30), (b"%07d," % i) * (args.value_kib * 128))
+                 for i in range(args.puts)]
+        acked, secs = put_all(srv, msgs, items, args.writers)
+        expect = [(r, acked[r][0], acked[r][1]) for r in sorted(acked)]
+        time.sleep(0.5)
+        s.release.set()
+        wait_complete([s], {0: len(expect)}, DRAIN_WAIT)
+        print("%s: %d puts of %d KiB in %.1f s; the stalled watcher got them in %d responses"
+              % (kind, len(acked), args.value_kib, secs, s.responses))
+        problems = list(s.problems)
+        problems += compare("stalled watcher", s.events.get(0, []), expect)
+        if s.responses > len(expect) // 2:
+            problems.append("stalled watcher: %d responses for %d revisions: its backlog "
+                            "did not come in batches" % (s.responses, len(expect)))
+        return problems
+    finally:
+        s.close()
+        ch.close()
+
+
+# Test knobs of cairn's watch hub (server/watch.c) per case: the evict case
+# shrinks the ring and lifts the live lag bounds, so that only the ring's
+# eviction can make the stalled watcher fall behind.
+KNOBS = {"evict": {"CAIRN_WATCH_LAG_REVS": str(1 << 40), "CAIRN_WATCH_LAG_BYTES": str(1 << 40)}}
+
+
 def run_one(kind, binary, msgs, workdir, args):
-    env_ring = os.environ.get("CAIRN_WATCH_RING_EVENTS")
+    env = dict(KNOBS.get(args.case, {}))
     if args.case == "evict":
-        os.environ["CAIRN_WATCH_RING_EVENTS"] = str(args.ring)
+        env["CAIRN_WATCH_RING_EVENTS"] = str(args.ring)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     srv = Server(kind, binary, workdir)
     problems = []
     try:
         srv.start(msgs)
         if args.case == "stalled":
             problems = case_stalled(kind, srv, msgs, args)
+        elif args.case == "lag":
+            problems = case_lag(kind, srv, msgs, args)
         else:
             problems = case_evict(kind, srv, msgs, args)
     finally:
-        if env_ring is None:
-            os.environ.pop("CAIRN_WATCH_RING_EVENTS", None)
-        else:
-            os.environ["CAIRN_WATCH_RING_EVENTS"] = env_ring
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         srv.stop()
     if kind == "cairn":
         if srv.proc is not None and srv.proc.returncode != 0:
@@ -426,7 +472,7 @@ def run_one(kind, binary, msgs, workdir, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=("stalled", "evict"), required=True)
+    ap.add_argument("--case", choices=("stalled", "evict", "lag"), required=True)
     ap.add_argument("--cairn", default=os.path.join(REPO, "build", "cairn"))
     ap.add_argument("--etcd", default=shutil.which("etcd"))
     ap.add_argument("--target", choices=("cairn", "etcd", "both"), default="cairn")
@@ -436,10 +482,9 @@ def main():
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--streams", type=int, default=3, help="stalled streams (stalled case)")
     ap.add_argument("--ring", type=int, default=64, help="ring events (evict case)")
-    ap.add_argument("--stall-live-only", action="store_true")
     args = ap.parse_args()
     if args.puts is None:
-        args.puts = 1500 if args.case == "stalled" else 600
+        args.puts = {"stalled": 1500, "evict": 600, "lag": 600}[args.case]
 
     def on_alarm(_sig, _frm):
         raise HardTimeout()
