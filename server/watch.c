@@ -114,9 +114,9 @@ typedef struct watcher {
     uint8_t *end; /* NULL: the single key; end_len 0: every key >= key */
     size_t end_len;
     int noput, nodelete, prev_kv, fragment;
-    uint64_t serial;  /* unique in the hub: found again after a disk read */
-    int64_t next_rev; /* first revision not yet delivered */
-    int synced;       /* caught up: one response per revision */
+    uint64_t serial;        /* unique in the hub: found again after a disk read */
+    int64_t next_rev;       /* first revision not yet delivered */
+    int synced;             /* caught up: one response per revision */
     uint64_t not_before_ms; /* catching up: not served before this */
 } watcher;
 
@@ -132,15 +132,15 @@ typedef struct wstream {
     watcher *watchers;
     int64_t next_auto_id;
     ctl_msg *ctl_head, **ctl_tail;
-    size_t nctl;      /* messages on ctl_head */
-    int recv_paused;  /* nctl reached CTL_MAX: no receive posted */
+    size_t nctl;     /* messages on ctl_head */
+    int recv_paused; /* nctl reached CTL_MAX: no receive posted */
     grpc_byte_buffer *sending_bb;
     int sending;
     int recv_pending;
-    int closing;  /* no more sends; finish once idle */
+    int closing; /* no more sends; finish once idle */
     int finished;
-    int dirty;    /* the pump thread should look */
-    int refs;     /* threads between the lock and pump(): no finish */
+    int dirty; /* the pump thread should look */
+    int refs;  /* threads between the lock and pump(): no finish */
     int sent_md;
 } wstream;
 
@@ -150,13 +150,13 @@ struct watch_hub {
     ring_ev *ring; /* circular */
     size_t cap, head, n;
     size_t bytes;
-    uint64_t added;     /* bytes ever put into the ring (ring_ev.cum) */
-    int64_t last_rev;   /* newest revision the hub knows (the store's) */
-    int64_t floor;      /* revisions below this cannot be replayed */
-    size_t max_events;  /* RING_MAX_EVENTS, or the test knob */
-    size_t max_bytes;   /* RING_MAX_BYTES, or the test knob */
-    size_t lag_revs;    /* LIVE_MAX_LAG_REVS, or the test knob */
-    size_t lag_bytes;   /* LIVE_MAX_LAG_BYTES, or the test knob */
+    uint64_t added;    /* bytes ever put into the ring (ring_ev.cum) */
+    int64_t last_rev;  /* newest revision the hub knows (the store's) */
+    int64_t floor;     /* revisions below this cannot be replayed */
+    size_t max_events; /* RING_MAX_EVENTS, or the test knob */
+    size_t max_bytes;  /* RING_MAX_BYTES, or the test knob */
+    size_t lag_revs;   /* LIVE_MAX_LAG_REVS, or the test knob */
+    size_t lag_bytes;  /* LIVE_MAX_LAG_BYTES, or the test knob */
     wstream *streams;
     int wait_catchup; /* a watcher waits for its catch-up time */
     uint64_t next_serial;
@@ -550,7 +550,7 @@ typedef struct hist_ctx {
     batch *b;
     size_t cap;
     size_t bytes; /* of the events in b */
-    int full; /* saw a revision past q->until: [from, until] all read */
+    int full;     /* saw a revision past q->until: [from, until] all read */
 } hist_ctx;
 
 #define HIST_STOP 1 /* not a cairn error code: the scan went past until */
@@ -613,8 +613,8 @@ static int hist_read(cairn_server *srv, hist_req *q, batch *b, int64_t *done)
     }
     hist_ctx x = {q, b, 0, 0, 0};
     int64_t last = 0;
-    int rc = cairn_store_history(srv->store, &last, q->from, q->w.key, q->w.key_len, end,
-                                 end_len, hist_cb, &x);
+    int rc = cairn_store_history(srv->store, &last, q->from, q->w.key, q->w.key_len, end, end_len,
+                                 hist_cb, &x);
     if (rc == HIST_STOP && x.full) {
         *done = q->until;
         return 0;
@@ -913,8 +913,8 @@ static void handle_create(cairn_server *srv, wstream *ws, const Etcdserverpb__Wa
     } else {
         for (watcher *w = ws->watchers; w; w = w->next)
             if (w->id == id) {
-                queue_ctl(srv, ws, -1, 1, 1,
-                          "mvcc: duplicate watch ID provided on the WatchStream", cur, 0);
+                queue_ctl(srv, ws, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream",
+                          cur, 0);
                 return;
             }
     }
@@ -1126,8 +1126,8 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     for (size_t i = 0; i < nev; i++) {
         const cairn_kv *kv = &ev[i].kv;
         size_t need = kv->key_len + kv->value_len;
-        while (h->n > 0 && (h->n + 1 > h->cap || h->n >= h->max_events ||
-                            h->bytes + need > h->max_bytes))
+        while (h->n > 0 &&
+               (h->n + 1 > h->cap || h->n >= h->max_events || h->bytes + need > h->max_bytes))
             ring_drop_oldest(h);
         ring_ev *e = &h->ring[(h->head + h->n) % h->cap];
         memset(e, 0, sizeof *e);
