@@ -713,6 +713,11 @@ again:
             for (watcher *w = ws->watchers; w;) {
                 watcher *next = w->next;
                 have_batch = pick(srv, ws, w, &b, &q);
+                if (ws->closing) { /* out of memory: nothing more to send */
+                    batch_free(&b);
+                    have_batch = 0;
+                    break;
+                }
                 if (have_batch == 2) {
                     have_batch = 0;
                     have_hist = 1;
