@@ -13,7 +13,10 @@
  * hub lock): each disk batch covers exactly the revisions [next_rev, until]
  * (until <= the hub's last revision, capped at what the store's snapshot
  * saw), and next_rev moves to until + 1, so the ring or the live stream
- * goes on from there with no gap and no duplicate.
+ * goes on from there with no gap and no duplicate. Tests may shrink the
+ * ring with the environment variables CAIRN_WATCH_RING_EVENTS and
+ * CAIRN_WATCH_RING_BYTES (values above the defaults are ignored), and set
+ * the live lag bounds below with CAIRN_WATCH_LAG_REVS and _LAG_BYTES.
  *
  * Semantics measured on etcd 3.4 / read in its watch.go and
  * watchable_store.go: a created response first (header at the current
@@ -35,6 +38,23 @@
  * the store, which the committer thread must never wait for). Work comes
  * from workers (after a receive or a send) and from the pump thread, which
  * the events callback wakes — the callback itself never sends or reads.
+ *
+ * Slow watchers. Watchers do not own queues: every watcher pulls from the
+ * one shared ring at its next_rev, so a stream that stops reading holds
+ * one message in flight (gRPC completes it once HTTP/2 flow control lets
+ * it out) and nothing else, and neither writers nor other streams wait for
+ * it. What one stream may hold is bounded: one message in flight (a live
+ * response is one revision; a catch-up response ends at the first
+ * revision boundary past CATCHUP_MAX_BYTES), and at most CTL_MAX queued
+ * control responses, after which its requests are not read until the
+ * queue drains (back-pressure to the client, as etcd's full ctrlStream
+ * channel blocks its receive loop). A live watcher that falls more than
+ * LIVE_MAX_LAG_REVS revisions or LIVE_MAX_LAG_BYTES of ring behind, or
+ * whose next revision the ring has evicted, is demoted to catching up
+ * with next_rev kept (etcd: victim, then unsynced): it is served batches
+ * from the ring or from disk like any catching-up watcher and is live
+ * again once caught up. It is cancelled only where etcd cancels it: when
+ * next_rev falls below the compaction floor.
  */
 #include "server/rpc.h"
 
@@ -54,6 +74,19 @@ static uint64_t mono_ms(void)
 #define RING_MAX_EVENTS 100000
 #define RING_MAX_BYTES (64u << 20)
 #define CATCHUP_MAX_REVS 1000 /* etcd: watchBatchMaxRevs */
+/* A catch-up response ends at the first revision boundary past this many
+ * bytes of events (at least one revision), so that one message and one
+ * disk read stay bounded however large the values. */
+#define CATCHUP_MAX_BYTES (1u << 20)
+/* A live watcher more than this many revisions, or bytes of ring events,
+ * behind the hub's last revision has fallen behind: it catches up (etcd:
+ * a watcher whose stream's send channel of chanBufLen = 128 responses is
+ * full becomes a victim, then unsynced, and catches up from the store). */
+#define LIVE_MAX_LAG_REVS 128
+#define LIVE_MAX_LAG_BYTES (4u << 20)
+/* Control responses queued on a stream before it stops reading requests
+ * (etcd: ctrlStreamBufLen; its receive loop blocks on the full channel). */
+#define CTL_MAX 16
 /* etcd serves watchers that catch up from a loop that runs every 100 ms,
  * so their first answer (events or "compacted") comes after the created
  * answers of requests sent right behind it; cairn waits SYNC_DELAY_MS. */
@@ -70,6 +103,7 @@ typedef struct ring_ev {
     int64_t create_revision;
     int64_t version;
     int64_t lease;
+    uint64_t cum; /* bytes put into the ring before this event */
 } ring_ev;
 
 typedef struct watcher {
@@ -80,9 +114,9 @@ typedef struct watcher {
     uint8_t *end; /* NULL: the single key; end_len 0: every key >= key */
     size_t end_len;
     int noput, nodelete, prev_kv, fragment;
-    uint64_t serial;  /* unique in the hub: found again after a disk read */
-    int64_t next_rev; /* first revision not yet delivered */
-    int synced;       /* caught up: one response per revision */
+    uint64_t serial;        /* unique in the hub: found again after a disk read */
+    int64_t next_rev;       /* first revision not yet delivered */
+    int synced;             /* caught up: one response per revision */
     uint64_t not_before_ms; /* catching up: not served before this */
 } watcher;
 
@@ -98,13 +132,15 @@ typedef struct wstream {
     watcher *watchers;
     int64_t next_auto_id;
     ctl_msg *ctl_head, **ctl_tail;
+    size_t nctl;     /* messages on ctl_head */
+    int recv_paused; /* nctl reached CTL_MAX: no receive posted */
     grpc_byte_buffer *sending_bb;
     int sending;
     int recv_pending;
-    int closing;  /* no more sends; finish once idle */
+    int closing; /* no more sends; finish once idle */
     int finished;
-    int dirty;    /* the pump thread should look */
-    int refs;     /* threads between the lock and pump(): no finish */
+    int dirty; /* the pump thread should look */
+    int refs;  /* threads between the lock and pump(): no finish */
     int sent_md;
 } wstream;
 
@@ -114,8 +150,13 @@ struct watch_hub {
     ring_ev *ring; /* circular */
     size_t cap, head, n;
     size_t bytes;
-    int64_t last_rev;   /* newest revision the hub knows (the store's) */
-    int64_t floor;      /* revisions below this cannot be replayed */
+    uint64_t added;    /* bytes ever put into the ring (ring_ev.cum) */
+    int64_t last_rev;  /* newest revision the hub knows (the store's) */
+    int64_t floor;     /* revisions below this cannot be replayed */
+    size_t max_events; /* RING_MAX_EVENTS, or the test knob */
+    size_t max_bytes;  /* RING_MAX_BYTES, or the test knob */
+    size_t lag_revs;   /* LIVE_MAX_LAG_REVS, or the test knob */
+    size_t lag_bytes;  /* LIVE_MAX_LAG_BYTES, or the test knob */
     wstream *streams;
     int wait_catchup; /* a watcher waits for its catch-up time */
     uint64_t next_serial;
@@ -209,6 +250,7 @@ static void queue_ctl(cairn_server *srv, wstream *ws, int64_t id, int created, i
     m->bb = pack(&r.base);
     *ws->ctl_tail = m;
     ws->ctl_tail = &m->next;
+    ws->nctl++;
 }
 
 /* Events picked for one response, copied out of the ring. */
@@ -284,6 +326,20 @@ static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b, hist_req *
     if (w->next_rev > h->last_rev)
         return 0;
     int live = w->synced;
+    if (live) {
+        /* A live watcher whose revisions the ring evicted, or that lags
+         * beyond the bound (its stream does not take messages as fast as
+         * they come), catches up instead: from disk or from the ring, in
+         * batches, from next_rev on, so nothing is skipped or repeated. */
+        size_t at = ring_find(h, w->next_rev);
+        uint64_t lag = at < h->n ? h->added - ring_at(h, at)->cum : 0;
+        if ((h->floor > 0 && w->next_rev < h->floor) ||
+            (uint64_t)(h->last_rev - w->next_rev) >= h->lag_revs || lag > h->lag_bytes) {
+            w->synced = 0;
+            w->not_before_ms = 0;
+            live = 0;
+        }
+    }
     if (!live && mono_ms() < w->not_before_ms) {
         h->wait_catchup = 1; /* the pump thread comes back */
         return 0;
@@ -326,25 +382,30 @@ static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b, hist_req *
     }
     size_t i = ring_find(h, w->next_rev);
     int64_t until = live ? INT64_MAX : w->next_rev + CATCHUP_MAX_REVS - 1;
-    size_t cap = 0;
+    size_t cap = 0, bytes = 0;
     for (; i < h->n; i++) {
         const ring_ev *e = ring_at(h, i);
         if (live && b->n > 0 && e->rev != b->ev[0].rev)
             break; /* live: one revision per response */
         if (e->rev > until)
             break;
+        if (bytes >= CATCHUP_MAX_BYTES && e->rev != b->ev[b->n - 1].rev) {
+            until = e->rev - 1; /* catching up: the batch is full */
+            break;
+        }
         if (!matches(w, e))
             continue;
         if (b->n == cap) {
             cap = cap ? 2 * cap : 8;
             ring_ev *grown = realloc(b->ev, cap * sizeof *grown);
             if (!grown)
-                break;
+                goto nomem;
             b->ev = grown;
         }
         if (copy_ev(&b->ev[b->n], e) != 0)
-            break;
+            goto nomem;
         b->n++;
+        bytes += e->key_len + e->value_len;
     }
     int64_t done;
     if (live) {
@@ -362,6 +423,12 @@ static int pick(cairn_server *srv, wstream *ws, watcher *w, batch *b, hist_req *
      * revision the store was at. */
     b->header_rev = live && b->n ? b->ev[0].rev : h->last_rev;
     return b->n > 0;
+nomem:
+    /* A partial revision cannot be sent: end the stream (its client sees
+     * the end and may watch again from next_rev). */
+    batch_free(b);
+    ws->closing = 1;
+    return 0;
 }
 
 static void remove_watcher(wstream *ws, watcher *w)
@@ -482,7 +549,8 @@ typedef struct hist_ctx {
     hist_req *q;
     batch *b;
     size_t cap;
-    int full; /* saw a revision past q->until: [from, until] all read */
+    size_t bytes; /* of the events in b */
+    int full;     /* saw a revision past q->until: [from, until] all read */
 } hist_ctx;
 
 #define HIST_STOP 1 /* not a cairn error code: the scan went past until */
@@ -490,7 +558,9 @@ typedef struct hist_ctx {
 static int hist_cb(void *arg, int64_t rev, const cairn_event *ev, size_t nev)
 {
     hist_ctx *x = arg;
-    if (rev > x->q->until) {
+    if (rev > x->q->until || x->bytes >= CATCHUP_MAX_BYTES) {
+        if (rev <= x->q->until) /* the batch is full before |rev| */
+            x->q->until = rev - 1;
         x->full = 1;
         return HIST_STOP;
     }
@@ -520,6 +590,7 @@ static int hist_cb(void *arg, int64_t rev, const cairn_event *ev, size_t nev)
         if (copy_ev(&x->b->ev[x->b->n], &e) != 0)
             return CAIRN_ENOMEM;
         x->b->n++;
+        x->bytes += e.key_len + e.value_len;
     }
     return 0;
 }
@@ -540,10 +611,10 @@ static int hist_read(cairn_server *srv, hist_req *q, batch *b, int64_t *done)
         end = q->w.end;
         end_len = q->w.end_len;
     }
-    hist_ctx x = {q, b, 0, 0};
+    hist_ctx x = {q, b, 0, 0, 0};
     int64_t last = 0;
-    int rc = cairn_store_history(srv->store, &last, q->from, q->w.key, q->w.key_len, end,
-                                 end_len, hist_cb, &x);
+    int rc = cairn_store_history(srv->store, &last, q->from, q->w.key, q->w.key_len, end, end_len,
+                                 hist_cb, &x);
     if (rc == HIST_STOP && x.full) {
         *done = q->until;
         return 0;
@@ -598,6 +669,25 @@ static int maybe_finish(cairn_server *srv, wstream *ws)
 }
 
 static void on_sent(void *arg, int ok);
+static void post_recv(wstream *ws);
+
+/* Takes the first control message; reading requests goes on once the
+ * queue is below CTL_MAX again. Hub locked. */
+static grpc_byte_buffer *ctl_pop(wstream *ws)
+{
+    ctl_msg *m = ws->ctl_head;
+    ws->ctl_head = m->next;
+    if (!ws->ctl_head)
+        ws->ctl_tail = &ws->ctl_head;
+    ws->nctl--;
+    grpc_byte_buffer *bb = m->bb;
+    free(m);
+    if (ws->recv_paused && ws->nctl < CTL_MAX && !ws->closing) {
+        ws->recv_paused = 0;
+        post_recv(ws);
+    }
+    return bb;
+}
 
 /* Sends the stream's next message if it is idle; finishes it if closing. */
 static void pump(cairn_server *srv, wstream *ws)
@@ -618,16 +708,16 @@ again:
     int have_batch = 0, have_hist = 0;
     if (!ws->closing) {
         if (ws->ctl_head) {
-            ctl_msg *m = ws->ctl_head;
-            ws->ctl_head = m->next;
-            if (!ws->ctl_head)
-                ws->ctl_tail = &ws->ctl_head;
-            bb = m->bb;
-            free(m);
+            bb = ctl_pop(ws);
         } else {
             for (watcher *w = ws->watchers; w;) {
                 watcher *next = w->next;
                 have_batch = pick(srv, ws, w, &b, &q);
+                if (ws->closing) { /* out of memory: nothing more to send */
+                    batch_free(&b);
+                    have_batch = 0;
+                    break;
+                }
                 if (have_batch == 2) {
                     have_batch = 0;
                     have_hist = 1;
@@ -636,12 +726,7 @@ again:
                 if (w->next_rev == INT64_MAX) { /* compacted: its answer is queued */
                     remove_watcher(ws, w);
                     if (ws->ctl_head) {
-                        ctl_msg *m = ws->ctl_head;
-                        ws->ctl_head = m->next;
-                        if (!ws->ctl_head)
-                            ws->ctl_tail = &ws->ctl_head;
-                        bb = m->bb;
-                        free(m);
+                        bb = ctl_pop(ws);
                         break;
                     }
                 }
@@ -726,6 +811,7 @@ again:
         if (!ws->ctl_head)
             ws->ctl_tail = &m->next;
         ws->ctl_head = m;
+        ws->nctl++;
     }
     free(frags);
     if (!bb) {
@@ -832,8 +918,8 @@ static void handle_create(cairn_server *srv, wstream *ws, const Etcdserverpb__Wa
     } else {
         for (watcher *w = ws->watchers; w; w = w->next)
             if (w->id == id) {
-                queue_ctl(srv, ws, -1, 1, 1,
-                          "mvcc: duplicate watch ID provided on the WatchStream", cur, 0);
+                queue_ctl(srv, ws, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream",
+                          cur, 0);
                 return;
             }
     }
@@ -941,7 +1027,11 @@ static void on_recv(void *arg, int ok)
         default:
             break; /* etcd ignores a request without a member */
         }
-        if (!ws->closing)
+        /* A client that sends requests but does not read the answers
+         * is not read from either once CTL_MAX answers wait. */
+        if (!ws->closing && ws->nctl >= CTL_MAX)
+            ws->recv_paused = 1;
+        else if (!ws->closing)
             post_recv(ws);
     }
     ws->refs++;
@@ -1041,8 +1131,8 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     for (size_t i = 0; i < nev; i++) {
         const cairn_kv *kv = &ev[i].kv;
         size_t need = kv->key_len + kv->value_len;
-        while (h->n > 0 && (h->n + 1 > h->cap || h->n >= RING_MAX_EVENTS ||
-                            h->bytes + need > RING_MAX_BYTES))
+        while (h->n > 0 &&
+               (h->n + 1 > h->cap || h->n >= h->max_events || h->bytes + need > h->max_bytes))
             ring_drop_oldest(h);
         ring_ev *e = &h->ring[(h->head + h->n) % h->cap];
         memset(e, 0, sizeof *e);
@@ -1067,8 +1157,10 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
         e->create_revision = kv->create_revision;
         e->version = kv->version;
         e->lease = kv->lease;
+        e->cum = h->added;
         h->n++;
         h->bytes += need;
+        h->added += need;
     }
     if (rev > h->last_rev)
         h->last_rev = rev;
@@ -1079,12 +1171,34 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     pthread_mutex_unlock(&h->mu);
 }
 
+/* Test knobs: tests shrink the ring through the environment so that it
+ * evicts revisions a watcher still needs, or move the lag bounds. Only
+ * values in [1, max] are taken; anything else keeps the default. */
+static void knob(size_t *out, const char *name, unsigned long long max)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end == 0 && n >= 1 && n <= max && n <= SIZE_MAX)
+        *out = (size_t)n;
+}
+
 int watch_hub_new(cairn_server *srv)
 {
     struct watch_hub *h = calloc(1, sizeof *h);
     if (!h)
         return CAIRN_ENOMEM;
-    h->cap = RING_MAX_EVENTS + 1;
+    h->max_events = RING_MAX_EVENTS;
+    h->max_bytes = RING_MAX_BYTES;
+    h->lag_revs = LIVE_MAX_LAG_REVS;
+    h->lag_bytes = LIVE_MAX_LAG_BYTES;
+    knob(&h->max_events, "CAIRN_WATCH_RING_EVENTS", RING_MAX_EVENTS);
+    knob(&h->max_bytes, "CAIRN_WATCH_RING_BYTES", RING_MAX_BYTES);
+    knob(&h->lag_revs, "CAIRN_WATCH_LAG_REVS", 1ull << 40);
+    knob(&h->lag_bytes, "CAIRN_WATCH_LAG_BYTES", 1ull << 40);
+    h->cap = h->max_events + 1;
     h->ring = calloc(h->cap, sizeof *h->ring);
     if (!h->ring) {
         free(h);
