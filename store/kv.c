@@ -661,20 +661,40 @@ static int tx_finish(txctx *t, int rc, cairn_store_done_cb cb, void *arg)
         return rc;
     }
     if (t->begun) {
+        /* The observer queues the completion with the change's records, in
+         * the one queue-lock round it takes anyway (one change per commit). */
+        pend_wait *w = calloc(1, sizeof *w);
+        if (!w) {
+            cairn_doc_rollback(s->doc);
+            return CAIRN_ENOMEM;
+        }
+        w->cb = cb;
+        w->arg = arg;
+        s->obs_wait = w;
         cairn_doc_observer obs;
         const cairn_change *c = NULL;
         rc = cairn_doc_commit(s->doc, &c, cairn_store_observer(s, &obs));
+        w = s->obs_wait; /* NULL once queued */
+        s->obs_wait = NULL;
         if (!rc)
             rc = s->obs_rc;
-        if (rc)
+        if (rc) {
+            free(w);
             return rc;
+        }
         int64_t got = c ? s->last_change_rev : 0;
         if (got != t->rev) {
             fprintf(stderr, "cairn store: change took revision %lld, expected %lld\n",
                     (long long)got, (long long)t->rev);
             atomic_store(&s->failed, CAIRN_ECORRUPT);
+            if (!w)
+                return 0; /* queued: the completion reports the failure */
+            free(w);
             return CAIRN_ECORRUPT;
         }
+        if (!w)
+            return 0;
+        free(w);
     }
     return cairn_store_enqueue_wait(s, cb, arg, NULL);
 }

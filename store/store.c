@@ -608,13 +608,12 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
     leveldb_writebatch_put(b, (const char *)k, 9, (const char *)v, 8 + c->len);
     if (v != stackv)
         free(v);
-    store_buf kb = {0}, vb = {0};
     int rc = 0;
     for (size_t i = 0; i < s->cur_nev && !rc; i++) {
         const pend_event *e = &s->cur_ev[i];
         int del = e->type != CAIRN_EVENT_PUT;
         int body = !del && e->oppos >= 0;
-        kb.len = vb.len = 0;
+        size_t inl = !del && !body ? e->value_len : 0;
         uint8_t hdr[1 + 50];
         size_t hl = 0;
         hdr[hl++] = del ? KREC_TOMB : body ? KREC_BODY : 0;
@@ -624,20 +623,25 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
         hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
         if (body)
             hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->oppos);
-        k[0] = 'K';
-        cairn_store_be64(k + 1, (uint64_t)rev);
-        rc = cairn_store_buf_put(&kb, k, 9);
-        if (!rc)
-            rc = cairn_store_buf_put(&kb, e->key, e->key_len);
-        if (!rc)
-            rc = cairn_store_buf_put(&vb, hdr, hl);
-        if (!rc && !del && !body && e->value_len)
-            rc = cairn_store_buf_put(&vb, e->value, e->value_len);
-        if (!rc)
-            leveldb_writebatch_put(b, (const char *)kb.p, kb.len, (const char *)vb.p, vb.len);
+        /* key and value side by side: on the stack unless large */
+        uint8_t stackr[512];
+        size_t kl = 9 + e->key_len, need = kl + hl + inl;
+        uint8_t *r = need <= sizeof stackr ? stackr : malloc(need);
+        if (!r) {
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+        r[0] = 'K';
+        cairn_store_be64(r + 1, (uint64_t)rev);
+        if (e->key_len)
+            memcpy(r + 9, e->key, e->key_len);
+        memcpy(r + kl, hdr, hl);
+        if (inl)
+            memcpy(r + kl + hl, e->value, inl);
+        leveldb_writebatch_put(b, (const char *)r, kl, (const char *)r + kl, hl + inl);
+        if (r != stackr)
+            free(r);
     }
-    cairn_store_buf_free(&kb);
-    cairn_store_buf_free(&vb);
     s->batch_n++;
     return rc;
 }
@@ -712,6 +716,11 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     }
     if (rev)
         s->queued_rev = rev;
+    if (s->obs_wait && !rc) {
+        *s->w_tail = s->obs_wait;
+        s->w_tail = &s->obs_wait->next;
+        s->obs_wait = NULL;
+    }
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     ev_clear(s);

@@ -265,6 +265,8 @@ struct cairn_store {
     size_t cur_nev, cur_cap;
     int obs_rc;
     int64_t last_change_rev; /* revision taken by the last observed change */
+    struct pend_wait *obs_wait; /* a local commit's completion: queued by the
+                                   observer right after its change */
 
     /* Committer queue (under qmu). */
     pthread_mutex_t qmu;
