@@ -9,9 +9,12 @@
  * recovery replays the stored apply order through cairn_doc_receive. In all
  * three the doc reports the change to the observer below, which decides the
  * revision (the next one iff a key's visible value changed), updates the key
- * index and appends the change's records to the pending WriteBatch. Because
+ * index and appends the change's records to the pending WriteBatch: its
+ * body and one 'K' record per event, which names the op in the body that
+ * set the value instead of copying it (store.h: ON-DISK LAYOUT). Because
  * recovery runs the same code over the same order, it re-derives the same
- * revisions; it checks them against the stored ones.
+ * revisions (and the revision -> change map); it checks them against the
+ * stored ones.
  *
  * Concurrency. Writers take the rwlock's write side for in-memory work only;
  * the observer appends records to the shared batch under the queue mutex.
