@@ -40,9 +40,9 @@
 #include "store/store_int.h"
 
 #define FORMAT_VERSION 2u
-#define FORMAT_V1 1u    /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
-#define KREC_TOMB 1 /* 'K' record flag: the key was deleted at this revision */
-#define KREC_BODY 2 /* 'K' record flag: the value is op |pos| of the change's body */
+#define FORMAT_V1 1u /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
+#define KREC_TOMB 1  /* 'K' record flag: the key was deleted at this revision */
+#define KREC_BODY 2  /* 'K' record flag: the value is op |pos| of the change's body */
 
 static const char GENESIS_SALT[] = "cairn-genesis";
 
@@ -286,9 +286,9 @@ static int read_body(cairn_store *s, const leveldb_readoptions_t *ro, cairn_chan
 
 /* The value of |key| written by op |pos| of the change that made |rev|: a
  * view into bc's change, valid until |bc| changes. */
-static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc,
-                      int64_t rev, uint64_t pos, const uint8_t *key, size_t key_len,
-                      const uint8_t **val, size_t *vl)
+static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc, int64_t rev,
+                      uint64_t pos, const uint8_t *key, size_t key_len, const uint8_t **val,
+                      size_t *vl)
 {
     uint64_t index;
     if (cairn_revmap_find(&s->rm, &index, rev))
@@ -1423,9 +1423,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         rc = create_fresh(s, o);
     } else {
         const uint8_t *f = (const uint8_t *)fv;
-        uint32_t ver = fvl == 4 ? (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 |
-                                      (uint32_t)f[2] << 8 | f[3]
-                                : 0;
+        uint32_t ver =
+            fvl == 4 ? (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3] : 0;
         leveldb_free(fv);
         if (ver == FORMAT_VERSION) {
             rc = recover(s);

@@ -175,8 +175,8 @@ typedef struct pend_event {
     int64_t create_rev, version, lease;
     uint8_t *value; /* NULL when nobody needs a copy (see on_patch) */
     size_t value_len;
-    int64_t oppos;  /* PUT: position of the op in this change that set the
-                       value, or -1 (the value came from an older change) */
+    int64_t oppos; /* PUT: position of the op in this change that set the
+                      value, or -1 (the value came from an older change) */
 } pend_event;
 
 /* ---- revision -> apply index (revmap.c) -----------------------------------
@@ -264,7 +264,7 @@ struct cairn_store {
     pend_event *cur_ev;
     size_t cur_nev, cur_cap;
     int obs_rc;
-    int64_t last_change_rev; /* revision taken by the last observed change */
+    int64_t last_change_rev;    /* revision taken by the last observed change */
     struct pend_wait *obs_wait; /* a local commit's completion: queued by the
                                    observer right after its change */
 

@@ -210,7 +210,8 @@ static int measure(const char *base, int nwriters, int batch, double secs)
            batch < 0 ? "async_puts_per_round" : "writes_per_change", batch < 0 ? -batch : batch,
            nwriters, (unsigned long long)writes,
            (unsigned long long)(batch < 0 ? writes : writes / (uint64_t)batch), el,
-           (double)writes / el, writes ? cpu * 1e6 / (double)writes : 0.0, (unsigned long long)st.syncs);
+           (double)writes / el, writes ? cpu * 1e6 / (double)writes : 0.0,
+           (unsigned long long)st.syncs);
     return failed;
 }
 
@@ -223,8 +224,10 @@ int main(int argc, char **argv)
     double secs = argc > 2 ? atof(argv[2]) : 5;
     int nwriters = argc > 3 ? atoi(argv[3]) : 64;
     int batch = argc > 4 ? atoi(argv[4]) : 8;
-    if (secs <= 0 || secs > 120 || nwriters < 1 || nwriters > 1024 || batch < 2 || batch > MAX_BATCH) {
-        fprintf(stderr, "change_cost: seconds in (0,120], writers 1..1024, batch 2..%d\n", MAX_BATCH);
+    if (secs <= 0 || secs > 120 || nwriters < 1 || nwriters > 1024 || batch < 2 ||
+        batch > MAX_BATCH) {
+        fprintf(stderr, "change_cost: seconds in (0,120], writers 1..1024, batch 2..%d\n",
+                MAX_BATCH);
         return 2;
     }
     int async = argc > 5 && strcmp(argv[5], "async") == 0;
