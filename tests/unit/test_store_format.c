@@ -12,7 +12,8 @@
  *   'R' records and is marked format 2; an unknown format is refused;
  * - compaction deletes the 'K' records it no longer needs, and old values
  *   still read from the bodies that stay;
- * - a 'K' record that names an op that did not set its key is corruption.
+ * - a 'K' record that names an op that did not set its key is corruption,
+ *   and so is an 'O' record whose stored revision replay does not re-derive.
  */
 
 #include <leveldb/c.h>
@@ -526,6 +527,56 @@ START_TEST(bad_reference_is_corruption)
 }
 END_TEST
 
+/* Replay re-derives every revision (the index thread checks that a change
+ * makes one iff its 'O' record says so; the replaying thread that they
+ * follow each other): a rewritten stored revision fails the open. */
+static void set_stored_rev(const char *dir, uint64_t index, uint64_t rev)
+{
+    leveldb_t *db = raw_open(dir);
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    uint8_t k[9] = {'O'};
+    for (int i = 0; i < 8; i++)
+        k[1 + i] = (uint8_t)(index >> (56 - 8 * i));
+    char *err = NULL;
+    size_t vl = 0;
+    char *v = leveldb_get(db, ro, (const char *)k, 9, &vl, &err);
+    ck_assert_ptr_null(err);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_uint_ge(vl, 8);
+    for (int i = 0; i < 8; i++)
+        v[i] = (char)(rev >> (56 - 8 * i));
+    raw_put(db, k, 9, v, vl);
+    leveldb_free(v);
+    leveldb_readoptions_destroy(ro);
+    raw_close(db);
+}
+
+START_TEST(stored_revision_mismatch_is_corruption)
+{
+    static const uint64_t bad[3] = {0, 9, 3}; /* none / a gap / a repeat */
+    for (int i = 0; i < 3; i++) {
+        char *d = make_tmpdir();
+        cairn_store *s = open_store(d);
+        put_kv(s, "a", "1"); /* change 1, revision 2 */
+        put_kv(s, "b", "2"); /* change 2, revision 3 */
+        put_kv(s, "c", "3"); /* change 3, revision 4 */
+        cairn_store_close(s);
+        set_stored_rev(d, 3, bad[i]);
+        cairn_store_options o;
+        cairn_store_options_init(&o);
+        o.dir = d;
+        o.clock_ms = test_clock_ms;
+        ck_assert_int_eq(cairn_store_open(&s, &o), CAIRN_ECORRUPT);
+        set_stored_rev(d, 3, 4); /* and the right one opens again */
+        s = open_store(d);
+        ck_assert_int_eq(cur_rev(s), 4);
+        cairn_store_close(s);
+        rm_rf(d);
+        free(d);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_format");
@@ -537,6 +588,7 @@ int main(void)
     tcase_add_test(tc, unknown_format_is_refused);
     tcase_add_test(tc, compaction_deletes_history_records);
     tcase_add_test(tc, bad_reference_is_corruption);
+    tcase_add_test(tc, stored_revision_mismatch_is_corruption);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
