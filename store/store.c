@@ -455,8 +455,7 @@ static void on_patch(void *arg, const cairn_patch *p)
     if (p->action != CAIRN_PATCH_PUT && p->action != CAIRN_PATCH_DEL)
         return;
     if (s->cur_nev == s->cur_cap) {
-        /* replay hands each change's array to the indexer: start small */
-        size_t cap = s->cur_cap ? s->cur_cap * 2 : s->recovering ? 2 : 16;
+        size_t cap = s->cur_cap ? s->cur_cap * 2 : 16;
         pend_event *n = realloc(s->cur_ev, cap * sizeof *n);
         if (!n) {
             s->obs_rc = CAIRN_ENOMEM;
@@ -525,29 +524,29 @@ static int evref_cmp(const void *a, const void *b)
 /* Keeps the last event per key (a hostile change may touch one key twice)
  * and drops deletes of keys that are not live. Deterministic, so recovery
  * and every node agree. */
-static int ev_normalise_v(kindex *idx, pend_event *ev, size_t *np)
+static int ev_normalise(cairn_store *s)
 {
-    size_t n = *np;
+    size_t n = s->cur_nev;
     if (n > 1) {
         ev_ref *r = malloc(n * sizeof *r);
         if (!r)
             return CAIRN_ENOMEM;
         for (size_t i = 0; i < n; i++) {
             r[i].i = i;
-            r[i].e = &ev[i];
+            r[i].e = &s->cur_ev[i];
         }
         qsort(r, n, sizeof *r, evref_cmp);
         for (size_t i = 0; i + 1 < n; i++)
             if (cairn_store_keycmp(r[i].e->key, r[i].e->key_len, r[i + 1].e->key,
                                    r[i + 1].e->key_len) == 0)
-                ev[r[i].i].type = -1;
+                s->cur_ev[r[i].i].type = -1;
         free(r);
     }
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
-        pend_event *e = &ev[i];
+        pend_event *e = &s->cur_ev[i];
         if (e->type == CAIRN_EVENT_DELETE) {
-            kentry *k = cairn_kindex_find(idx, e->key, e->key_len);
+            kentry *k = cairn_kindex_find(&s->idx, e->key, e->key_len);
             if (!k || !kentry_live(k))
                 e->type = -1;
         }
@@ -556,30 +555,21 @@ static int ev_normalise_v(kindex *idx, pend_event *ev, size_t *np)
             free(e->value);
             continue;
         }
-        ev[w++] = *e;
+        s->cur_ev[w++] = *e;
     }
-    *np = w;
+    s->cur_nev = w;
     return 0;
 }
 
-static int ev_normalise(cairn_store *s)
+static int apply_events(cairn_store *s, int64_t rev)
 {
-    return ev_normalise_v(&s->idx, s->cur_ev, &s->cur_nev);
-}
-
-/* Applies normalised events at |rev| to the index; |leases|: keep the
- * lease table's key sets in step (replay rebuilds them at the end). */
-static int apply_events_v(cairn_store *s, pend_event *ev, size_t n, int64_t rev, int leases)
-{
-    for (size_t i = 0; i < n; i++) {
-        pend_event *e = &ev[i];
+    for (size_t i = 0; i < s->cur_nev; i++) {
+        pend_event *e = &s->cur_ev[i];
         kentry *k = cairn_kindex_upsert(&s->idx, e->key, e->key_len);
         if (!k)
             return CAIRN_ENOMEM;
         int64_t from = kentry_live(k) ? k->lease : 0;
-        int rc = leases ? cairn_store_lease_key_move(s, k, from,
-                                                     e->type == CAIRN_EVENT_PUT ? e->lease : 0)
-                        : 0;
+        int rc = cairn_store_lease_key_move(s, k, from, e->type == CAIRN_EVENT_PUT ? e->lease : 0);
         if (rc)
             return rc;
         if (e->type == CAIRN_EVENT_PUT) {
@@ -602,175 +592,6 @@ static int apply_events_v(cairn_store *s, pend_event *ev, size_t n, int64_t rev,
         }
     }
     return 0;
-}
-
-static int apply_events(cairn_store *s, int64_t rev)
-{
-    return apply_events_v(s, s->cur_ev, s->cur_nev, rev, 1);
-}
-
-/* ---- replay's indexer ----------------------------------------------------------
- * At reopen the main thread applies the stored changes to the document (the
- * critical path) while this thread keeps the key index: the main thread
- * takes each change's revision from its 'O' record and hands the change's
- * raw events over; the indexer normalises them against the index exactly as
- * the live path does, checks that they make a revision iff the record says
- * so, and applies them. The index is the indexer's alone until it is joined;
- * the lease table stays the main thread's, so the lease key sets (which the
- * live path moves per event) are rebuilt from the finished index. */
-
-#define IX_BLOCK 256
-#define IX_MAX_BLOCKS 16
-
-typedef struct ix_item {
-    pend_event *ev;
-    size_t nev;
-    int64_t rev;
-    uint64_t index;
-} ix_item;
-
-typedef struct ix_block {
-    struct ix_block *next;
-    uint32_t n;
-    ix_item it[IX_BLOCK];
-} ix_block;
-
-struct rec_indexer {
-    cairn_store *s;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    ix_block *head, **tail;
-    ix_block *cur; /* the producer's block being filled */
-    int nblocks;
-    int done; /* the producer is finished */
-    int rc;   /* the indexer's verdict (first error) */
-};
-
-static void ix_item_free(ix_item *it)
-{
-    for (size_t i = 0; i < it->nev; i++) {
-        free(it->ev[i].key);
-        free(it->ev[i].value);
-    }
-    free(it->ev);
-    it->ev = NULL;
-    it->nev = 0;
-}
-
-static void ix_block_free(ix_block *b)
-{
-    for (uint32_t i = 0; i < b->n; i++)
-        ix_item_free(&b->it[i]);
-    free(b);
-}
-
-static int ix_apply(cairn_store *s, ix_item *it)
-{
-    size_t n = it->nev;
-    int rc = ev_normalise_v(&s->idx, it->ev, &n);
-    it->nev = n;
-    if (rc)
-        return rc;
-    if ((n != 0) != (it->rev != 0)) {
-        fprintf(stderr, "cairn store: replay of change %llu gave %s revision, stored %lld\n",
-                (unsigned long long)it->index, n ? "a" : "no", (long long)it->rev);
-        return CAIRN_ECORRUPT;
-    }
-    return n ? apply_events_v(s, it->ev, n, it->rev, 0) : 0;
-}
-
-static void *ix_main(void *arg)
-{
-    struct rec_indexer *ix = arg;
-    int rc = 0;
-    pthread_mutex_lock(&ix->mu);
-    for (;;) {
-        while (!ix->head && !ix->done)
-            pthread_cond_wait(&ix->cv, &ix->mu);
-        ix_block *b = ix->head;
-        if (!b)
-            break;
-        ix->head = b->next;
-        if (!ix->head)
-            ix->tail = &ix->head;
-        ix->nblocks--;
-        pthread_cond_broadcast(&ix->cv);
-        pthread_mutex_unlock(&ix->mu);
-        for (uint32_t i = 0; i < b->n && !rc; i++)
-            rc = ix_apply(ix->s, &b->it[i]);
-        ix_block_free(b);
-        pthread_mutex_lock(&ix->mu);
-        if (rc && !ix->rc)
-            ix->rc = rc;
-    }
-    pthread_mutex_unlock(&ix->mu);
-    return NULL;
-}
-
-/* Queues the filled block (main thread); waits while the queue is full. */
-static void ix_flush(struct rec_indexer *ix)
-{
-    ix_block *b = ix->cur;
-    ix->cur = NULL;
-    if (!b)
-        return;
-    pthread_mutex_lock(&ix->mu);
-    while (ix->nblocks >= IX_MAX_BLOCKS && !ix->rc)
-        pthread_cond_wait(&ix->cv, &ix->mu);
-    if (ix->rc) { /* the indexer failed: nothing more to index */
-        pthread_mutex_unlock(&ix->mu);
-        ix_block_free(b);
-        return;
-    }
-    b->next = NULL;
-    *ix->tail = b;
-    ix->tail = &b->next;
-    ix->nblocks++;
-    pthread_cond_broadcast(&ix->cv);
-    pthread_mutex_unlock(&ix->mu);
-}
-
-/* Hands the current change's events to the indexer (takes them). */
-static int ix_push(cairn_store *s, uint64_t index, int64_t rev)
-{
-    struct rec_indexer *ix = s->rec_ix;
-    if (!ix->cur && !(ix->cur = calloc(1, sizeof *ix->cur)))
-        return CAIRN_ENOMEM;
-    ix_item *it = &ix->cur->it[ix->cur->n++];
-    it->ev = s->cur_ev;
-    it->nev = s->cur_nev;
-    it->rev = rev;
-    it->index = index;
-    s->cur_ev = NULL;
-    s->cur_nev = s->cur_cap = 0;
-    if (ix->cur->n == IX_BLOCK)
-        ix_flush(ix);
-    return 0;
-}
-
-/* The main thread's half of an observed change during replay. */
-static int replay_change(cairn_store *s, uint64_t index)
-{
-    int64_t rev = s->rec_expect_rev;
-    if (rev != 0 && (rev != s->rev + 1 || s->cur_nev == 0)) {
-        fprintf(stderr, "cairn store: change %llu stored revision %lld after %lld%s\n",
-                (unsigned long long)index, (long long)rev, (long long)s->rev,
-                s->cur_nev ? "" : " but changed no key");
-        return CAIRN_ECORRUPT;
-    }
-    int rc = 0;
-    if (rev) {
-        rc = cairn_revmap_add(&s->rm, rev, index);
-        if (rc)
-            return rc;
-        s->rev = rev;
-    }
-    if (s->cur_nev)
-        rc = ix_push(s, index, rev);
-    if (!rc)
-        rc = cairn_store_lease_settle(s);
-    s->last_change_rev = rev;
-    return rc;
 }
 
 /* Appends the change's records to the shared batch (caller holds qmu): its
@@ -849,15 +670,7 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     }
     if (s->obs_rc)
         goto fail;
-    int rc;
-    if (s->recovering) {
-        rc = replay_change(s, index);
-        if (rc && !s->rec_rc)
-            s->rec_rc = rc;
-        ev_clear(s);
-        return;
-    }
-    rc = ev_normalise(s);
+    int rc = ev_normalise(s);
     if (rc)
         goto fail_rc;
     int64_t rev = 0;
@@ -874,6 +687,15 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     if (rc)
         goto fail_rc;
     s->last_change_rev = rev;
+    if (s->recovering) {
+        if (rev != s->rec_expect_rev && !s->rec_rc) {
+            fprintf(stderr, "cairn store: replay of change %llu gave revision %lld, stored %lld\n",
+                    (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
+            s->rec_rc = CAIRN_ECORRUPT;
+        }
+        ev_clear(s);
+        return;
+    }
     pend_change *pc = NULL;
     if (s->events_cb) {
         pc = calloc(1, sizeof *pc);
@@ -1414,22 +1236,11 @@ static int recover(cairn_store *s)
         pthread_cond_destroy(&rr.cv);
         return CAIRN_ENOMEM;
     }
-    struct rec_indexer ix;
-    memset(&ix, 0, sizeof ix);
-    ix.s = s;
-    ix.tail = &ix.head;
-    pthread_mutex_init(&ix.mu, NULL);
-    pthread_cond_init(&ix.cv, NULL);
-    pthread_t ixth;
-    int ix_started = pthread_create(&ixth, NULL, ix_main, &ix) == 0;
-    if (!ix_started)
-        rc = CAIRN_ENOMEM;
-    s->rec_ix = &ix;
     s->recovering = 1;
     uint64_t want = 0;
     cairn_doc_observer obs;
     rec_block *blk = NULL;
-    for (; !rc;) {
+    for (;;) {
         blk = rec_take(&rr);
         if (!blk)
             break;
@@ -1472,39 +1283,7 @@ static int recover(cairn_store *s)
         rc = rr.rc;
     pthread_mutex_destroy(&rr.mu);
     pthread_cond_destroy(&rr.cv);
-    /* finish the indexer and collect its verdict */
-    if (ix_started) {
-        ix_flush(&ix);
-        pthread_mutex_lock(&ix.mu);
-        ix.done = 1;
-        pthread_cond_broadcast(&ix.cv);
-        pthread_mutex_unlock(&ix.mu);
-        pthread_join(ixth, NULL);
-        if (!rc && ix.rc) {
-            fprintf(stderr, "cairn store: replay's index failed: %s\n", cairn_strerror(ix.rc));
-            rc = ix.rc == CAIRN_ENOMEM ? ix.rc : CAIRN_ECORRUPT;
-        }
-    }
-    if (ix.cur)
-        ix_block_free(ix.cur);
-    while (ix.head) {
-        ix_block *b = ix.head;
-        ix.head = b->next;
-        ix_block_free(b);
-    }
-    pthread_mutex_destroy(&ix.mu);
-    pthread_cond_destroy(&ix.cv);
-    s->rec_ix = NULL;
     s->recovering = 0;
-    if (rc)
-        return rc;
-    /* the lease key sets, which replay left to the end */
-    kiter it;
-    for (kentry *e = cairn_kindex_first(&it, &s->idx); e && !rc; e = cairn_kindex_next(&it))
-        if (kentry_live(e) && e->lease)
-            rc = cairn_store_lease_key_move(s, e, 0, e->lease);
-    if (!rc)
-        rc = cairn_store_lease_settle(s);
     if (rc)
         return rc;
     if (want == 0)

@@ -94,8 +94,7 @@
  * (LevelDB block checksums verified, every change decoded and hashed)
  * through cairn_doc_receive; the observer re-derives the index and must
  * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
- * Three threads share the work: one reads and decodes 'O', the opening
- * thread applies the changes to the document, one keeps the key index.
+ * A reader thread scans and decodes 'O' while the opening thread replays.
  * Compaction deletes the 'K' records it no longer needs; change bodies stay
  * (peers and replay need them: the document has no snapshot format yet), so
  * a compacted revision's values still read from them. A 'K' record that

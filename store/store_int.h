@@ -257,7 +257,6 @@ struct cairn_store {
 
     /* Observer state (under rw write). */
     int recovering;
-    struct rec_indexer *rec_ix; /* replay's index thread (store.c) */
     uint64_t rec_expect_index;
     int64_t rec_expect_rev;
     int rec_rc;

@@ -527,9 +527,8 @@ START_TEST(bad_reference_is_corruption)
 }
 END_TEST
 
-/* Replay re-derives every revision (the index thread checks that a change
- * makes one iff its 'O' record says so; the replaying thread that they
- * follow each other): a rewritten stored revision fails the open. */
+/* Replay re-derives every revision and checks it against the one its 'O'
+ * record stored: a rewritten stored revision fails the open. */
 static void set_stored_rev(const char *dir, uint64_t index, uint64_t rev)
 {
     leveldb_t *db = raw_open(dir);

@@ -560,9 +560,8 @@ END_TEST
 
 /* ---- restart ---------------------------------------------------------------- */
 
-/* Replay keeps the index on its own thread and rebuilds the lease key sets
- * from the finished index: they must come out as the live path left them
- * (keys moved between leases, deleted, put without a lease). */
+/* Replay rebuilds the lease key sets: they must come out as the live path
+ * left them (keys moved between leases, deleted, put without a lease). */
 START_TEST(replay_rebuilds_key_sets)
 {
     grant(st, 60, 100);
