@@ -45,7 +45,8 @@
  * ON-DISK LAYOUT, format 2 (one LevelDB database in <dir>/db; keys start
  * with a tag byte; integers in keys are big-endian so that LevelDB order =
  * numeric). Per change: one 'O' record and one 'K' record per event — about
- * 125 bytes a key for one-Put changes of 18-byte keys and 32-byte values.
+ * 125-130 bytes a key on disk for one-Put changes of 18-byte keys and 32-byte
+ * values (store_bench load: the change body is ~100 of them).
  *
  *   key                               value
  *   'M' "format"                      u32 BE format version (2)
