@@ -7,7 +7,8 @@
  * position of the history entry in effect), which gives etcd's count (every
  * live key in the range, whatever the limit and the min/max filters). Only
  * the references that can be returned are then materialised: the current
- * value comes from the document, an older one from its 'K' record on disk.
+ * value comes from the document, an older one from its 'K' record on disk
+ * (and, for most, from the body of the change its 'K' record names).
  * Plain readers read at the visible (durable) revision under the rwlock's
  * read side.
  *
@@ -661,20 +662,40 @@ static int tx_finish(txctx *t, int rc, cairn_store_done_cb cb, void *arg)
         return rc;
     }
     if (t->begun) {
+        /* The observer queues the completion with the change's records, in
+         * the one queue-lock round it takes anyway (one change per commit). */
+        pend_wait *w = calloc(1, sizeof *w);
+        if (!w) {
+            cairn_doc_rollback(s->doc);
+            return CAIRN_ENOMEM;
+        }
+        w->cb = cb;
+        w->arg = arg;
+        s->obs_wait = w;
         cairn_doc_observer obs;
         const cairn_change *c = NULL;
         rc = cairn_doc_commit(s->doc, &c, cairn_store_observer(s, &obs));
+        w = s->obs_wait; /* NULL once queued */
+        s->obs_wait = NULL;
         if (!rc)
             rc = s->obs_rc;
-        if (rc)
+        if (rc) {
+            free(w);
             return rc;
+        }
         int64_t got = c ? s->last_change_rev : 0;
         if (got != t->rev) {
             fprintf(stderr, "cairn store: change took revision %lld, expected %lld\n",
                     (long long)got, (long long)t->rev);
             atomic_store(&s->failed, CAIRN_ECORRUPT);
+            if (!w)
+                return 0; /* queued: the completion reports the failure */
+            free(w);
             return CAIRN_ECORRUPT;
         }
+        if (!w)
+            return 0;
+        free(w);
     }
     return cairn_store_enqueue_wait(s, cb, arg, NULL);
 }

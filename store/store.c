@@ -9,9 +9,12 @@
  * recovery replays the stored apply order through cairn_doc_receive. In all
  * three the doc reports the change to the observer below, which decides the
  * revision (the next one iff a key's visible value changed), updates the key
- * index and appends the change's records to the pending WriteBatch. Because
+ * index and appends the change's records to the pending WriteBatch: its
+ * body and one 'K' record per event, which names the op in the body that
+ * set the value instead of copying it (store.h: ON-DISK LAYOUT). Because
  * recovery runs the same code over the same order, it re-derives the same
- * revisions; it checks them against the stored ones.
+ * revisions (and the revision -> change map); it checks them against the
+ * stored ones.
  *
  * Concurrency. Writers take the rwlock's write side for in-memory work only;
  * the observer appends records to the shared batch under the queue mutex.
@@ -36,8 +39,10 @@
 #include "crdt/error.h"
 #include "store/store_int.h"
 
-#define FORMAT_VERSION 1u
-#define KREC_TOMB 1 /* 'K' record flag: the key was deleted at this revision */
+#define FORMAT_VERSION 2u
+#define FORMAT_V1 1u /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
+#define KREC_TOMB 1  /* 'K' record flag: the key was deleted at this revision */
+#define KREC_BODY 2  /* 'K' record flag: the value is op |pos| of the change's body */
 
 static const char GENESIS_SALT[] = "cairn-genesis";
 
@@ -270,6 +275,101 @@ static void meta_put_u64(leveldb_writebatch_t *b, const char *name, uint64_t v)
     meta_put(b, name, x, 8);
 }
 
+/* The change that made a revision, decoded, kept while the next lookups
+ * name the same one (a history scan reads every event of a revision). */
+typedef struct body_cache {
+    uint64_t index;
+    cairn_change *c;
+} body_cache;
+
+static void body_cache_free(body_cache *bc)
+{
+    if (bc->c)
+        cairn_change_free(bc->c);
+    bc->c = NULL;
+}
+
+/* Reads the body of change |index| ('O'), which must have made |rev|. */
+static int read_body(cairn_store *s, const leveldb_readoptions_t *ro, cairn_change **out,
+                     uint64_t index, int64_t rev)
+{
+    *out = NULL;
+    uint8_t k[9];
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
+    char *err = NULL;
+    size_t vl = 0;
+    char *v = leveldb_get(s->db, ro, (const char *)k, 9, &vl, &err);
+    int rc = db_err(err);
+    if (rc)
+        return rc;
+    if (!v || vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)v) != rev) {
+        leveldb_free(v);
+        return corrupt("the change of a revision is missing or made another revision");
+    }
+    rc = cairn_change_decode(out, (const uint8_t *)v + 8, vl - 8, NULL);
+    leveldb_free(v);
+    if (rc && rc != CAIRN_ENOMEM)
+        rc = corrupt("a stored change does not decode");
+    return rc;
+}
+
+/* The value of |key| written by op |pos| of the change that made |rev|: a
+ * view into bc's change, valid until |bc| changes. */
+static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc, int64_t rev,
+                      uint64_t pos, const uint8_t *key, size_t key_len, const uint8_t **val,
+                      size_t *vl)
+{
+    uint64_t index;
+    if (cairn_revmap_find(&s->rm, &index, rev))
+        return corrupt("no change made a revision with history");
+    if (!bc->c || bc->index != index) {
+        body_cache_free(bc);
+        int rc = read_body(s, ro, &bc->c, index, rev);
+        if (rc)
+            return rc;
+        bc->index = index;
+    }
+    const cairn_change *c = bc->c;
+    if (pos >= c->nops)
+        return corrupt("history record names an op past the change's end");
+    const cairn_op *op = &c->ops[pos];
+    if (op->action != CAIRN_OP_SET || op->key_len != key_len ||
+        (key_len && memcmp(op->key, key, key_len)) || op->obj.counter != s->kvs.counter)
+        return corrupt("history record names an op that did not set its key");
+    int64_t lease;
+    cairn_store_parse_record(&op->value, &lease, val, vl);
+    return 0;
+}
+
+/* A 'K' record's value: u8 flags, varint sub, create_rev, version, lease,
+ * then (flags & KREC_BODY) varint op position, else the value bytes. */
+typedef struct krec {
+    int del, body;
+    uint64_t sub, cr, ver, lease, pos;
+    const uint8_t *val; /* inline value (not body) */
+    size_t val_len;
+} krec;
+
+static int krec_parse(krec *r, const uint8_t *p, size_t len)
+{
+    const uint8_t *end = p + len;
+    memset(r, 0, sizeof *r);
+    if (len < 1 || p[0] > KREC_BODY)
+        return corrupt("history record flags");
+    r->del = p[0] == KREC_TOMB;
+    r->body = p[0] == KREC_BODY;
+    p++;
+    if (cairn_store_get_varint(&p, end, &r->sub) || cairn_store_get_varint(&p, end, &r->cr) ||
+        cairn_store_get_varint(&p, end, &r->ver) || cairn_store_get_varint(&p, end, &r->lease) ||
+        (r->body && cairn_store_get_varint(&p, end, &r->pos)) || (r->body && p != end) ||
+        (r->del && p != end))
+        return corrupt("history record");
+    r->val = p;
+    r->val_len = (size_t)(end - p);
+    return 0;
+}
+
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value)
 {
@@ -293,25 +393,26 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
         fprintf(stderr, "cairn store: history record of revision %lld missing\n", (long long)rev);
         return CAIRN_ECORRUPT;
     }
-    const uint8_t *p = (const uint8_t *)v, *end = p + vl;
-    uint64_t cr, ver, lease;
-    rc = CAIRN_ECORRUPT;
-    uint64_t sub;
-    if (vl < 1 || p[0] != 0) /* a tombstone is never read as a value */
+    krec r;
+    body_cache bc = {0, NULL};
+    rc = krec_parse(&r, (const uint8_t *)v, vl);
+    if (!rc && r.del) /* a tombstone is never read as a value */
+        rc = corrupt("history read of a deleted key");
+    if (rc)
         goto out;
-    p++;
-    if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
-        cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease))
-        goto out;
-    out->create_revision = (int64_t)cr;
-    out->version = (int64_t)ver;
-    out->lease = (int64_t)lease;
+    out->create_revision = (int64_t)r.cr;
+    out->version = (int64_t)r.ver;
+    out->lease = (int64_t)r.lease;
     out->mod_revision = rev;
     out->value = NULL;
     out->value_len = 0;
     if (want_value) {
-        out->value_len = (size_t)(end - p);
-        out->value = cairn_store_arena_dup(a, p, out->value_len);
+        const uint8_t *val = r.val;
+        size_t len = r.val_len;
+        if (r.body && (rc = body_value(s, s->ropt, &bc, rev, r.pos, key, key_len, &val, &len)))
+            goto out;
+        out->value_len = len;
+        out->value = cairn_store_arena_dup(a, val, len);
         if (!out->value) {
             rc = CAIRN_ENOMEM;
             goto out;
@@ -319,6 +420,7 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     }
     rc = 0;
 out:
+    body_cache_free(&bc);
     leveldb_free(v);
     return rc;
 }
@@ -344,6 +446,28 @@ static void ev_clear(cairn_store *s)
         free(s->cur_ev[i].value);
     }
     s->cur_nev = 0;
+}
+
+/* The position of the op in the change being applied that set kvs[key] to
+ * the patch's winner, or -1 when the winner is an older change's op. Checks
+ * everything a reader of the body will rely on (SET, on kvs, of this key). */
+static int64_t own_op(cairn_store *s, const cairn_patch *p)
+{
+    const cairn_change *c = s->cur_change;
+    cairn_opid w = p->value.id;
+    if (!c || w.counter < c->start_op || w.counter - c->start_op >= c->nops)
+        return -1;
+    cairn_actor a;
+    if (cairn_doc_actor_of(s->doc, &a, w) || memcmp(a.b, c->actor.b, CAIRN_ACTOR_LEN))
+        return -1;
+    uint64_t pos = w.counter - c->start_op;
+    const cairn_op *op = &c->ops[pos];
+    if (op->action != CAIRN_OP_SET || op->insert || op->key_len != p->key_len ||
+        (p->key_len && memcmp(op->key, p->key, p->key_len)) || op->obj.counter != s->kvs.counter ||
+        op->obj.actor >= c->nactors ||
+        memcmp(c->actors[op->obj.actor].b, s->kvs_actor.b, CAIRN_ACTOR_LEN))
+        return -1;
+    return (int64_t)pos;
 }
 
 static void on_patch(void *arg, const cairn_patch *p)
@@ -391,17 +515,22 @@ static void on_patch(void *arg, const cairn_patch *p)
             vl = 0;
         }
         e->type = CAIRN_EVENT_PUT;
-        if (s->recovering)
-            vl = 0; /* replay rebuilds the index only: no value needed */
-        e->value = malloc(vl ? vl : 1);
-        if (!e->value) {
-            free(e->key);
-            s->obs_rc = CAIRN_ENOMEM;
-            return;
+        e->oppos = p->value.kind == CAIRN_READ_SCALAR ? own_op(s, p) : -1;
+        /* replay rebuilds the index only; a value set by this change is
+         * read back from its body, so only listeners and values that came
+         * from an older change (a delete that uncovered a conflict) need a
+         * copy */
+        if (!s->recovering && (s->events_cb || e->oppos < 0)) {
+            e->value = malloc(vl ? vl : 1);
+            if (!e->value) {
+                free(e->key);
+                s->obs_rc = CAIRN_ENOMEM;
+                return;
+            }
+            if (vl)
+                memcpy(e->value, val, vl);
+            e->value_len = vl;
         }
-        if (vl)
-            memcpy(e->value, val, vl);
-        e->value_len = vl;
     } else {
         e->type = CAIRN_EVENT_DELETE;
     }
@@ -495,57 +624,57 @@ static int apply_events(cairn_store *s, int64_t rev)
     return 0;
 }
 
-/* Appends the change's records to the shared batch (caller holds qmu). */
+/* Appends the change's records to the shared batch (caller holds qmu): its
+ * body under 'O' and one 'K' record per event. */
 static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev)
 {
     leveldb_writebatch_t *b = s->batch;
     uint8_t k[9];
     k[0] = 'O';
     cairn_store_be64(k + 1, index);
-    uint8_t *v = malloc(8 + c->len);
+    uint8_t stackv[512];
+    uint8_t *v = 8 + c->len <= sizeof stackv ? stackv : malloc(8 + c->len);
     if (!v)
         return CAIRN_ENOMEM;
     cairn_store_be64(v, (uint64_t)rev);
     memcpy(v + 8, c->bytes, c->len);
     leveldb_writebatch_put(b, (const char *)k, 9, (const char *)v, 8 + c->len);
-    free(v);
-    uint8_t ck[1 + CAIRN_HASH_LEN], iv[8];
-    ck[0] = 'C';
-    memcpy(ck + 1, c->hash.b, CAIRN_HASH_LEN);
-    cairn_store_be64(iv, index);
-    leveldb_writebatch_put(b, (const char *)ck, sizeof ck, (const char *)iv, 8);
-    if (rev) {
-        k[0] = 'R';
-        cairn_store_be64(k + 1, (uint64_t)rev);
-        leveldb_writebatch_put(b, (const char *)k, 9, (const char *)c->hash.b, CAIRN_HASH_LEN);
-    }
-    store_buf kb = {0}, vb = {0};
+    if (v != stackv)
+        free(v);
     int rc = 0;
     for (size_t i = 0; i < s->cur_nev && !rc; i++) {
         const pend_event *e = &s->cur_ev[i];
         int del = e->type != CAIRN_EVENT_PUT;
-        kb.len = vb.len = 0;
-        uint8_t hdr[1 + 40];
+        int body = !del && e->oppos >= 0;
+        size_t inl = !del && !body ? e->value_len : 0;
+        uint8_t hdr[1 + 50];
         size_t hl = 0;
-        hdr[hl++] = del ? KREC_TOMB : 0;
+        hdr[hl++] = del ? KREC_TOMB : body ? KREC_BODY : 0;
         hl += cairn_store_put_varint(hdr + hl, (uint64_t)i); /* order in the change */
         hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->create_rev);
         hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->version);
         hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
-        k[0] = 'K';
-        cairn_store_be64(k + 1, (uint64_t)rev);
-        rc = cairn_store_buf_put(&kb, k, 9);
-        if (!rc)
-            rc = cairn_store_buf_put(&kb, e->key, e->key_len);
-        if (!rc)
-            rc = cairn_store_buf_put(&vb, hdr, hl);
-        if (!rc && !del)
-            rc = cairn_store_buf_put(&vb, e->value, e->value_len);
-        if (!rc)
-            leveldb_writebatch_put(b, (const char *)kb.p, kb.len, (const char *)vb.p, vb.len);
+        if (body)
+            hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->oppos);
+        /* key and value side by side: on the stack unless large */
+        uint8_t stackr[512];
+        size_t kl = 9 + e->key_len, need = kl + hl + inl;
+        uint8_t *r = need <= sizeof stackr ? stackr : malloc(need);
+        if (!r) {
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+        r[0] = 'K';
+        cairn_store_be64(r + 1, (uint64_t)rev);
+        if (e->key_len)
+            memcpy(r + 9, e->key, e->key_len);
+        memcpy(r + kl, hdr, hl);
+        if (inl)
+            memcpy(r + kl + hl, e->value, inl);
+        leveldb_writebatch_put(b, (const char *)r, kl, (const char *)r + kl, hl + inl);
+        if (r != stackr)
+            free(r);
     }
-    cairn_store_buf_free(&kb);
-    cairn_store_buf_free(&vb);
     s->batch_n++;
     return rc;
 }
@@ -555,15 +684,18 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     cairn_store *s = arg;
     if (begin) {
         ev_clear(s);
+        s->cur_change = c;
         if (s->recovering && index != s->rec_expect_index && !s->rec_rc)
             s->rec_rc = CAIRN_ECORRUPT;
         return;
     }
     s->last_change_rev = 0;
+    s->cur_change = NULL;
     if (!s->kvs_known) {
         /* the genesis made the root maps: learn their ids once */
         if (find_root_map(s->doc, &s->kvs, "kvs") == 0 &&
-            find_root_map(s->doc, &s->leases, "leases") == 0)
+            find_root_map(s->doc, &s->leases, "leases") == 0 &&
+            cairn_doc_actor_of(s->doc, &s->kvs_actor, s->kvs) == 0)
             s->kvs_known = 1;
     }
     if (s->obs_rc)
@@ -575,6 +707,8 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     if (s->cur_nev) {
         rev = s->rev + 1;
         rc = apply_events(s, rev);
+        if (!rc)
+            rc = cairn_revmap_add(&s->rm, rev, index);
         if (rc)
             goto fail_rc;
         s->rev = rev;
@@ -620,6 +754,11 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     }
     if (rev)
         s->queued_rev = rev;
+    if (s->obs_wait && !rc) {
+        *s->w_tail = s->obs_wait;
+        s->w_tail = &s->obs_wait->next;
+        s->obs_wait = NULL;
+    }
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     ev_clear(s);
@@ -1197,6 +1336,57 @@ static int recover(cairn_store *s)
     return rc;
 }
 
+/* Format 1 -> 2, after a successful replay: its 'K' records read as they
+ * are (flags 0 = value inline), the 'O' records are unchanged, and the 'C'
+ * (hash -> index) and 'R' (rev -> hash) records are no longer read (the DAG
+ * and the revision map rebuild both at replay), so they are deleted, a
+ * bounded batch at a time, and the format marker goes last. A crash part-way
+ * leaves format 1 with fewer dead records: the next open redoes it. */
+static int upgrade_v1(cairn_store *s)
+{
+    leveldb_readoptions_t *ro = leveldb_readoptions_create();
+    leveldb_readoptions_set_fill_cache(ro, 0);
+    leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
+    leveldb_writebatch_t *b = leveldb_writebatch_create();
+    int rc = 0;
+    static const char tags[2] = {'C', 'R'};
+    for (int t = 0; t < 2 && !rc; t++) {
+        leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+        size_t n = 0;
+        for (leveldb_iter_seek(it, &tags[t], 1); leveldb_iter_valid(it) && !rc;
+             leveldb_iter_next(it)) {
+            size_t kl;
+            const char *k = leveldb_iter_key(it, &kl);
+            if (kl < 1 || k[0] != tags[t])
+                break;
+            leveldb_writebatch_delete(b, k, kl);
+            if (++n % 4096 == 0) {
+                char *err = NULL;
+                leveldb_write(s->db, wo, b, &err);
+                rc = db_err(err);
+                leveldb_writebatch_clear(b);
+            }
+        }
+        if (!rc) {
+            char *err = NULL;
+            leveldb_iter_get_error(it, &err);
+            rc = db_err(err);
+        }
+        leveldb_iter_destroy(it);
+    }
+    if (!rc) {
+        uint8_t fv[4] = {0, 0, 0, FORMAT_VERSION};
+        meta_put(b, "format", fv, 4);
+        char *err = NULL;
+        leveldb_write(s->db, s->wopt_sync, b, &err);
+        rc = db_err(err);
+    }
+    leveldb_writebatch_destroy(b);
+    leveldb_writeoptions_destroy(wo);
+    leveldb_readoptions_destroy(ro);
+    return rc;
+}
+
 int cairn_store_open(cairn_store **out, const cairn_store_options *o)
 {
     *out = NULL;
@@ -1227,7 +1417,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
-    if (cairn_kindex_init(&s->idx))
+    if (cairn_kindex_init(&s->idx) || cairn_revmap_init(&s->rm))
         goto fail;
     /* etcd: minimum TTL 2 s, restart extension 1 s (election timeout) */
     if (cairn_lease_table_init(&s->lt, o->lease_min_ttl > 0 ? o->lease_min_ttl : 2,
@@ -1272,9 +1462,21 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (!fv) {
         rc = create_fresh(s, o);
     } else {
-        int ok = fvl == 4 && (uint8_t)fv[3] == FORMAT_VERSION && !fv[0] && !fv[1] && !fv[2];
+        const uint8_t *f = (const uint8_t *)fv;
+        uint32_t ver =
+            fvl == 4 ? (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3] : 0;
         leveldb_free(fv);
-        rc = ok ? recover(s) : CAIRN_EBADVERSION;
+        if (ver == FORMAT_VERSION) {
+            rc = recover(s);
+        } else if (ver == FORMAT_V1) {
+            rc = recover(s);
+            if (!rc)
+                rc = upgrade_v1(s);
+        } else {
+            fprintf(stderr, "cairn store: %s has data format %u; this build reads 1 and %u\n",
+                    s->dir, ver, FORMAT_VERSION);
+            rc = CAIRN_EBADVERSION;
+        }
     }
     if (rc)
         goto fail;
@@ -1339,6 +1541,7 @@ void cairn_store_close(cairn_store *s)
     if (s->doc)
         cairn_doc_free(s->doc);
     cairn_kindex_destroy(&s->idx);
+    cairn_revmap_destroy(&s->rm);
     cairn_lease_table_destroy(&s->lt);
     pthread_rwlock_destroy(&s->rw);
     pthread_mutex_destroy(&s->lease_mu);
@@ -1535,6 +1738,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     hist_ev *v = NULL;
     size_t n = 0, cap = 0;
     store_arena a = {0};
+    body_cache bc = {0, NULL};
     int64_t cur = 0;
     for (leveldb_iter_seek(it, (const char *)start, 9); leveldb_iter_valid(it) && !rc;
          leveldb_iter_next(it)) {
@@ -1555,19 +1759,16 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         }
         if (!in_range(k + 9, kl - 9, key, key_len, range_end, range_end_len))
             continue;
-        const uint8_t *p = (const uint8_t *)leveldb_iter_value(it, &vl), *end = p + vl;
-        uint64_t sub, cr, ver, lease;
-        if (vl < 1 || p[0] > KREC_TOMB) {
-            rc = corrupt("history record flags");
+        krec r;
+        const uint8_t *rv = (const uint8_t *)leveldb_iter_value(it, &vl);
+        rc = krec_parse(&r, rv, vl);
+        if (rc)
             break;
-        }
-        int del = p[0] == KREC_TOMB;
-        p++;
-        if (cairn_store_get_varint(&p, end, &sub) || cairn_store_get_varint(&p, end, &cr) ||
-            cairn_store_get_varint(&p, end, &ver) || cairn_store_get_varint(&p, end, &lease)) {
-            rc = corrupt("history record");
+        int del = r.del;
+        const uint8_t *val = r.val;
+        size_t val_len = r.val_len;
+        if (r.body && (rc = body_value(s, ro, &bc, rev, r.pos, k + 9, kl - 9, &val, &val_len)))
             break;
-        }
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
             hist_ev *nv = realloc(v, nc * sizeof *nv);
@@ -1580,17 +1781,17 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         }
         hist_ev *h = &v[n];
         memset(h, 0, sizeof *h);
-        h->sub = sub;
+        h->sub = r.sub;
         h->ev.type = del ? CAIRN_EVENT_DELETE : CAIRN_EVENT_PUT;
         h->ev.kv.key = cairn_store_arena_dup(&a, k + 9, kl - 9);
         h->ev.kv.key_len = kl - 9;
         h->ev.kv.mod_revision = rev;
         if (!del) {
-            h->ev.kv.create_revision = (int64_t)cr;
-            h->ev.kv.version = (int64_t)ver;
-            h->ev.kv.lease = (int64_t)lease;
-            h->ev.kv.value_len = (size_t)(end - p);
-            h->ev.kv.value = cairn_store_arena_dup(&a, p, h->ev.kv.value_len);
+            h->ev.kv.create_revision = (int64_t)r.cr;
+            h->ev.kv.version = (int64_t)r.ver;
+            h->ev.kv.lease = (int64_t)r.lease;
+            h->ev.kv.value_len = val_len;
+            h->ev.kv.value = cairn_store_arena_dup(&a, val, val_len);
         }
         if (!h->ev.kv.key || (!del && !h->ev.kv.value)) {
             rc = CAIRN_ENOMEM;
@@ -1606,6 +1807,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         rc = db_err(err);
     }
     free(v);
+    body_cache_free(&bc);
     cairn_store_arena_free(&a);
     leveldb_iter_destroy(it);
     leveldb_readoptions_destroy(ro);
@@ -1664,22 +1866,25 @@ int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev)
         return CAIRN_EFUTUREREV;
     if (rev <= 0)
         return CAIRN_ENOTFOUND;
+    uint64_t index;
+    int rc = cairn_revmap_find(&s->rm, &index, rev);
+    if (rc)
+        return rc;
+    /* the body's hash is the change's name; 'O' is never deleted */
     uint8_t k[9];
-    k[0] = 'R';
-    cairn_store_be64(k + 1, (uint64_t)rev);
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
     char *err = NULL;
     size_t vl;
     char *v = leveldb_get(s->db, s->ropt, (const char *)k, 9, &vl, &err);
-    int rc = db_err(err);
+    rc = db_err(err);
     if (rc)
         return rc;
-    if (!v)
-        return CAIRN_ENOTFOUND;
-    if (vl != CAIRN_HASH_LEN) {
+    if (!v || vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)v) != rev) {
         leveldb_free(v);
-        return CAIRN_ECORRUPT;
+        return corrupt("the change of a revision is missing or made another revision");
     }
-    memcpy(out->b, v, CAIRN_HASH_LEN);
+    cairn_hash_bytes(out, (const uint8_t *)v + 8, vl - 8);
     leveldb_free(v);
     return 0;
 }

@@ -42,11 +42,14 @@
  * memory already holds the unwritten changes). A record that fails its
  * checksum or hash gives CAIRN_ECORRUPT; corrupted data is never served.
  *
- * ON-DISK LAYOUT (one LevelDB database in <dir>/db; keys start with a tag
- * byte; integers in keys are big-endian so that LevelDB order = numeric):
+ * ON-DISK LAYOUT, format 2 (one LevelDB database in <dir>/db; keys start
+ * with a tag byte; integers in keys are big-endian so that LevelDB order =
+ * numeric). Per change: one 'O' record and one 'K' record per event — about
+ * 125-130 bytes a key on disk for one-Put changes of 18-byte keys and 32-byte
+ * values (store_bench load: the change body is ~100 of them).
  *
  *   key                               value
- *   'M' "format"                      u32 BE format version (1)
+ *   'M' "format"                      u32 BE format version (2)
  *   'M' "actor"                       16 bytes: this node's actor id (random,
  *                                     made once per data dir)
  *   'M' "member"                      u64 BE member id
@@ -57,23 +60,46 @@
  *                                     the change's canonical bytes: the local
  *                                     apply order (genesis = index 0), read
  *                                     sequentially at reopen
- *   'C' hash[32]                      index u64 BE (change by hash)
- *   'R' rev u64 BE                    hash[32] of the change that made rev
  *   'K' rev u64 BE ++ key bytes       the key's state made by that revision:
- *                                     u8 flags (1 = deleted) ++ varint sub
- *                                     (position among the change's events)
- *                                     ++ varint create_rev ++ varint version
- *                                     ++ varint lease ++ value bytes (rest;
- *                                     empty for a delete). A scan of 'K' in
- *                                     order is the event history.
+ *                                     u8 flags ++ varint sub (position among
+ *                                     the change's events) ++ varint
+ *                                     create_rev ++ varint version ++ varint
+ *                                     lease, then by flags:
+ *                                       0  value bytes (rest; the value came
+ *                                          from an older change, e.g. a
+ *                                          remote delete uncovered a
+ *                                          concurrent write)
+ *                                       1  nothing (the key was deleted;
+ *                                          create_rev, version, lease are 0)
+ *                                       2  varint op position: the value is
+ *                                          that op's (a SET of kvs[key]) in
+ *                                          the body of the change that made
+ *                                          rev, read from 'O'
+ *                                     A scan of 'K' in order is the event
+ *                                     history.
+ *
+ * Which change made a revision is not stored: replay rebuilds a run-length
+ * map rev -> apply index in memory (store_int.h, revmap), and the change's
+ * hash (cairn_store_rev_hash) is BLAKE2b of its 'O' body. The DAG rebuilds
+ * hash -> index from the bodies at replay.
+ *
+ * Format 1 also had 'C' hash[32] -> index and 'R' rev -> hash[32], and kept
+ * every value inline in 'K' (flags 0 or 1 only). A format-1 dir opens: its
+ * records read as they are, and after the replay its 'C' and 'R' records are
+ * deleted and the format marker set to 2 (an older build then refuses the
+ * dir with CAIRN_EBADVERSION). Any other format: CAIRN_EBADVERSION, with a
+ * line on stderr naming the format found.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
  * (LevelDB block checksums verified, every change decoded and hashed)
  * through cairn_doc_receive; the observer re-derives the index and must
  * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
+ * A reader thread scans and decodes 'O' while the opening thread replays.
  * Compaction deletes the 'K' records it no longer needs; change bodies stay
- * (peers and replay need them: the document has no snapshot format yet).
+ * (peers and replay need them: the document has no snapshot format yet), so
+ * a compacted revision's values still read from them. A 'K' record that
+ * names an op which did not set its key is CAIRN_ECORRUPT.
  *
  * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
  * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),

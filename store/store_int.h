@@ -173,9 +173,34 @@ typedef struct pend_event {
     uint8_t *key;
     size_t key_len;
     int64_t create_rev, version, lease;
-    uint8_t *value;
+    uint8_t *value; /* NULL when nobody needs a copy (see on_patch) */
     size_t value_len;
+    int64_t oppos; /* PUT: position of the op in this change that set the
+                      value, or -1 (the value came from an older change) */
 } pend_event;
+
+/* ---- revision -> apply index (revmap.c) -----------------------------------
+ * Which change made a revision. Every change takes at most one revision and
+ * the apply index grows by one per change, so index - rev never decreases:
+ * the map is a list of runs (first rev, its index), one more run per change
+ * that took no revision right before one that did. A node whose changes all
+ * take revisions holds one run; memory grows only with lease-only or losing
+ * changes. Rebuilt by replay at reopen. Own lock: readers of history call it
+ * from under rw's read side and from no lock at all. */
+typedef struct revmap {
+    pthread_mutex_t mu;
+    int64_t *rev;
+    uint64_t *idx;
+    size_t n, cap;
+    int64_t last; /* the newest revision added */
+} revmap;
+
+int cairn_revmap_init(revmap *m);
+void cairn_revmap_destroy(revmap *m);
+/* Records that |rev| (> every earlier one) was made by change |index|. */
+int cairn_revmap_add(revmap *m, int64_t rev, uint64_t index);
+/* The index of the change that made |rev|; CAIRN_ENOTFOUND if none did. */
+int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev);
 
 /* One applied change waiting to become durable (only kept for events_cb). */
 typedef struct pend_change {
@@ -208,8 +233,10 @@ struct cairn_store {
 
     cairn_doc *doc;
     cairn_objid kvs, leases;
-    int kvs_known; /* set once the genesis is applied */
+    cairn_actor kvs_actor; /* the author of kvs's make-map op (genesis) */
+    int kvs_known;         /* set once the genesis is applied */
     kindex idx;
+    revmap rm;
 
     uint64_t member_id, cluster_id;
     cairn_actor actor;
@@ -233,10 +260,13 @@ struct cairn_store {
     uint64_t rec_expect_index;
     int64_t rec_expect_rev;
     int rec_rc;
+    const cairn_change *cur_change; /* the change being applied */
     pend_event *cur_ev;
     size_t cur_nev, cur_cap;
     int obs_rc;
-    int64_t last_change_rev; /* revision taken by the last observed change */
+    int64_t last_change_rev;    /* revision taken by the last observed change */
+    struct pend_wait *obs_wait; /* a local commit's completion: queued by the
+                                   observer right after its change */
 
     /* Committer queue (under qmu). */
     pthread_mutex_t qmu;

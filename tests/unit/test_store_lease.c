@@ -560,6 +560,41 @@ END_TEST
 
 /* ---- restart ---------------------------------------------------------------- */
 
+/* Replay rebuilds the lease key sets: they must come out as the live path
+ * left them (keys moved between leases, deleted, put without a lease). */
+START_TEST(replay_rebuilds_key_sets)
+{
+    grant(st, 60, 100);
+    grant(st, 61, 100);
+    put_lease(st, "a", 60);
+    put_lease(st, "b", 60);
+    put_lease(st, "c", 61);
+    put_lease(st, "d", 61);
+    put_lease(st, "a", 61); /* moves */
+    ck_assert_int_eq(del_range(st, "b", NULL, NULL), 1);
+    put_lease(st, "d", 0); /* leaves its lease */
+    char k60[64], k61[64];
+    ttl_of(st, 60, NULL, k60, sizeof k60);
+    ttl_of(st, 61, NULL, k61, sizeof k61);
+    ck_assert_str_eq(k60, "");
+    ck_assert_str_eq(k61, "a,c,");
+    int64_t rev = cur_rev(st);
+    cairn_store_close(st);
+    st = open_lease_store(dir, la, &actor_a);
+    ck_assert_int_eq(cur_rev(st), rev);
+    char keys[64];
+    ttl_of(st, 60, NULL, keys, sizeof keys);
+    ck_assert_str_eq(keys, k60);
+    ttl_of(st, 61, NULL, keys, sizeof keys);
+    ck_assert_str_eq(keys, k61);
+    /* the rebuilt set is the one a revoke deletes */
+    cairn_header h;
+    ck_assert_int_eq(cairn_store_lease_revoke(st, &h, 61), 0);
+    ck_assert_int_eq(nkeys_live(st), 1); /* d */
+    ck_assert_int_eq(h.revision, rev + 1);
+}
+END_TEST
+
 START_TEST(restart_rule)
 {
     uint64_t t0 = atomic_load(&now_ms);
@@ -938,6 +973,7 @@ int main(void)
     tcase_add_test(tc, expiry);
     tcase_add_test(tc, expiry_thread);
     tcase_add_test(tc, restart_rule);
+    tcase_add_test(tc, replay_rebuilds_key_sets);
     tcase_add_test(tc, remote_keepalive_and_expiry);
     tcase_add_test(tc, concurrent_revokes_converge);
     tcase_add_test(tc, put_concurrent_with_revoke);
