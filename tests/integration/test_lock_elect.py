@@ -38,9 +38,11 @@ Usage: test_lock_elect.py --cairn build/cairn [--etcd /usr/bin/etcd]
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -201,28 +203,42 @@ def lock_signal(srv, procs):
 
 
 def lock_queue(srv, procs):
-    """Four contenders queue up in order; each runs alone, in that order."""
-    cs = []
-    for i in range(4):
-        # the first holds long enough for the others to queue up behind it
-        c = Ctl(srv, "lock", "Q", "--", "sh", "-c", "echo %d-start $ETCD_LOCK_REV; sleep %s; "
-                "echo %d-end" % (i, "3" if i == 0 else "0.3", i))
-        procs.append(c)
-        cs.append(c)
-        if i == 0:
-            c.wait_lines(1)
-        else:
-            wait_keys(srv, "Q", i + 1)
-    spans = []
-    for i, c in enumerate(cs):
-        rc, _ = c.wait_exit(WAIT + 2)
-        if rc or len(c.lines) != 2:
-            raise Fail("contender %d: exit %d, printed %r" % (i, rc, c.text()))
-        spans.append((c.lines[0][0], c.lines[1][0]))
-    for i in range(1, 4):
-        if spans[i][0] < spans[i - 1][1]:
-            raise Fail("contender %d started %.2fs before contender %d ended"
-                       % (i, spans[i - 1][1] - spans[i][0], i - 1))
+    """Four contenders queue up in order; each runs alone, in that order.
+    Each contender's command writes its own start and end time (the
+    clock of the command itself, not when this test happened to read its
+    output, which a loaded machine delays by more than the margin)."""
+    tmp = tempfile.mkdtemp(prefix="cairn-lock-queue-")
+    try:
+        cs = []
+        for i in range(4):
+            # the first holds long enough for the others to queue up behind it
+            stamps = os.path.join(tmp, "c%d" % i)
+            c = Ctl(srv, "lock", "Q", "--", "sh", "-c",
+                    "date +%%s.%%N >%s; echo %d-start $ETCD_LOCK_REV; sleep %s; "
+                    "echo %d-end; date +%%s.%%N >>%s"
+                    % (stamps, i, "3" if i == 0 else "0.3", i, stamps))
+            procs.append(c)
+            cs.append(c)
+            if i == 0:
+                c.wait_lines(1)
+            else:
+                wait_keys(srv, "Q", i + 1)
+        spans = []
+        for i, c in enumerate(cs):
+            rc, _ = c.wait_exit(WAIT + 2)
+            if rc or len(c.lines) != 2:
+                raise Fail("contender %d: exit %d, printed %r" % (i, rc, c.text()))
+            with open(os.path.join(tmp, "c%d" % i)) as f:
+                t = [float(x) for x in f.read().split()]
+            if len(t) != 2:
+                raise Fail("contender %d: wrote %d time stamps" % (i, len(t)))
+            spans.append((t[0], t[1]))
+        for i in range(1, 4):
+            if spans[i][0] < spans[i - 1][1]:
+                raise Fail("contender %d started %.3fs before contender %d ended"
+                           % (i, spans[i - 1][1] - spans[i][0], i - 1))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     wait_keys(srv, "Q", 0)
     return {"out": [c.text() for c in cs]}
 
