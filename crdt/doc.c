@@ -564,6 +564,36 @@ static void obj_commit(cairn_doc *d, obj *no)
     }
 }
 
+static int vs_has_inline(const vset *s)
+{
+    const vop *v = vs_ops(s);
+    for (uint32_t i = 0; i < s->n; i++)
+        if (v[i].flags & VF_INLINE)
+            return 1;
+    return 0;
+}
+
+/* Drops |r|'s value tail once no op of its vset lives there; returns the
+ * record, maybe moved. The caller guarantees that nothing but the table
+ * points at |r| (no undo entry). A failed realloc keeps the tail. */
+static mkey *rec_shrink(cairn_doc *d, obj *o, mkey *r)
+{
+    if (!r->tail || vs_has_inline(&r->vs))
+        return r;
+    uint32_t mask = o->keys.cap - 1;
+    uint32_t i = ent_hash(d, &o->keys, r) & mask;
+    while (o->keys.slots[i] && o->keys.slots[i] != r)
+        i = (i + 1) & mask;
+    if (o->keys.slots[i] != r)
+        return r;
+    mkey *nr = xrealloc(r, offsetof(mkey, key) + (size_t)r->key_len);
+    if (!nr)
+        return r;
+    nr->tail = 0;
+    o->keys.slots[i] = nr;
+    return nr;
+}
+
 static mkey *map_lookup(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h)
 {
     if (!o->keys.cap)
@@ -609,6 +639,8 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         }
         memset(&nrec->vs, 0, sizeof nrec->vs);
         nrec->key_len = key_len;
+        nrec->tail = vlen > 0;
+        nrec->in_undo = 0;
         if (key_len)
             memcpy(nrec->key, key, key_len);
         if (vlen)
@@ -649,6 +681,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         u->rec_new = nrec != NULL;
         u->rec_removed = removed;
         u->saved = rec ? rec->vs : empty;
+        r->in_undo = 1;
     } else if (rec) {
         vs_free(&rec->vs);
     }
@@ -659,6 +692,8 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         if (removed)
             ptab_del_ptr(d, &o->keys, rec);
     }
+    if (rec && !removed && !d->local) /* no undo entry can name it */
+        r = rec_shrink(d, o, rec);
     o->nvis += (size_t)(out.n > 0) - (size_t)had;
     obj_commit(d, no);
 
@@ -1226,6 +1261,7 @@ static void undo_to(cairn_doc *d, size_t keep)
                 vs_free(&r->vs);
                 free(r);
             } else {
+                r->in_undo = 0;
                 if (u->rec_removed) {
                     ptab_put(d, &o->keys, r); /* its old slot's room is still there */
                 } else {
@@ -1277,15 +1313,31 @@ void cairn_doc_rollback(cairn_doc *doc)
     pending_clear(doc);
 }
 
-/* Forgets the undo log after a commit: frees what it kept alive. */
+/* Forgets the undo log after a commit: frees what it kept alive, then
+ * shrinks the records whose first value died in the edit. A record may have
+ * several entries and may be freed by its last (a removal), so the records
+ * to shrink are picked first, each once (by its last entry), and shrunk
+ * after every entry is done with. */
 static void undo_forget(cairn_doc *d)
 {
+    for (size_t i = d->nundo; i-- > 0;) {
+        undo *u = &d->undo[i];
+        if (u->what == U_MAP) {
+            u->rec_owner = u->rec->in_undo && !u->rec_removed;
+            u->rec->in_undo = 0;
+        }
+    }
     for (size_t i = 0; i < d->nundo; i++) {
         undo *u = &d->undo[i];
         if (u->what == U_MAP || u->what == U_ELEM)
             vs_free(&u->saved);
         if (u->what == U_MAP && u->rec_removed)
             free(u->rec);
+    }
+    for (size_t i = 0; i < d->nundo; i++) {
+        undo *u = &d->undo[i];
+        if (u->what == U_MAP && u->rec_owner)
+            rec_shrink(d, u->o, u->rec);
     }
     d->nundo = 0;
 }

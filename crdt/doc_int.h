@@ -71,11 +71,16 @@ _Static_assert(offsetof(vset, many) == offsetof(vop, v), "vset.many overlays the
 
 /* A map key: one allocation holding the record, the key and, when the op
  * that created the record was a non-empty bytes/str value, that value's
- * bytes (VF_INLINE) right after the key. The record has no stored hash (the
- * table recomputes it when it moves entries): 36 bytes + key + value. */
+ * bytes (VF_INLINE) right after the key (|tail|). Once no vset holds that op
+ * any more, the record is shrunk to drop the tail (a realloc that may move
+ * it: done only where no undo entry points at it). The record has no stored
+ * hash (the table recomputes it when it moves entries): 38 bytes + key +
+ * value. */
 typedef struct mkey {
     vset vs; /* n >= 1 while the record is in its map's table */
     uint32_t key_len;
+    uint8_t tail;    /* the allocation holds a value after the key */
+    uint8_t in_undo; /* hint: an undo entry of the edit in progress names it */
     uint8_t key[];
 } mkey;
 
@@ -114,6 +119,7 @@ typedef struct undo {
     uint8_t what;
     uint8_t rec_new;     /* U_MAP: record created by this edit */
     uint8_t rec_removed; /* U_MAP: record taken out of its table */
+    uint8_t rec_owner;   /* U_MAP: the record's last entry, and it stays */
     obj *o;
     mkey *rec;
     elem *e;

@@ -1310,6 +1310,68 @@ START_TEST(inline_first_value_semantics)
 }
 END_TEST
 
+/* Overwriting every key, locally or remotely, drops the records' first
+ * values instead of keeping them next to the new ones; an edit that touches
+ * a record several times (overwrite twice, overwrite then delete) shrinks it
+ * once and frees it once. */
+START_TEST(dead_first_value_is_dropped)
+{
+    enum { N = 10000, PER = 500 };
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    uint8_t val[32];
+    cairn_value v;
+    memset(&v, 0, sizeof v);
+    v.type = CAIRN_V_BYTES;
+    v.v.bytes.ptr = val;
+    v.v.bytes.len = sizeof val;
+    char key[32];
+    double first = 0;
+    for (int round = 0; round < 2; round++) {
+        memset(val, round ? 'w' : 'v', sizeof val);
+        for (int i = 0; i < N; i += PER) {
+            ck_assert_int_eq(cairn_doc_begin(a, (uint64_t)(round * N + i + 1)), 0);
+            for (int j = i; j < i + PER; j++) {
+                snprintf(key, sizeof key, "/registry/k%07d", j);
+                ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)key, 18, &v), 0);
+                if (round && j % 100 == 0) /* twice in one edit */
+                    ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)key, 18, &v), 0);
+            }
+            commit(a);
+        }
+        deliver(b, a);
+        if (round == 0) {
+            first = (double)cairn_doc_state_bytes_(a) / N;
+            ck_assert_double_eq_tol(first, (double)cairn_doc_state_bytes_(b) / N, 1.0);
+            continue;
+        }
+        for (int side = 0; side < 2; side++) {
+            cairn_doc *d = side ? b : a;
+            double now = (double)cairn_doc_state_bytes_(d) / N;
+            /* one tail-less record + one 32-byte vbytes; keeping the dead
+             * first value would cost another ~32 */
+            ck_assert_msg(now <= first + 16.0, "side %d: %.1f B/key after overwrite", side, now);
+            ck_assert_str_eq(get_s(d, CAIRN_ROOT, "/registry/k0000100"),
+                             "wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww");
+        }
+    }
+    /* overwrite then delete in one edit, and an overwrite then rollback */
+    ck_assert_int_eq(cairn_doc_begin(a, 3 * N), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000001", "x");
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"/registry/k0000001", 18), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000002", "y");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(a, 3 * N + 10), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000002", "z");
+    cairn_doc_rollback(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "/registry/k0000001"), "");
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "/registry/k0000002"), "y");
+    deliver(b, a);
+    assert_same(a, b);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
 /* Pins the document's bytes per key for the store's typical key: 100k keys
  * of 18 bytes with 32-byte values, one put each. The record, its key and its
  * first value share one 96-byte malloc chunk, plus ~21 B of table slots at
@@ -1368,6 +1430,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, values_outlive_change_bodies);
     tcase_add_test(tc, inline_first_value_semantics);
     tcase_add_test(tc, state_bytes_per_key_bounded);
+    tcase_add_test(tc, dead_first_value_is_dropped);
     suite_add_tcase(s, tc);
     return s;
 }
