@@ -74,15 +74,19 @@ _Static_assert(offsetof(vset, many) == offsetof(vop, v), "vset.many overlays the
  * bytes (VF_INLINE) right after the key (|tail|). Once no vset holds that op
  * any more, the record is shrunk to drop the tail (a realloc that may move
  * it: done only where no undo entry points at it). The record has no stored
- * hash (the table recomputes it when it moves entries): 38 bytes + key +
+ * hash (the table recomputes it when it moves entries): 37 bytes + key +
  * value. */
 typedef struct mkey {
     vset vs; /* n >= 1 while the record is in its map's table */
     uint32_t key_len;
-    uint8_t tail;    /* the allocation holds a value after the key */
-    uint8_t in_undo; /* hint: an undo entry of the edit in progress names it */
+    uint8_t tail : 1;    /* the allocation holds a value after the key */
+    uint8_t in_undo : 1; /* hint: an undo entry of the edit in progress names it */
     uint8_t key[];
 } mkey;
+
+/* 37 bytes: an 18-byte key and the store's 33-byte value record fit the
+ * 96-byte malloc chunk (88 usable). */
+_Static_assert(offsetof(mkey, key) == 37, "mkey header is 37 bytes");
 
 /* A list element, identified by the id of the op that inserted it. Deleted
  * elements stay (vs.n == 0) as tombstones so that later inserts can follow
