@@ -574,14 +574,15 @@ static int vs_has_inline(const vset *s)
 }
 
 /* Drops |r|'s value tail once no op of its vset lives there; returns the
- * record, maybe moved. The caller guarantees that nothing but the table
- * points at |r| (no undo entry). A failed realloc keeps the tail. */
-static mkey *rec_shrink(cairn_doc *d, obj *o, mkey *r)
+ * record, maybe moved. |h| is its hash, or 0 to compute it. The caller
+ * guarantees that nothing but the table points at |r| (no undo entry). A
+ * failed realloc keeps the tail. */
+static mkey *rec_shrink(cairn_doc *d, obj *o, mkey *r, uint32_t h)
 {
     if (!r->tail || vs_has_inline(&r->vs))
         return r;
     uint32_t mask = o->keys.cap - 1;
-    uint32_t i = ent_hash(d, &o->keys, r) & mask;
+    uint32_t i = (h ? h : ent_hash(d, &o->keys, r)) & mask;
     while (o->keys.slots[i] && o->keys.slots[i] != r)
         i = (i + 1) & mask;
     if (o->keys.slots[i] != r)
@@ -693,7 +694,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
             ptab_del_ptr(d, &o->keys, rec);
     }
     if (rec && !removed && !d->local) /* no undo entry can name it */
-        r = rec_shrink(d, o, rec);
+        r = rec_shrink(d, o, rec, h);
     o->nvis += (size_t)(out.n > 0) - (size_t)had;
     obj_commit(d, no);
 
@@ -1337,7 +1338,7 @@ static void undo_forget(cairn_doc *d)
     for (size_t i = 0; i < d->nundo; i++) {
         undo *u = &d->undo[i];
         if (u->what == U_MAP && u->rec_owner)
-            rec_shrink(d, u->o, u->rec);
+            rec_shrink(d, u->o, u->rec, 0);
     }
     d->nundo = 0;
 }
