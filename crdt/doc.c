@@ -681,6 +681,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         u->rec = r;
         u->rec_new = nrec != NULL;
         u->rec_removed = removed;
+        u->rec_hash = h;
         u->saved = rec ? rec->vs : empty;
         r->in_undo = 1;
     } else if (rec) {
@@ -1338,7 +1339,7 @@ static void undo_forget(cairn_doc *d)
     for (size_t i = 0; i < d->nundo; i++) {
         undo *u = &d->undo[i];
         if (u->what == U_MAP && u->rec_owner)
-            rec_shrink(d, u->o, u->rec, 0);
+            rec_shrink(d, u->o, u->rec, u->rec_hash);
     }
     d->nundo = 0;
 }

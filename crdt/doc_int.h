@@ -124,6 +124,7 @@ typedef struct undo {
     uint8_t rec_new;     /* U_MAP: record created by this edit */
     uint8_t rec_removed; /* U_MAP: record taken out of its table */
     uint8_t rec_owner;   /* U_MAP: the record's last entry, and it stays */
+    uint32_t rec_hash;   /* U_MAP: the record's key hash */
     obj *o;
     mkey *rec;
     elem *e;
