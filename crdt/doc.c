@@ -573,25 +573,44 @@ static int vs_has_inline(const vset *s)
     return 0;
 }
 
-/* Drops |r|'s value tail once no op of its vset lives there; returns the
- * record, maybe moved. |h| is its hash, or 0 to compute it. The caller
- * guarantees that nothing but the table points at |r| (no undo entry). A
- * failed realloc keeps the tail. */
-static mkey *rec_shrink(cairn_doc *d, obj *o, mkey *r, uint32_t h)
+/* Once the record's first value is dead (no vset holds it), the record
+ * takes its single bytes value into the tail, resizing the allocation to fit
+ * when it is off by 32 bytes or more, so a key overwritten any number of
+ * times still costs one allocation; with no such value the tail is dropped.
+ * Returns the record, maybe moved. |h| is its hash (0: compute it). The
+ * caller guarantees that nothing but the table points at |r| or at the
+ * value's vbytes (no undo entry, no vset being computed). The tail's room
+ * is malloc_usable_size's (glibc lets the caller use it). A failed realloc
+ * changes nothing. */
+static mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
 {
     if (!r->tail || vs_has_inline(&r->vs))
         return r;
-    uint32_t mask = o->keys.cap - 1;
-    uint32_t i = (h ? h : ent_hash(d, &o->keys, r)) & mask;
-    while (o->keys.slots[i] && o->keys.slots[i] != r)
-        i = (i + 1) & mask;
-    if (o->keys.slots[i] != r)
-        return r;
-    mkey *nr = xrealloc(r, offsetof(mkey, key) + (size_t)r->key_len);
-    if (!nr)
-        return r;
-    nr->tail = 0;
-    o->keys.slots[i] = nr;
+    const vop *w = r->vs.n == 1 ? &r->vs.one : NULL;
+    vbytes *b = w && vop_has_bytes(w) && vop_bytes(w)->refs == 1 ? vop_bytes(w) : NULL;
+    size_t vlen = b ? w->len : 0;
+    size_t head = offsetof(mkey, key) + (size_t)r->key_len;
+    size_t room = malloc_usable_size(r) - head;
+    mkey *nr = r;
+    if (!b || vlen > room || room - vlen >= 32) {
+        uint32_t mask = o->keys.cap - 1;
+        uint32_t i = (h ? h : ent_hash(d, &o->keys, r)) & mask;
+        while (o->keys.slots[i] && o->keys.slots[i] != r)
+            i = (i + 1) & mask;
+        if (o->keys.slots[i] != r)
+            return r;
+        nr = xrealloc(r, head + vlen);
+        if (!nr)
+            return r;
+        o->keys.slots[i] = nr;
+    }
+    nr->tail = b != NULL;
+    if (b) {
+        memcpy(nr->key + nr->key_len, b->b, vlen);
+        nr->vs.one.v.p = nr->key + nr->key_len;
+        nr->vs.one.flags |= VF_INLINE;
+        free(b);
+    }
     return nr;
 }
 
@@ -695,13 +714,13 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
             ptab_del_ptr(d, &o->keys, rec);
     }
     if (rec && !removed && !d->local) /* no undo entry can name it */
-        r = rec_shrink(d, o, rec, h);
+        r = rec_settle(d, o, rec, h);
     o->nvis += (size_t)(out.n > 0) - (size_t)had;
     obj_commit(d, no);
 
     cairn_patch p;
     memset(&p, 0, sizeof p);
-    if (winner_patch(&p, had ? &before : NULL, &out, 0)) {
+    if (winner_patch(&p, had ? &before : NULL, r ? &r->vs : &out, 0)) { /* settled */
         p.obj.counter = o->counter;
         p.obj.actor = o->actor;
         p.key = r ? r->key : key;
@@ -1316,9 +1335,9 @@ void cairn_doc_rollback(cairn_doc *doc)
 }
 
 /* Forgets the undo log after a commit: frees what it kept alive, then
- * shrinks the records whose first value died in the edit. A record may have
+ * settles the records whose first value died in the edit. A record may have
  * several entries and may be freed by its last (a removal), so the records
- * to shrink are picked first, each once (by its last entry), and shrunk
+ * to settle are picked first, each once (by its last entry), and settled
  * after every entry is done with. */
 static void undo_forget(cairn_doc *d)
 {
@@ -1339,7 +1358,7 @@ static void undo_forget(cairn_doc *d)
     for (size_t i = 0; i < d->nundo; i++) {
         undo *u = &d->undo[i];
         if (u->what == U_MAP && u->rec_owner)
-            rec_shrink(d, u->o, u->rec, u->rec_hash);
+            rec_settle(d, u->o, u->rec, u->rec_hash);
     }
     d->nundo = 0;
 }

@@ -20,7 +20,8 @@ enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
  * document's own copies (change bodies are not kept in memory): v.p points
  * either at the bytes of a vbytes, shared by reference count among the vsets
  * that hold the op (a vset being computed, the current one, the undo log's
- * saved one), or (VF_INLINE) into the map record that the op created, whose
+ * saved one), or (VF_INLINE) into the tail of the map record that holds it
+ * (the op created the record, or the record took the value in later), whose
  * allocation carries the bytes for the record's lifetime and which every vset
  * holding the op belongs to, so no count is needed; an empty value points at
  * a static "" and owns nothing. A counter keeps its running total in i.
@@ -72,8 +73,9 @@ _Static_assert(offsetof(vset, many) == offsetof(vop, v), "vset.many overlays the
 /* A map key: one allocation holding the record, the key and, when the op
  * that created the record was a non-empty bytes/str value, that value's
  * bytes (VF_INLINE) right after the key (|tail|). Once no vset holds that op
- * any more, the record is shrunk to drop the tail (a realloc that may move
- * it: done only where no undo entry points at it). The record has no stored
+ * any more, the record takes its current single bytes value into the tail,
+ * or drops the tail (rec_settle in doc.c: a realloc that may move it, done
+ * only where no undo entry points at it). The record has no stored
  * hash (the table recomputes it when it moves entries): 37 bytes + key +
  * value. */
 typedef struct mkey {
