@@ -45,6 +45,7 @@
  */
 #include "crdt/doc.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,23 +109,34 @@ static uint32_t hash_id(const cairn_doc *d, uint64_t counter, uint32_t actor)
 
 /* ---- generic pointer table ----------------------------------------------- */
 
-static uint32_t ent_hash(const void *e)
+/* An entry's hash: objects store theirs; map records are hashed from their
+ * key (a few tens of ns; records do not spend 4 bytes each on it). */
+static uint32_t ent_hash(const cairn_doc *d, const ptab *t, const void *e)
 {
-    return *(const uint32_t *)e;
+    if (t == &d->objs)
+        return *(const uint32_t *)e;
+    const mkey *r = e;
+    return hash_bytes(d, r->key, r->key_len);
 }
 
-static void ptab_put(ptab *t, void *e)
+/* Puts |e|, whose hash is |h|, into a slot reserved for it. */
+static void ptab_put_h(ptab *t, void *e, uint32_t h)
 {
     uint32_t mask = t->cap - 1;
-    uint32_t i = ent_hash(e) & mask;
+    uint32_t i = h & mask;
     while (t->slots[i])
         i = (i + 1) & mask;
     t->slots[i] = e;
     t->count++;
 }
 
+static void ptab_put(const cairn_doc *d, ptab *t, void *e)
+{
+    ptab_put_h(t, e, ent_hash(d, t, e));
+}
+
 /* Makes room for |extra| more entries without passing 3/4 load. */
-static int ptab_reserve(ptab *t, uint32_t extra)
+static int ptab_reserve(const cairn_doc *d, ptab *t, uint32_t extra)
 {
     uint64_t need = (uint64_t)t->count + extra;
     if (t->cap && need * 4 <= (uint64_t)t->cap * 3)
@@ -137,16 +149,17 @@ static int ptab_reserve(ptab *t, uint32_t extra)
     void **slots = xcalloc((size_t)cap, sizeof *slots);
     if (!slots)
         return CAIRN_ENOMEM;
-    ptab nt = {slots, (uint32_t)cap, 0};
-    for (uint32_t i = 0; i < t->cap; i++)
-        if (t->slots[i])
-            ptab_put(&nt, t->slots[i]);
-    free(t->slots);
-    *t = nt;
+    void **old = t->slots;
+    uint32_t ocap = t->cap;
+    *t = (ptab){slots, (uint32_t)cap, 0};
+    for (uint32_t i = 0; i < ocap; i++)
+        if (old[i])
+            ptab_put(d, t, old[i]);
+    free(old);
     return 0;
 }
 
-static void ptab_del_at(ptab *t, uint32_t i)
+static void ptab_del_at(const cairn_doc *d, ptab *t, uint32_t i)
 {
     uint32_t mask = t->cap - 1;
     t->slots[i] = NULL;
@@ -156,7 +169,7 @@ static void ptab_del_at(ptab *t, uint32_t i)
         j = (j + 1) & mask;
         if (!t->slots[j])
             return;
-        uint32_t k = ent_hash(t->slots[j]) & mask;
+        uint32_t k = ent_hash(d, t, t->slots[j]) & mask;
         int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
         if (stays)
             continue;
@@ -166,12 +179,12 @@ static void ptab_del_at(ptab *t, uint32_t i)
     }
 }
 
-static void ptab_del_ptr(ptab *t, const void *e)
+static void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
 {
     uint32_t mask = t->cap - 1;
-    for (uint32_t i = ent_hash(e) & mask; t->slots[i]; i = (i + 1) & mask) {
+    for (uint32_t i = ent_hash(d, t, e) & mask; t->slots[i]; i = (i + 1) & mask) {
         if (t->slots[i] == e) {
-            ptab_del_at(t, i);
+            ptab_del_at(d, t, i);
             return;
         }
     }
@@ -263,10 +276,11 @@ static obj *find_obj(cairn_doc *d, cairn_objid id)
 
 /* ---- value bytes ------------------------------------------------------- */
 
+/* Whether the op holds a reference to a vbytes. */
 static int vop_has_bytes(const vop *o)
 {
     return o->kind == VK_SCALAR && (o->vtype == CAIRN_V_BYTES || o->vtype == CAIRN_V_STR) &&
-           o->len > 0;
+           o->len > 0 && !(o->flags & VF_INLINE);
 }
 
 static vbytes *vop_bytes(const vop *o)
@@ -293,7 +307,7 @@ static void vs_free(vset *s)
     for (uint32_t i = 0; i < s->n; i++)
         vop_unref(&v[i]);
     if (s->n >= 2)
-        free(s->u.many);
+        free(s->many);
     s->n = 0;
 }
 
@@ -371,11 +385,11 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
     }
     if (add && !added && !inc)
         dst[k++] = *add;
-    out->n = (uint32_t)total;
     if (total == 1)
-        out->u.one = dst[0];
+        out->one = dst[0];
     else if (total >= 2)
-        out->u.many = dst;
+        out->many = dst;
+    out->n = (uint32_t)total; /* after |one|, which it overlays */
     return 0;
 }
 
@@ -415,9 +429,11 @@ static void read_of(cairn_read *r, const vop *v)
     }
 }
 
-/* Fills |o| for op (counter, actor); a bytes/str value is copied into a new
- * vbytes that |o| holds one reference to. */
-static int vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v)
+/* Fills |o| for op (counter, actor); a bytes/str value is copied into |inl|
+ * when not NULL (room for it is the caller's: a new map record's tail), else
+ * into a new vbytes that |o| holds one reference to. */
+static int vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, const cairn_value *v,
+                    uint8_t *inl)
 {
     memset(o, 0, sizeof *o);
     o->counter = counter;
@@ -450,7 +466,11 @@ static int vop_make(vop *o, uint64_t counter, uint32_t actor, uint8_t action, co
     case CAIRN_V_STR:
         o->len = (uint32_t)v->v.bytes.len;
         o->v.p = (const uint8_t *)"";
-        if (o->len) {
+        if (o->len && inl) {
+            memcpy(inl, v->v.bytes.ptr, o->len);
+            o->v.p = inl;
+            o->flags = VF_INLINE;
+        } else if (o->len) {
             vbytes *b = xmalloc(sizeof *b + o->len);
             if (!b)
                 return CAIRN_ENOMEM;
@@ -518,7 +538,7 @@ static int obj_prepare(cairn_doc *d, obj **out, uint8_t action, uint64_t counter
     obj *o = xcalloc(1, sizeof *o);
     if (!o)
         return CAIRN_ENOMEM;
-    int rc = ptab_reserve(&d->objs, 1);
+    int rc = ptab_reserve(d, &d->objs, 1);
     if (rc) {
         free(o);
         return rc;
@@ -535,7 +555,7 @@ static void obj_commit(cairn_doc *d, obj *no)
 {
     if (!no)
         return;
-    ptab_put(&d->objs, no);
+    ptab_put(d, &d->objs, no);
     if (d->local) {
         undo *u = &d->undo[d->nundo++];
         memset(u, 0, sizeof *u);
@@ -544,17 +564,64 @@ static void obj_commit(cairn_doc *d, obj *no)
     }
 }
 
-static mkey *map_lookup(const cairn_doc *d, const obj *o, const uint8_t *key, uint32_t key_len,
-                        uint32_t h)
+static int vs_has_inline(const vset *s)
 {
-    (void)d;
+    const vop *v = vs_ops(s);
+    for (uint32_t i = 0; i < s->n; i++)
+        if (v[i].flags & VF_INLINE)
+            return 1;
+    return 0;
+}
+
+/* Once the record's first value is dead (no vset holds it), the record
+ * takes its single bytes value into the tail, resizing the allocation to fit
+ * when it is off by 32 bytes or more, so a key overwritten any number of
+ * times still costs one allocation; with no such value the tail is dropped.
+ * Returns the record, maybe moved. |h| is its hash (0: compute it). The
+ * caller guarantees that nothing but the table points at |r| or at the
+ * value's vbytes (no undo entry, no vset being computed). The tail's room
+ * is malloc_usable_size's (glibc lets the caller use it). A failed realloc
+ * changes nothing. */
+static mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
+{
+    if (!r->tail || vs_has_inline(&r->vs))
+        return r;
+    const vop *w = r->vs.n == 1 ? &r->vs.one : NULL;
+    vbytes *b = w && vop_has_bytes(w) && vop_bytes(w)->refs == 1 ? vop_bytes(w) : NULL;
+    size_t vlen = b ? w->len : 0;
+    size_t head = offsetof(mkey, key) + (size_t)r->key_len;
+    size_t room = malloc_usable_size(r) - head;
+    mkey *nr = r;
+    if (!b || vlen > room || room - vlen >= 32) {
+        uint32_t mask = o->keys.cap - 1;
+        uint32_t i = (h ? h : ent_hash(d, &o->keys, r)) & mask;
+        while (o->keys.slots[i] && o->keys.slots[i] != r)
+            i = (i + 1) & mask;
+        if (o->keys.slots[i] != r)
+            return r;
+        nr = xrealloc(r, head + vlen);
+        if (!nr)
+            return r;
+        o->keys.slots[i] = nr;
+    }
+    nr->tail = b != NULL;
+    if (b) {
+        memcpy(nr->key + nr->key_len, b->b, vlen);
+        nr->vs.one.v.p = nr->key + nr->key_len;
+        nr->vs.one.flags |= VF_INLINE;
+        free(b);
+    }
+    return nr;
+}
+
+static mkey *map_lookup(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h)
+{
     if (!o->keys.cap)
         return NULL;
     uint32_t mask = o->keys.cap - 1;
     for (uint32_t i = h & mask; o->keys.slots[i]; i = (i + 1) & mask) {
         mkey *r = o->keys.slots[i];
-        if (r->hash == h && r->key_len == key_len &&
-            (!key_len || memcmp(r->key, key, key_len) == 0))
+        if (r->key_len == key_len && (!key_len || memcmp(r->key, key, key_len) == 0))
             return r;
     }
     return NULL;
@@ -566,7 +633,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
                      uint32_t npred)
 {
     uint32_t h = hash_bytes(d, key, key_len);
-    mkey *rec = map_lookup(d, o, key, key_len, h);
+    mkey *rec = map_lookup(o, key, key_len, h);
     static const vset empty;
     const vset *in = rec ? &rec->vs : &empty;
     int inc = action == CAIRN_OP_INC;
@@ -575,28 +642,41 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
     vop add;
     int adds = action != CAIRN_OP_DEL && !inc;
     int rc;
-    if (adds && (rc = vop_make(&add, counter, actor, action, v)) != 0)
+    /* A new record (only an adding op makes one) carries its first value's
+     * bytes: one allocation per key. */
+    mkey *nrec = NULL;
+    uint8_t *inl = NULL;
+    if (!rec && adds) {
+        size_t vlen = 0;
+        if (action == CAIRN_OP_SET && (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR))
+            vlen = v->v.bytes.len;
+        nrec = xmalloc(offsetof(mkey, key) + (size_t)key_len + vlen);
+        if (!nrec)
+            return CAIRN_ENOMEM;
+        if ((rc = ptab_reserve(d, &o->keys, 1)) != 0) {
+            free(nrec);
+            return rc;
+        }
+        memset(&nrec->vs, 0, sizeof nrec->vs);
+        nrec->key_len = key_len;
+        nrec->tail = vlen > 0;
+        nrec->in_undo = 0;
+        if (key_len)
+            memcpy(nrec->key, key, key_len);
+        if (vlen)
+            inl = nrec->key + key_len;
+    }
+    if (adds && (rc = vop_make(&add, counter, actor, action, v, inl)) != 0) {
+        free(nrec);
         return rc;
+    }
     vset out;
     rc = vs_compute(d, &out, in, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
     if (rc) {
         if (adds)
             vop_unref(&add);
+        free(nrec);
         return rc;
-    }
-    mkey *nrec = NULL;
-    if (!rec && out.n > 0) {
-        nrec = xmalloc(sizeof *nrec + key_len);
-        if (!nrec || (rc = ptab_reserve(&o->keys, 1)) != 0) {
-            free(nrec);
-            vs_free(&out);
-            return rc ? rc : CAIRN_ENOMEM;
-        }
-        nrec->hash = h;
-        nrec->key_len = key_len;
-        if (key_len)
-            memcpy(nrec->key, key, key_len);
-        nrec->vs.n = 0;
     }
     obj *no = NULL;
     if ((rc = obj_prepare(d, &no, action, counter, actor)) != 0) {
@@ -620,23 +700,27 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
         u->rec = r;
         u->rec_new = nrec != NULL;
         u->rec_removed = removed;
+        u->rec_hash = h;
         u->saved = rec ? rec->vs : empty;
+        r->in_undo = 1;
     } else if (rec) {
         vs_free(&rec->vs);
     }
     if (r) {
         r->vs = out;
         if (nrec)
-            ptab_put(&o->keys, nrec);
+            ptab_put_h(&o->keys, nrec, h);
         if (removed)
-            ptab_del_ptr(&o->keys, rec);
+            ptab_del_ptr(d, &o->keys, rec);
     }
+    if (rec && !removed && !d->local) /* no undo entry can name it */
+        r = rec_settle(d, o, rec, h);
     o->nvis += (size_t)(out.n > 0) - (size_t)had;
     obj_commit(d, no);
 
     cairn_patch p;
     memset(&p, 0, sizeof p);
-    if (winner_patch(&p, had ? &before : NULL, &out, 0)) {
+    if (winner_patch(&p, had ? &before : NULL, r ? &r->vs : &out, 0)) { /* settled */
         p.obj.counter = o->counter;
         p.obj.actor = o->actor;
         p.key = r ? r->key : key;
@@ -695,12 +779,12 @@ static int apply_list_insert(cairn_doc *d, obj *o, cairn_opid after, uint64_t co
         return CAIRN_ENOMEM;
     e->counter = counter;
     e->actor = actor;
-    e->vs.n = 1;
-    int rc = vop_make(&e->vs.u.one, counter, actor, action, v);
+    int rc = vop_make(&e->vs.one, counter, actor, action, v, NULL);
     if (rc) {
         free(e);
         return rc;
     }
+    e->vs.n = 1; /* after |one|, which it overlays */
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 4;
         elem **ni = xrealloc(o->items, cap * sizeof *ni);
@@ -753,7 +837,7 @@ static int apply_list_elem(cairn_doc *d, obj *o, cairn_opid target, uint64_t cou
     vop add;
     int adds = action != CAIRN_OP_DEL && !inc;
     int rc;
-    if (adds && (rc = vop_make(&add, counter, actor, action, v)) != 0)
+    if (adds && (rc = vop_make(&add, counter, actor, action, v, NULL)) != 0)
         return rc;
     vset out;
     rc = vs_compute(d, &out, &e->vs, adds ? &add : NULL, pred, npred, inc, inc ? v->v.i : 0);
@@ -1049,7 +1133,7 @@ static int map_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, const uin
         return CAIRN_EINVAL;
     if (v && !value_ok(v))
         return CAIRN_EINVAL;
-    mkey *rec = map_lookup(d, o, key, (uint32_t)key_len, hash_bytes(d, key, key_len));
+    mkey *rec = map_lookup(o, key, (uint32_t)key_len, hash_bytes(d, key, key_len));
     const vset *vs = rec ? &rec->vs : NULL;
     if ((action == CAIRN_OP_DEL || action == CAIRN_OP_INC) && !vs)
         return CAIRN_ENOTFOUND;
@@ -1193,13 +1277,14 @@ static void undo_to(cairn_doc *d, size_t keep)
         case U_MAP: {
             mkey *r = u->rec;
             if (u->rec_new) {
-                ptab_del_ptr(&o->keys, r);
+                ptab_del_ptr(d, &o->keys, r);
                 o->nvis -= r->vs.n > 0;
                 vs_free(&r->vs);
                 free(r);
             } else {
+                r->in_undo = 0;
                 if (u->rec_removed) {
-                    ptab_put(&o->keys, r); /* its old slot's room is still there */
+                    ptab_put(d, &o->keys, r); /* its old slot's room is still there */
                 } else {
                     o->nvis -= r->vs.n > 0;
                     vs_free(&r->vs);
@@ -1233,7 +1318,7 @@ static void undo_to(cairn_doc *d, size_t keep)
             break;
         }
         case U_OBJ:
-            ptab_del_ptr(&d->objs, o);
+            ptab_del_ptr(d, &d->objs, o);
             obj_clear(o);
             free(o);
             break;
@@ -1249,15 +1334,31 @@ void cairn_doc_rollback(cairn_doc *doc)
     pending_clear(doc);
 }
 
-/* Forgets the undo log after a commit: frees what it kept alive. */
+/* Forgets the undo log after a commit: frees what it kept alive, then
+ * settles the records whose first value died in the edit. A record may have
+ * several entries and may be freed by its last (a removal), so the records
+ * to settle are picked first, each once (by its last entry), and settled
+ * after every entry is done with. */
 static void undo_forget(cairn_doc *d)
 {
+    for (size_t i = d->nundo; i-- > 0;) {
+        undo *u = &d->undo[i];
+        if (u->what == U_MAP) {
+            u->rec_owner = u->rec->in_undo && !u->rec_removed;
+            u->rec->in_undo = 0;
+        }
+    }
     for (size_t i = 0; i < d->nundo; i++) {
         undo *u = &d->undo[i];
         if (u->what == U_MAP || u->what == U_ELEM)
             vs_free(&u->saved);
         if (u->what == U_MAP && u->rec_removed)
             free(u->rec);
+    }
+    for (size_t i = 0; i < d->nundo; i++) {
+        undo *u = &d->undo[i];
+        if (u->what == U_MAP && u->rec_owner)
+            rec_settle(d, u->o, u->rec, u->rec_hash);
     }
     d->nundo = 0;
 }
@@ -1688,7 +1789,7 @@ int cairn_doc_get_all(const cairn_doc *doc, cairn_read *out, size_t cap, size_t 
         return rc;
     if (key_len > UINT32_MAX || (!key && key_len))
         return CAIRN_EINVAL;
-    const mkey *r = map_lookup(doc, o, key, (uint32_t)key_len, hash_bytes(doc, key, key_len));
+    const mkey *r = map_lookup(o, key, (uint32_t)key_len, hash_bytes(doc, key, key_len));
     if (!r)
         return 0;
     const vop *v = vs_ops(&r->vs);
@@ -1739,4 +1840,45 @@ int cairn_doc_map_foreach(const cairn_doc *doc, cairn_objid obj_id, cairn_doc_ke
             return rc;
     }
     return 0;
+}
+
+/* ---- accounting ----------------------------------------------------------- */
+
+static double vs_bytes(const vset *s)
+{
+    double b = 0;
+    const vop *v = vs_ops(s);
+    for (uint32_t i = 0; i < s->n; i++)
+        if (vop_has_bytes(&v[i]))
+            b += (double)malloc_usable_size(vop_bytes(&v[i])) / vop_bytes(&v[i])->refs;
+    if (s->n >= 2)
+        b += (double)malloc_usable_size(s->many);
+    return b;
+}
+
+static double obj_bytes(const obj *o)
+{
+    double b = (double)malloc_usable_size(o->keys.slots) + (double)malloc_usable_size(o->items);
+    for (uint32_t i = 0; i < o->keys.cap; i++) {
+        const mkey *r = o->keys.slots[i];
+        if (r)
+            b += (double)malloc_usable_size((void *)r) + vs_bytes(&r->vs);
+    }
+    for (size_t i = 0; i < o->n; i++)
+        b += (double)malloc_usable_size(o->items[i]) + vs_bytes(&o->items[i]->vs);
+    return b;
+}
+
+size_t cairn_doc_state_bytes_(const cairn_doc *d)
+{
+    double b = (double)malloc_usable_size((void *)d) + obj_bytes(&d->root) +
+               (double)malloc_usable_size(d->objs.slots);
+    for (uint32_t i = 0; i < d->objs.cap; i++) {
+        const obj *o = d->objs.slots[i];
+        if (o)
+            b += (double)malloc_usable_size((void *)o) + obj_bytes(o);
+    }
+    b += (double)malloc_usable_size(d->actors) + (double)malloc_usable_size(d->actor_max) +
+         (double)malloc_usable_size(d->aslots);
+    return (size_t)(b + 0.5);
 }

@@ -17,23 +17,33 @@
 enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
 
 /* One visible op: its id and what it holds. Bytes/str values are the
- * document's own copies (change bodies are not kept in memory): v.p points at
- * the bytes of a vbytes, shared by reference count among the vsets that hold
- * the op (a vset being computed, the current one, the undo log's saved one);
- * an empty value points at a static "" and owns nothing. A counter keeps its
- * running total in i. */
+ * document's own copies (change bodies are not kept in memory): v.p points
+ * either at the bytes of a vbytes, shared by reference count among the vsets
+ * that hold the op (a vset being computed, the current one, the undo log's
+ * saved one), or (VF_INLINE) into the tail of the map record that holds it
+ * (the op created the record, or the record took the value in later), whose
+ * allocation carries the bytes for the record's lifetime and which every vset
+ * holding the op belongs to, so no count is needed; an empty value points at
+ * a static "" and owns nothing. A counter keeps its running total in i.
+ *
+ * The layout has no padding: 28 bytes of op and the 4-byte count of the vset
+ * whose head this op is, so that a vset is 32 bytes. */
+enum { VF_INLINE = 1 };
 typedef struct vop {
     uint64_t counter;
-    uint32_t actor; /* document actor index */
-    uint8_t kind;   /* VK_* */
-    uint8_t vtype;  /* cairn_vtype when kind == VK_SCALAR */
-    uint32_t len;   /* bytes/str length */
     union {
         int64_t i;
         uint64_t u;
         double f;
         const uint8_t *p;
     } v;
+    uint32_t actor; /* document actor index */
+    uint32_t len;   /* bytes/str length */
+    uint8_t kind;   /* VK_* */
+    uint8_t vtype;  /* cairn_vtype when kind == VK_SCALAR */
+    uint8_t flags;  /* VF_* */
+    uint8_t spare_;
+    uint32_t setn_; /* vset.n when this is a vset's head, else unused */
 } vop;
 
 typedef struct vbytes {
@@ -42,22 +52,43 @@ typedef struct vbytes {
 } vbytes;
 
 /* The ops of one key or list element that nothing overwrote, greatest op id
- * first. One op (the common case) is stored inline. */
-typedef struct vset {
-    uint32_t n;
-    union {
-        vop one;
+ * first. One op (the common case) is stored inline as |one|; from two on,
+ * |many| points at an array. The count |n| overlays one.setn_, so assign
+ * |one| or |many| before |n|. */
+typedef union vset {
+    vop one;
+    struct {
+        uint64_t c_;
         vop *many;
-    } u;
+        uint32_t a_, l_;
+        uint8_t k_[4];
+        uint32_t n;
+    };
 } vset;
 
-/* A map key. Starts with its hash so that the generic table can rehash. */
+_Static_assert(sizeof(vop) == 32 && sizeof(vset) == 32, "vop/vset are 32 bytes");
+_Static_assert(offsetof(vset, n) == offsetof(vop, setn_), "vset.n overlays the head op");
+_Static_assert(offsetof(vset, many) == offsetof(vop, v), "vset.many overlays the head op");
+
+/* A map key: one allocation holding the record, the key and, when the op
+ * that created the record was a non-empty bytes/str value, that value's
+ * bytes (VF_INLINE) right after the key (|tail|). Once no vset holds that op
+ * any more, the record takes its current single bytes value into the tail,
+ * or drops the tail (rec_settle in doc.c: a realloc that may move it, done
+ * only where no undo entry points at it). The record has no stored
+ * hash (the table recomputes it when it moves entries): 37 bytes + key +
+ * value. */
 typedef struct mkey {
-    uint32_t hash;
-    uint32_t key_len;
     vset vs; /* n >= 1 while the record is in its map's table */
+    uint32_t key_len;
+    uint8_t tail : 1;    /* the allocation holds a value after the key */
+    uint8_t in_undo : 1; /* hint: an undo entry of the edit in progress names it */
     uint8_t key[];
 } mkey;
+
+/* 37 bytes: an 18-byte key and the store's 33-byte value record fit the
+ * 96-byte malloc chunk (88 usable). */
+_Static_assert(offsetof(mkey, key) == 37, "mkey header is 37 bytes");
 
 /* A list element, identified by the id of the op that inserted it. Deleted
  * elements stay (vs.n == 0) as tombstones so that later inserts can follow
@@ -68,8 +99,9 @@ typedef struct elem {
     vset vs;
 } elem;
 
-/* Open-addressing table of pointers to structs whose first field is a
- * uint32_t hash; linear probing, backward-shift deletion, load <= 3/4. */
+/* Open-addressing table of pointers: the document's object table (entries
+ * are obj, whose first field is their hash) or a map's keys (mkey, hashed
+ * from the key); linear probing, backward-shift deletion, load <= 3/4. */
 typedef struct ptab {
     void **slots;
     uint32_t cap; /* 0 or a power of two */
@@ -93,6 +125,8 @@ typedef struct undo {
     uint8_t what;
     uint8_t rec_new;     /* U_MAP: record created by this edit */
     uint8_t rec_removed; /* U_MAP: record taken out of its table */
+    uint8_t rec_owner;   /* U_MAP: the record's last entry, and it stays */
+    uint32_t rec_hash;   /* U_MAP: the record's key hash */
     obj *o;
     mkey *rec;
     elem *e;
@@ -151,7 +185,12 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
 
 static inline const vop *vs_ops(const vset *s)
 {
-    return s->n <= 1 ? &s->u.one : s->u.many;
+    return s->n <= 1 ? &s->one : s->many;
 }
+
+/* Heap bytes the document's state holds (malloc_usable_size of every
+ * allocation; a shared vbytes counts once), not counting the DAG nor the
+ * edit-in-progress buffers. For tests and benches. */
+size_t cairn_doc_state_bytes_(const cairn_doc *d);
 
 #endif

@@ -315,7 +315,7 @@ START_TEST(delete_vs_concurrent_set)
     put_s(a, CAIRN_ROOT, "j", "w0");
     commit(a);
     exchange(a, b);
-    ck_assert_int_eq(cairn_doc_begin(a, 20), 0);
+    ck_assert_int_eq(cairn_doc_begin(a, 200), 0);
     ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
     put_s(a, CAIRN_ROOT, "j", "w-a");
     commit(a);
@@ -1183,7 +1183,7 @@ START_TEST(values_outlive_change_bodies)
     ck_assert(p < c->bytes || p >= c->bytes + c->len);
     ck_assert_ptr_ne(p, c->ops[0].value.v.bytes.ptr);
     /* begin frees the committed change; values stay */
-    ck_assert_int_eq(cairn_doc_begin(a, 20), 0);
+    ck_assert_int_eq(cairn_doc_begin(a, 200), 0);
     cairn_doc_rollback(a);
     churn_heap();
     ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "local value");
@@ -1246,6 +1246,233 @@ START_TEST(values_outlive_change_bodies)
 }
 END_TEST
 
+/* ---- memory ------------------------------------------------------------ */
+
+/* A key's first value lives in its record's allocation; later values,
+ * rollbacks, deletes and conflicts must still read the right bytes. */
+START_TEST(inline_first_value_semantics)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    ck_assert_int_eq(cairn_doc_begin(a, 10), 0);
+    put_s(a, CAIRN_ROOT, "k", "first-value-of-k");
+    commit(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "first-value-of-k");
+
+    /* overwrite then roll back: the inline bytes come back */
+    ck_assert_int_eq(cairn_doc_begin(a, 11), 0);
+    put_s(a, CAIRN_ROOT, "k", "second");
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "second");
+    cairn_doc_rollback(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "first-value-of-k");
+
+    /* delete then roll back */
+    ck_assert_int_eq(cairn_doc_begin(a, 12), 0);
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "");
+    cairn_doc_rollback(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "first-value-of-k");
+
+    /* a new key put and deleted in one edit, committed: gone */
+    ck_assert_int_eq(cairn_doc_begin(a, 13), 0);
+    put_s(a, CAIRN_ROOT, "t", "transient");
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"t", 1), 0);
+    commit(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "t"), "");
+
+    /* concurrent puts: b's first value is inline at b, a's is inline at a;
+     * after the exchange both conflicts read back on both sides */
+    ck_assert_int_eq(cairn_doc_begin(b, 100), 0);
+    put_s(b, CAIRN_ROOT, "k", "from-b");
+    commit(b);
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    put_s(a, CAIRN_ROOT, "k", "from-a");
+    commit(a);
+    exchange(a, b);
+    assert_same(a, b);
+    for (int side = 0; side < 2; side++) {
+        cairn_doc *d = side ? b : a;
+        cairn_read r[4];
+        size_t n;
+        ck_assert_int_eq(cairn_doc_get_all(d, r, 4, &n, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_str_eq(get_s(d, CAIRN_ROOT, "k"), "from-b"); /* same counter; actor 2 > actor 1 */
+        ck_assert_mem_eq(r[1].value.v.bytes.ptr, "from-a", 6);
+    }
+    /* resolve the conflict, then delete remotely: the record goes away */
+    ck_assert_int_eq(cairn_doc_begin(a, 200), 0);
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"k", 1), 0);
+    commit(a);
+    exchange(a, b);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "k"), "");
+    assert_same(a, b);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* Overwriting every key, locally or remotely, moves the new value into the
+ * record's tail where the dead first value was: a key still costs one
+ * allocation. An edit that touches a record several times (overwrite twice,
+ * overwrite then delete) settles it once and frees it once. */
+START_TEST(overwritten_key_keeps_one_allocation)
+{
+    enum { N = 10000, PER = 500 };
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    uint8_t val[32];
+    cairn_value v;
+    memset(&v, 0, sizeof v);
+    v.type = CAIRN_V_BYTES;
+    v.v.bytes.ptr = val;
+    v.v.bytes.len = sizeof val;
+    char key[32];
+    double first = 0;
+    for (int round = 0; round < 2; round++) {
+        memset(val, round ? 'w' : 'v', sizeof val);
+        for (int i = 0; i < N; i += PER) {
+            ck_assert_int_eq(cairn_doc_begin(a, (uint64_t)(round * N + i + 1)), 0);
+            for (int j = i; j < i + PER; j++) {
+                snprintf(key, sizeof key, "/registry/k%07d", j);
+                ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)key, 18, &v), 0);
+                if (round && j % 100 == 0) /* twice in one edit */
+                    ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)key, 18, &v), 0);
+            }
+            commit(a);
+        }
+        deliver(b, a);
+        if (round == 0) {
+            first = (double)cairn_doc_state_bytes_(a) / N;
+            ck_assert_double_eq_tol(first, (double)cairn_doc_state_bytes_(b) / N, 1.0);
+            continue;
+        }
+        for (int side = 0; side < 2; side++) {
+            cairn_doc *d = side ? b : a;
+            double now = (double)cairn_doc_state_bytes_(d) / N;
+            /* the same one chunk per key; a separate vbytes for the new
+             * value would cost ~40 more */
+            ck_assert_msg(now <= first + 2.0, "side %d: %.1f B/key after overwrite", side, now);
+            ck_assert_str_eq(get_s(d, CAIRN_ROOT, "/registry/k0000100"),
+                             "wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww");
+        }
+    }
+    /* overwrite then delete in one edit, and an overwrite then rollback */
+    ck_assert_int_eq(cairn_doc_begin(a, 3 * N), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000001", "x");
+    ck_assert_int_eq(cairn_doc_delete(a, CAIRN_ROOT, (const uint8_t *)"/registry/k0000001", 18), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000002", "y");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(a, 3 * N + 10), 0);
+    put_s(a, CAIRN_ROOT, "/registry/k0000002", "z");
+    cairn_doc_rollback(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "/registry/k0000001"), "");
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "/registry/k0000002"), "y");
+    deliver(b, a);
+    assert_same(a, b);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* Values that grow, shrink, conflict and turn into non-bytes after a key's
+ * first value, read back locally and on a replica, rolled back, dumped. */
+START_TEST(settled_values_of_any_size)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    static char big[600], mid[100];
+    memset(big, 'B', sizeof big - 1);
+    memset(mid, 'M', sizeof mid - 1);
+    const char *seq[] = {"first-value-32-bytes-long-xxxxxx", big, "s", mid, "", "tiny", big};
+    uint64_t t = 1;
+    for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
+        ck_assert_int_eq(cairn_doc_begin(a, t++), 0);
+        put_s(a, CAIRN_ROOT, "k", seq[i]);
+        commit(a);
+        deliver(b, a);
+        assert_same(a, b);
+        /* an uncommitted overwrite rolls back to the settled value */
+        ck_assert_int_eq(cairn_doc_begin(a, t++), 0);
+        put_s(a, CAIRN_ROOT, "k", "rolled-back");
+        cairn_doc_rollback(a);
+        uint8_t *da, *db;
+        size_t la, lb;
+        da = dump_of(a, &la);
+        db = dump_of(b, &lb);
+        ck_assert_uint_eq(la, lb);
+        ck_assert_mem_eq(da, db, la);
+        free(da);
+        free(db);
+        for (int side = 0; side < 2; side++) {
+            cairn_read r;
+            ck_assert_int_eq(cairn_doc_get(side ? b : a, &r, CAIRN_ROOT, (const uint8_t *)"k", 1),
+                             0);
+            ck_assert_uint_eq(r.value.v.bytes.len, strlen(seq[i]));
+            ck_assert_mem_eq(r.value.v.bytes.ptr, seq[i], strlen(seq[i]));
+        }
+    }
+    /* a counter, then bytes again, then a conflict (two ops: no tail) */
+    ck_assert_int_eq(cairn_doc_begin(a, t++), 0);
+    cairn_value c = int_v(5, CAIRN_V_COUNTER);
+    ck_assert_int_eq(cairn_doc_put(a, CAIRN_ROOT, (const uint8_t *)"k", 1, &c), 0);
+    commit(a);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "5");
+    ck_assert_int_eq(cairn_doc_begin(a, t++), 0);
+    put_s(a, CAIRN_ROOT, "k", "bytes-again");
+    commit(a);
+    deliver(b, a);
+    ck_assert_int_eq(cairn_doc_begin(a, 1000), 0);
+    put_s(a, CAIRN_ROOT, "k", "conflict-a");
+    commit(a);
+    ck_assert_int_eq(cairn_doc_begin(b, 1000), 0);
+    put_s(b, CAIRN_ROOT, "k", "conflict-b");
+    commit(b);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(a, CAIRN_ROOT, "k"), "conflict-b");
+    ck_assert_int_eq(cairn_doc_begin(a, 2000), 0);
+    put_s(a, CAIRN_ROOT, "k", "resolved");
+    commit(a);
+    exchange(a, b);
+    assert_same(a, b);
+    ck_assert_str_eq(get_s(b, CAIRN_ROOT, "k"), "resolved");
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
+/* Pins the document's bytes per key for the store's typical key: 100k keys
+ * of 18 bytes with 32-byte values, one put each. The record, its key and its
+ * first value share one 96-byte malloc chunk, plus ~21 B of table slots at
+ * this size; 145 B/key when the value was a separate allocation. */
+START_TEST(state_bytes_per_key_bounded)
+{
+    enum { N = 100000, PER = 1000 };
+    cairn_doc *d = new_doc(1);
+    uint8_t val[32];
+    memset(val, 'v', sizeof val);
+    cairn_value v;
+    memset(&v, 0, sizeof v);
+    v.type = CAIRN_V_BYTES;
+    v.v.bytes.ptr = val;
+    v.v.bytes.len = sizeof val;
+    char key[32];
+    for (int i = 0; i < N; i += PER) {
+        ck_assert_int_eq(cairn_doc_begin(d, (uint64_t)i + 1), 0);
+        for (int j = i; j < i + PER; j++) {
+            snprintf(key, sizeof key, "/registry/k%07d", j);
+            ck_assert_uint_eq(strlen(key), 18);
+            ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)key, 18, &v), 0);
+        }
+        commit(d);
+    }
+    size_t len;
+    ck_assert_int_eq(cairn_doc_length(d, &len, CAIRN_ROOT), 0);
+    ck_assert_uint_eq(len, N);
+    double per_key = (double)cairn_doc_state_bytes_(d) / N;
+    ck_assert_msg(per_key <= 120.0, "document state %.1f B/key > 120", per_key);
+    ck_assert_msg(per_key >= 50.0, "document state %.1f B/key: accounting misses records", per_key);
+    cairn_doc_free(d);
+}
+END_TEST
+
 static Suite *doc_suite(void)
 {
     Suite *s = suite_create("doc");
@@ -1267,6 +1494,10 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, alloc_failure_changes_nothing);
     tcase_add_test(tc, alloc_failure_in_commit_rolls_back);
     tcase_add_test(tc, values_outlive_change_bodies);
+    tcase_add_test(tc, inline_first_value_semantics);
+    tcase_add_test(tc, state_bytes_per_key_bounded);
+    tcase_add_test(tc, overwritten_key_keeps_one_allocation);
+    tcase_add_test(tc, settled_values_of_any_size);
     suite_add_tcase(s, tc);
     return s;
 }
