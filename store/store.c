@@ -1407,18 +1407,31 @@ static int renew_restored_actor(cairn_store *s, const char *dir, int exists)
     if (lstat(path, &st) != 0)
         return errno == ENOENT ? 0 : CAIRN_EIO;
     if (exists) {
+        char *old;
+        size_t oldl;
+        int rc = meta_get(s, "actor", &old, &oldl);
+        if (rc)
+            return rc;
+        char was[2 * CAIRN_ACTOR_LEN + 1] = "none", now[2 * CAIRN_ACTOR_LEN + 1];
+        if (old && oldl == CAIRN_ACTOR_LEN)
+            for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+                snprintf(was + 2 * i, 3, "%02x", (uint8_t)old[i]);
+        leveldb_free(old);
         cairn_actor a;
         if (getrandom(a.b, CAIRN_ACTOR_LEN, 0) != CAIRN_ACTOR_LEN)
             return CAIRN_EIO;
+        for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+            snprintf(now + 2 * i, 3, "%02x", a.b[i]);
         leveldb_writebatch_t *b = leveldb_writebatch_create();
         meta_put(b, "actor", a.b, CAIRN_ACTOR_LEN);
         char *err = NULL;
         leveldb_write(s->db, s->wopt_sync, b, &err);
         leveldb_writebatch_destroy(b);
-        int rc = db_err(err);
+        rc = db_err(err);
         if (rc)
             return rc;
-        fprintf(stderr, "cairn store: %s was restored from a snapshot: new actor id\n", dir);
+        fprintf(stderr, "cairn store: %s was restored from a snapshot: actor %s replaced by %s\n",
+                dir, was, now);
     }
     if (unlink(path) != 0 && errno != ENOENT)
         return CAIRN_EIO;
