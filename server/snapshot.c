@@ -27,12 +27,22 @@
  * last message with remaining_bytes 0, as etcd does. Chunks are 32 KiB like
  * etcd's.
  *
- * A restored data dir has the same actor id as the node it came from: it
- * must replace that node, never run beside it.
+ * Identity. The archive starts with a small file, CAIRN_STORE_RESTORE_MARKER
+ * (store.h), next to db/: the store's first open of a restored dir draws a
+ * new actor id, so the copy never writes changes under the original's actor
+ * (same actor and seq, different change: a fork the CRDT rejects). Keys,
+ * revisions and leases are kept, and so are the member and cluster id —
+ * etcd: `etcdctl snapshot restore` (3.4) derives them from its --name,
+ * --initial-cluster and --initial-cluster-token flags, so a restore with the
+ * original's flags gives the original's ids (measured: same member_id,
+ * cluster_id, revision and lease); cairn has no restore step, so it keeps
+ * the stored ones. The restored node can replace the original, and with its
+ * new actor it can also run beside it without forking the document.
  */
 #include "server/rpc.h"
 
 #include "crdt/error.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +59,9 @@
 #define CHUNK_BYTES (32u * 1024u)
 #define SNAP_PREFIX "snapshot.tmp."
 #define FREEZE_ATTEMPTS 5
+/* The marker's content; only its presence matters. */
+#define MARK_TEXT                                                                                  \
+    "restored from a cairn snapshot: the first open gives this data dir a new actor id\n"
 
 struct snap_file {
     char name[256]; /* in the archive: "db/<file>" */
@@ -56,7 +69,7 @@ struct snap_file {
     uint64_t size;
 };
 
-enum { PH_DIR = 0, PH_HEADER, PH_DATA, PH_PAD, PH_TRAILER, PH_SHA, PH_DONE };
+enum { PH_MARK = 0, PH_DIR, PH_HEADER, PH_DATA, PH_PAD, PH_TRAILER, PH_SHA, PH_DONE };
 
 struct snapshot_stream {
     char *dir; /* the working dir, removed by snapshot_stream_free */
@@ -345,7 +358,7 @@ static int snapshot_open(snapshot_stream **out, cairn_server *srv)
         rc = err == -ENOMEM ? CAIRN_ENOMEM : CAIRN_EIO;
         goto out;
     }
-    s->total = 512 + 1024;
+    s->total = 512 + 512 + 512 + 1024; /* marker (header, data), db/, trailer */
     for (size_t i = 0; i < s->nfiles; i++)
         s->total += 512 + (s->files[i].size + 511) / 512 * 512;
     crypto_hash_sha256_init(&s->sha);
@@ -404,6 +417,15 @@ static ssize_t fill(snapshot_stream *s, uint8_t *out, size_t cap)
     size_t n = 0;
     while (n < cap && s->phase < PH_SHA) {
         switch (s->phase) {
+        case PH_MARK:
+            if (cap - n < 1024)
+                return (ssize_t)n;
+            tar_header(out + n, CAIRN_STORE_RESTORE_MARKER, sizeof MARK_TEXT - 1, 0, s->mtime);
+            memset(out + n + 512, 0, 512);
+            memcpy(out + n + 512, MARK_TEXT, sizeof MARK_TEXT - 1);
+            n += 1024;
+            s->phase = PH_DIR;
+            break;
         case PH_DIR:
             if (cap - n < 512)
                 return (ssize_t)n;

@@ -28,6 +28,7 @@
 
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "crdt/error.h"
 #include "store/store_int.h"
@@ -1387,6 +1389,60 @@ static int upgrade_v1(cairn_store *s)
     return rc;
 }
 
+/* A data dir restored from a snapshot (server/snapshot.c puts
+ * CAIRN_STORE_RESTORE_MARKER in the archive) is a copy of another node: with
+ * that node's actor id, both would write (actor, seq) pairs the other never
+ * saw, forks the CRDT's sequence rule rejects. So the copy draws a new actor
+ * before it writes anything; keys, revisions, leases, member and cluster id
+ * stay. Order: the new actor is durable (sync write) before the marker goes,
+ * so a crash in between only draws another actor at the next open, and
+ * nothing was ever written with the first. An existing dir only (|exists|):
+ * a new dir gets a random actor anyway. */
+static int renew_restored_actor(cairn_store *s, const char *dir, int exists)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/" CAIRN_STORE_RESTORE_MARKER, dir) >= (int)sizeof path)
+        return CAIRN_EINVAL;
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : CAIRN_EIO;
+    if (exists) {
+        char *old;
+        size_t oldl;
+        int rc = meta_get(s, "actor", &old, &oldl);
+        if (rc)
+            return rc;
+        char was[2 * CAIRN_ACTOR_LEN + 1] = "none", now[2 * CAIRN_ACTOR_LEN + 1];
+        if (old && oldl == CAIRN_ACTOR_LEN)
+            for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+                snprintf(was + 2 * i, 3, "%02x", (uint8_t)old[i]);
+        leveldb_free(old);
+        cairn_actor a;
+        if (getrandom(a.b, CAIRN_ACTOR_LEN, 0) != CAIRN_ACTOR_LEN)
+            return CAIRN_EIO;
+        for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+            snprintf(now + 2 * i, 3, "%02x", a.b[i]);
+        leveldb_writebatch_t *b = leveldb_writebatch_create();
+        meta_put(b, "actor", a.b, CAIRN_ACTOR_LEN);
+        char *err = NULL;
+        leveldb_write(s->db, s->wopt_sync, b, &err);
+        leveldb_writebatch_destroy(b);
+        rc = db_err(err);
+        if (rc)
+            return rc;
+        fprintf(stderr, "cairn store: %s was restored from a snapshot: actor %s replaced by %s\n",
+                dir, was, now);
+    }
+    if (unlink(path) != 0 && errno != ENOENT)
+        return CAIRN_EIO;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd); /* best effort: a marker that comes back only renews again */
+        close(dfd);
+    }
+    return 0;
+}
+
 int cairn_store_open(cairn_store **out, const cairn_store_options *o)
 {
     *out = NULL;
@@ -1459,6 +1515,11 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     rc = meta_get(s, "format", &fv, &fvl);
     if (rc)
         goto fail;
+    rc = renew_restored_actor(s, o->dir, fv != NULL);
+    if (rc) {
+        leveldb_free(fv);
+        goto fail;
+    }
     if (!fv) {
         rc = create_fresh(s, o);
     } else {

@@ -51,7 +51,8 @@
  *   key                               value
  *   'M' "format"                      u32 BE format version (2)
  *   'M' "actor"                       16 bytes: this node's actor id (random,
- *                                     made once per data dir)
+ *                                     made once per data dir, and anew when
+ *                                     a restored copy first opens)
  *   'M' "member"                      u64 BE member id
  *   'M' "cluster"                     u64 BE cluster id
  *   'M' "token"                       the cluster token (genesis input)
@@ -388,6 +389,12 @@ void cairn_store_options_init(cairn_store_options *o);
  * CAIRN_ECORRUPT (a record fails its checksum, hash or replay check), or
  * CAIRN_EINVAL (|name| not in the initial cluster). */
 int cairn_store_open(cairn_store **out, const cairn_store_options *o);
+
+/* A file of this name in the data dir (next to db/) says the dir was
+ * restored from a snapshot: the open that finds it gives the dir a new
+ * random actor id (written with sync before anything else), then removes
+ * the file. Keys, revisions, leases, member and cluster id are kept. */
+#define CAIRN_STORE_RESTORE_MARKER "RESTORED"
 
 /* Waits for pending writes to complete, stops the committer, closes. */
 void cairn_store_close(cairn_store *s);

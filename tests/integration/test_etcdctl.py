@@ -10,7 +10,8 @@ a documented constant on cairn). Where cairn cannot match etcd byte for
 byte (endpoint status sizes, hashes of different backends), the test
 asserts the property that matters instead: the leader is the member
 itself, HashKV agrees between two cairn nodes holding the same keys and
-survives a restart, a snapshot restores into a data dir cairn starts from.
+survives a restart, a snapshot restores into a data dir cairn starts from,
+with the same keys, revision, member and cluster id and a new actor id.
 
 Usage: test_etcdctl.py --cairn build/cairn [--etcd etcd]
 """
@@ -250,8 +251,14 @@ def snapshot_checks(etcd, cairn, cairn_bin, tmp):
     with open(os.path.join(tmp, "body.tar"), "wb") as f:
         f.write(data[:-32])
     with tarfile.open(os.path.join(tmp, "body.tar")) as t:
+        names = t.getnames()
         t.extractall(restored)
+    marker = os.path.join(restored, "RESTORED")  # CAIRN_STORE_RESTORE_MARKER
+    check("RESTORED" in names and os.path.isfile(marker),
+          "the snapshot carries the restore marker next to db/ (%r)" % names[:4])
     want = cairn.json("get", "", "--prefix")
+    swap = re.compile(r"restored from a snapshot: actor ([0-9a-f]{32}) replaced by ([0-9a-f]{32})")
+    check(not swap.search(cairn.read_log()), "the original kept its actor id")
     r = Server("cairn", cairn_bin, data_dir=restored)
     try:
         r.start()
@@ -259,6 +266,21 @@ def snapshot_checks(etcd, cairn, cairn_bin, tmp):
         check(got.get("kvs") == want.get("kvs") and
               got["header"]["revision"] == want["header"]["revision"],
               "a restored snapshot serves the same keys at the same revision")
+        # etcd: `etcdctl snapshot restore` with the original's flags keeps the
+        # member and cluster id (measured, 3.4); cairn keeps the stored ones
+        check(got["header"]["member_id"] == want["header"]["member_id"] and
+              got["header"]["cluster_id"] == want["header"]["cluster_id"],
+              "a restored snapshot keeps the member and cluster id")
+        swaps = swap.findall(r.read_log())
+        check(len(swaps) == 1 and swaps[0][0] != swaps[0][1],
+              "the restored node has a new actor id (%r)" % swaps)
+        check(not os.path.exists(marker), "the first open removes the restore marker")
+        check(r.stop() == 0, "restored cairn exits 0 on SIGTERM")
+        r.start()
+        check(len(swap.findall(r.read_log())) == 1,
+              "a restart of the restored node keeps its (new) actor id")
+        got = r.json("get", "", "--prefix")
+        check(got.get("kvs") == want.get("kvs"), "the restored node keeps its keys on restart")
     finally:
         check(r.stop() == 0, "restored cairn exits 0 on SIGTERM")
         r.cleanup()
