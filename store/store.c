@@ -314,6 +314,22 @@ static int read_body(cairn_store *s, const leveldb_readoptions_t *ro, cairn_chan
     return rc;
 }
 
+int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
+                                const uint8_t *key, size_t key_len, const uint8_t **val, size_t *vl)
+{
+    *val = NULL;
+    *vl = 0;
+    if (pos >= c->nops)
+        return corrupt("history record names an op past the change's end");
+    const cairn_op *op = &c->ops[pos];
+    if (op->action != CAIRN_OP_SET || op->key_len != key_len ||
+        (key_len && memcmp(op->key, key, key_len)) || op->obj.counter != kvs_counter)
+        return corrupt("history record names an op that did not set its key");
+    int64_t lease;
+    cairn_store_parse_record(&op->value, &lease, val, vl);
+    return 0;
+}
+
 /* The value of |key| written by op |pos| of the change that made |rev|: a
  * view into bc's change, valid until |bc| changes. */
 static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc, int64_t rev,
@@ -330,28 +346,10 @@ static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cach
             return rc;
         bc->index = index;
     }
-    const cairn_change *c = bc->c;
-    if (pos >= c->nops)
-        return corrupt("history record names an op past the change's end");
-    const cairn_op *op = &c->ops[pos];
-    if (op->action != CAIRN_OP_SET || op->key_len != key_len ||
-        (key_len && memcmp(op->key, key, key_len)) || op->obj.counter != s->kvs.counter)
-        return corrupt("history record names an op that did not set its key");
-    int64_t lease;
-    cairn_store_parse_record(&op->value, &lease, val, vl);
-    return 0;
+    return cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl);
 }
 
-/* A 'K' record's value: u8 flags, varint sub, create_rev, version, lease,
- * then (flags & KREC_BODY) varint op position, else the value bytes. */
-typedef struct krec {
-    int del, body;
-    uint64_t sub, cr, ver, lease, pos;
-    const uint8_t *val; /* inline value (not body) */
-    size_t val_len;
-} krec;
-
-static int krec_parse(krec *r, const uint8_t *p, size_t len)
+int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
 {
     const uint8_t *end = p + len;
     memset(r, 0, sizeof *r);
@@ -393,9 +391,9 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
         fprintf(stderr, "cairn store: history record of revision %lld missing\n", (long long)rev);
         return CAIRN_ECORRUPT;
     }
-    krec r;
+    cairn_store_krec r;
     body_cache bc = {0, NULL};
-    rc = krec_parse(&r, (const uint8_t *)v, vl);
+    rc = cairn_store_krec_parse(&r, (const uint8_t *)v, vl);
     if (!rc && r.del) /* a tombstone is never read as a value */
         rc = corrupt("history read of a deleted key");
     if (rc)
@@ -1759,9 +1757,9 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         }
         if (!in_range(k + 9, kl - 9, key, key_len, range_end, range_end_len))
             continue;
-        krec r;
+        cairn_store_krec r;
         const uint8_t *rv = (const uint8_t *)leveldb_iter_value(it, &vl);
-        rc = krec_parse(&r, rv, vl);
+        rc = cairn_store_krec_parse(&r, rv, vl);
         if (rc)
             break;
         int del = r.del;
