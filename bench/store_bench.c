@@ -254,8 +254,9 @@ static int cmd_load(const char *base, uint64_t keys)
     cairn_store_header(s, &h);
     printf("load: keys=%llu seconds=%.1f cpu_seconds=%.1f puts_per_second=%.0f revision=%lld\n",
            (unsigned long long)keys, el, cpu_s() - c0, (double)keys / el, (long long)h.revision);
-    printf("load: rss_kib=%ld rss_file_kib=%ld (process before open %ld) leveldb_approx_bytes=%llu\n",
-           rss1, rss_file_kib(), rss0,
+    printf("load: rss_kib=%ld rss_file_kib=%ld peak_rss_kib=%ld (process before open %ld) "
+           "leveldb_approx_bytes=%llu\n",
+           rss1, rss_file_kib(), status_kib("VmHWM:"), rss0,
            (unsigned long long)cairn_store_disk_bytes(s));
     cairn_store_close(s);
     printf("disk: du_bytes=%llu (%.1f bytes/key)\n", du_bytes(dir),

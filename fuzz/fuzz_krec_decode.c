@@ -11,7 +11,8 @@
  * map, a MAKE_MAP, a non-bytes SET.
  *
  * Checked: the parse result is 0 or CAIRN_ECORRUPT; an accepted record has
- * exactly one kind (tombstone, body reference, inline value); its value lies
+ * exactly one kind (tombstone, body reference, inline value); create_rev and
+ * version fit an int64 (they are read back as one); its value lies
  * inside the record and is empty unless inline; its canonical re-encoding
  * parses to the same fields; a body reference is accepted exactly when op
  * |pos| exists and sets kvs[key], and its value then lies inside that op's
@@ -44,22 +45,38 @@ static cairn_change *fixed_change(void)
     static cairn_actor actors[1];
     memset(actors[0].b, 0x11, sizeof actors[0].b);
     const cairn_opid kvs = {2, 0}, other = {3, 0};
-    ops[0] = (cairn_op){.action = CAIRN_OP_SET, .obj = kvs, .key = (const uint8_t *)"a",
+    ops[0] = (cairn_op){.action = CAIRN_OP_SET,
+                        .obj = kvs,
+                        .key = (const uint8_t *)"a",
                         .key_len = 1,
                         .value = {.type = CAIRN_V_BYTES, .v.bytes = {(const uint8_t *)"\0v1", 3}}};
-    ops[1] = (cairn_op){.action = CAIRN_OP_DEL, .obj = kvs, .key = (const uint8_t *)"b", .key_len = 1};
-    ops[2] = (cairn_op){.action = CAIRN_OP_SET, .obj = kvs, .key = (const uint8_t *)"k",
-                        .key_len = 1,
-                        .value = {.type = CAIRN_V_BYTES, .v.bytes = {(const uint8_t *)"\x05hello", 6}}};
-    ops[3] = (cairn_op){.action = CAIRN_OP_SET, .obj = other, .key = (const uint8_t *)"a",
+    ops[1] =
+        (cairn_op){.action = CAIRN_OP_DEL, .obj = kvs, .key = (const uint8_t *)"b", .key_len = 1};
+    ops[2] =
+        (cairn_op){.action = CAIRN_OP_SET,
+                   .obj = kvs,
+                   .key = (const uint8_t *)"k",
+                   .key_len = 1,
+                   .value = {.type = CAIRN_V_BYTES, .v.bytes = {(const uint8_t *)"\x05hello", 6}}};
+    ops[3] = (cairn_op){.action = CAIRN_OP_SET,
+                        .obj = other,
+                        .key = (const uint8_t *)"a",
                         .key_len = 1,
                         .value = {.type = CAIRN_V_BYTES, .v.bytes = {(const uint8_t *)"\0x", 2}}};
-    ops[4] = (cairn_op){.action = CAIRN_OP_MAKE_MAP, .obj = kvs, .key = (const uint8_t *)"m",
-                        .key_len = 1};
-    ops[5] = (cairn_op){.action = CAIRN_OP_SET, .obj = kvs, .key = (const uint8_t *)"", .key_len = 0,
+    ops[4] = (cairn_op){
+        .action = CAIRN_OP_MAKE_MAP, .obj = kvs, .key = (const uint8_t *)"m", .key_len = 1};
+    ops[5] = (cairn_op){.action = CAIRN_OP_SET,
+                        .obj = kvs,
+                        .key = (const uint8_t *)"",
+                        .key_len = 0,
                         .value = {.type = CAIRN_V_INT, .v.i = 7}};
-    cairn_change t = {.actor = actors[0], .seq = 1, .start_op = 10, .nactors = 1,
-                      .actors = actors, .nops = 6, .ops = ops};
+    cairn_change t = {.actor = actors[0],
+                      .seq = 1,
+                      .start_op = 10,
+                      .nactors = 1,
+                      .actors = actors,
+                      .nops = 6,
+                      .ops = ops};
     check(cairn_change_new(&c, &t) == 0 && cairn_change_encode(c) == 0);
     return c;
 }
@@ -115,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(rec);
         return 0;
     }
-    check(rl >= 1 && r.del + r.body <= 1);
+    check(rl >= 1 && r.del + r.body <= 1 && r.cr <= INT64_MAX && r.ver <= INT64_MAX);
     check(r.val >= rec && r.val <= rec + rl && r.val_len == (size_t)(rec + rl - r.val));
     if (r.del || r.body)
         check(r.val_len == 0);

@@ -363,6 +363,8 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
         (r->body && cairn_store_get_varint(&p, end, &r->pos)) || (r->body && p != end) ||
         (r->del && p != end))
         return corrupt("history record");
+    if (r->cr > INT64_MAX || r->ver > INT64_MAX) /* read back as int64: never negative */
+        return corrupt("history record revision or version out of range");
     r->val = p;
     r->val_len = (size_t)(end - p);
     return 0;

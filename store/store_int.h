@@ -315,13 +315,15 @@ typedef struct cairn_store_krec {
     const uint8_t *val; /* inline value (not body, not del); empty otherwise */
     size_t val_len;
 } cairn_store_krec;
-/* 0, or CAIRN_ECORRUPT (bad flags, truncated varint, trailing bytes). */
+/* 0, or CAIRN_ECORRUPT (bad flags, truncated varint, trailing bytes,
+ * create_rev or version above INT64_MAX). */
 int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len);
 /* The value a body reference names: op |pos| of |c| must be a SET of
  * kvs[key] (kvs is the map made by op counter |kvs_counter|), else
  * CAIRN_ECORRUPT. |val| is a view into |c|. */
 int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
-                                const uint8_t *key, size_t key_len, const uint8_t **val, size_t *vl);
+                                const uint8_t *key, size_t key_len, const uint8_t **val,
+                                size_t *vl);
 /* Reads the 'K' record of (rev, key). */
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value);

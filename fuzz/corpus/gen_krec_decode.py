@@ -36,6 +36,8 @@ seeds = {
     "body_other_map": inp(2, b"a", rec(2, 0, 9, 1, 0, pos=3)),
     "body_past_end": inp(2, b"a", rec(2, 0, 9, 1, 0, pos=6)),
     "body_int_value": inp(2, b"", rec(2, 0, 9, 1, 0, pos=5)),
+    "cr_over_int64": inp(2, b"a", rec(0, 0, 1 << 63, 1, 0, val=b"v")),
+    "ver_max_int64": inp(2, b"a", rec(0, 0, 1, (1 << 63) - 1, 0, val=b"v")),
 }
 # Real change bodies from the change decoder's corpus, referenced at op 0.
 src = "fuzz/corpus/change_decode"
