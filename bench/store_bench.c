@@ -59,17 +59,29 @@ static double cpu_s(void)
     return ru_s(RUSAGE_SELF);
 }
 
-static long rss_kib(void)
+static long status_kib(const char *field)
 {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     long v = -1;
+    size_t n = strlen(field);
     while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            v = atol(line + 6);
+        if (strncmp(line, field, n) == 0)
+            v = atol(line + n);
     if (f)
         fclose(f);
     return v;
+}
+
+static long rss_kib(void)
+{
+    return status_kib("VmRSS:");
+}
+
+/* Of the RSS, pages of mapped files (LevelDB mmaps its table files). */
+static long rss_file_kib(void)
+{
+    return status_kib("RssFile:");
 }
 
 static unsigned long long du_bytes(const char *dir)
@@ -101,6 +113,14 @@ static cairn_store *open_or_die(const char *dir)
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.dir = dir;
+    /* LevelDB settings to compare (MiB; files); unset = the store's defaults */
+    const char *e;
+    if ((e = getenv("CAIRN_BENCH_CACHE_MIB")))
+        o.cache_bytes = (size_t)atoi(e) << 20;
+    if ((e = getenv("CAIRN_BENCH_WBUF_MIB")))
+        o.write_buffer_bytes = (size_t)atoi(e) << 20;
+    if ((e = getenv("CAIRN_BENCH_MAX_OPEN")))
+        o.max_open_files = atoi(e);
     cairn_store *s;
     int rc = cairn_store_open(&s, &o);
     if (rc) {
@@ -234,7 +254,9 @@ static int cmd_load(const char *base, uint64_t keys)
     cairn_store_header(s, &h);
     printf("load: keys=%llu seconds=%.1f cpu_seconds=%.1f puts_per_second=%.0f revision=%lld\n",
            (unsigned long long)keys, el, cpu_s() - c0, (double)keys / el, (long long)h.revision);
-    printf("load: rss_kib=%ld (process before open %ld) leveldb_approx_bytes=%llu\n", rss1, rss0,
+    printf("load: rss_kib=%ld rss_file_kib=%ld peak_rss_kib=%ld (process before open %ld) "
+           "leveldb_approx_bytes=%llu\n",
+           rss1, rss_file_kib(), status_kib("VmHWM:"), rss0,
            (unsigned long long)cairn_store_disk_bytes(s));
     cairn_store_close(s);
     printf("disk: du_bytes=%llu (%.1f bytes/key)\n", du_bytes(dir),
@@ -250,7 +272,8 @@ static int cmd_load(const char *base, uint64_t keys)
     }
     int st;
     waitpid(pid, &st, 0);
-    rm_rf(dir);
+    if (!getenv("CAIRN_BENCH_KEEP")) /* keep: to time reopen again */
+        rm_rf(dir);
     return 0;
 }
 
@@ -348,8 +371,9 @@ static int cmd_reopen(const char *dir)
     /* the opening thread's own CPU time is the replay's critical path, and
      * unlike the wall time it does not depend on what else the box runs */
     printf("reopen: seconds=%.2f cpu_seconds=%.2f opener_cpu_seconds=%.2f revision=%lld "
-           "count=%lld rc=%d rss_kib=%ld (before open %ld)\n",
-           b - a, cb - ca, tb - ta, (long long)h.revision, (long long)r.count, rc, rss_kib(), r0);
+           "count=%lld rc=%d rss_kib=%ld rss_file_kib=%ld (before open %ld)\n",
+           b - a, cb - ca, tb - ta, (long long)h.revision, (long long)r.count, rc, rss_kib(),
+           rss_file_kib(), r0);
     cairn_range_resp_destroy(&r);
     double c0 = now_s(), cc = cpu_s();
     cairn_store_close(s);

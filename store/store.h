@@ -378,6 +378,7 @@ typedef struct cairn_store_options {
     uint32_t lease_tick_ms;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
+    int max_open_files;        /* LevelDB table files kept open (mmap'd); 0 = LevelDB's 1000 */
 } cairn_store_options;
 
 /* Fills |o| with the defaults above (dir = NULL: the caller must set it). */

@@ -306,6 +306,24 @@ uint64_t cairn_store_now_ms(cairn_store *s);
  * lease 0 and the raw bytes as value (deterministic on every node). */
 void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
                               size_t *val_len);
+/* A 'K' record's value (layout: store.h): u8 flags, varint sub, create_rev,
+ * version, lease, then for a body reference varint op position, else (live
+ * key) the value bytes. |val| points into the parsed bytes (borrowed). */
+typedef struct cairn_store_krec {
+    int del, body;
+    uint64_t sub, cr, ver, lease, pos;
+    const uint8_t *val; /* inline value (not body, not del); empty otherwise */
+    size_t val_len;
+} cairn_store_krec;
+/* 0, or CAIRN_ECORRUPT (bad flags, truncated varint, trailing bytes,
+ * create_rev or version above INT64_MAX). */
+int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len);
+/* The value a body reference names: op |pos| of |c| must be a SET of
+ * kvs[key] (kvs is the map made by op counter |kvs_counter|), else
+ * CAIRN_ECORRUPT. |val| is a view into |c|. */
+int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
+                                const uint8_t *key, size_t key_len, const uint8_t **val,
+                                size_t *vl);
 /* Reads the 'K' record of (rev, key). */
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value);
