@@ -168,7 +168,8 @@ def main():
     else:
         out.append("| YCSB A p99 at etcd's saturation rate | etcd held no rate of the sweep | not measured |")
     out.append("| one change per client write costs <= 10% of peak put throughput against a "
-               "batching build | no batching build exists | not measured |")
+               "batching build | not part of this script: bench/scripts/batch-cost.sh measures it "
+               "(cairn against cairn --experimental-batch-writes) | see its results |")
     out.append("\nYCSB A: a rate is *held* when the median achieved throughput is at least 95% of "
                "the target and no request slot went unsent (requests that took longer than the loadgen's 5 s deadline count as failed, so a queue that never drains does not hold); open-loop latency is measured from "
                "each request's scheduled time (no coordinated omission).\n")

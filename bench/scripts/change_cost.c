@@ -4,9 +4,11 @@
  *
  * cairn makes every client write its own CRDT change (hashed, encoded,
  * appended to the DAG, made durable). The research systems batched several
- * writes into one change. cairn has no batching build, so this tool measures
- * the nearest thing the store offers: a Txn of N Puts to N distinct keys is
- * exactly one change holding N writes. It runs W writer threads for S
+ * writes into one change. The server-level comparison is
+ * bench/scripts/batch-cost.sh (cairn --experimental-batch-writes); this tool
+ * measures the store alone, with the nearest thing the store offers: a Txn
+ * of N Puts to N distinct keys is exactly one change holding N writes. It
+ * runs W writer threads for S
  * seconds doing either plain Puts (one change per write) or Txns of N Puts
  * (one change per N writes), each acknowledged only after fsync (group
  * commit shares fsyncs between threads in both modes), and reports writes
