@@ -1164,10 +1164,15 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
     }
     if (rev > h->last_rev)
         h->last_rev = rev;
+    /* Wake the pump only when a watcher may want these events: with no
+     * watchers it would wake (a context switch per change), find nothing to
+     * do and sleep again. */
+    int wake = 0;
     for (wstream *ws = h->streams; ws; ws = ws->next)
         if (ws->watchers)
-            ws->dirty = 1;
-    pthread_cond_signal(&h->cv);
+            ws->dirty = wake = 1;
+    if (wake)
+        pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
 }
 
