@@ -657,7 +657,9 @@ static int check_struct(const cairn_change *c)
     return 0;
 }
 
-int cairn_change_encode(cairn_change *c)
+/* The bytes of |c| in |*w| (the caller frees w->p), not yet checked
+ * against the decoder. */
+static int encode_bytes(const cairn_change *c, struct wbuf *w_out)
 {
     struct wbuf w = {0};
     int rc = check_struct(c);
@@ -698,6 +700,22 @@ int cairn_change_encode(cairn_change *c)
         free(w.p);
         return CAIRN_ENOMEM;
     }
+    *w_out = w;
+    return 0;
+}
+
+/* What encode returns when the decoder rejects its bytes. */
+static int refused(int rc, size_t len)
+{
+    return rc == CAIRN_ELIMIT && len > CAIRN_CHANGE_MAX_BYTES ? CAIRN_ELIMIT : CAIRN_EINVAL;
+}
+
+int cairn_change_encode(cairn_change *c)
+{
+    struct wbuf w = {0};
+    int rc = encode_bytes(c, &w);
+    if (rc)
+        return rc;
 
     /* The decoder is the definition of canonical: what it would reject,
      * encode refuses. */
@@ -705,7 +723,7 @@ int cairn_change_encode(cairn_change *c)
     rc = parse(w.p, w.len, &n, NULL, NULL);
     if (rc) {
         free(w.p);
-        return rc == CAIRN_ELIMIT && w.len > CAIRN_CHANGE_MAX_BYTES ? CAIRN_ELIMIT : CAIRN_EINVAL;
+        return refused(rc, w.len);
     }
 
     if (c->arena_) {
@@ -723,17 +741,18 @@ int cairn_change_encode(cairn_change *c)
 
 int cairn_change_new(cairn_change **out, const cairn_change *tmpl)
 {
-    cairn_change tmp = *tmpl;
+    struct wbuf w = {0};
     int rc;
 
     *out = NULL;
-    tmp.bytes = NULL;
-    tmp.len = 0;
-    tmp.arena_ = NULL;
-    if ((rc = cairn_change_encode(&tmp)))
+    if ((rc = encode_bytes(tmpl, &w)))
         return rc;
-    /* Decoding the fresh encoding gives the deep copy in one arena. */
-    rc = cairn_change_decode(out, tmp.bytes, tmp.len, NULL);
-    free(tmp.bytes);
+    /* Decoding the fresh encoding gives the deep copy in one arena; its
+     * parse is also encode's canonical check (and its hash the hash), so
+     * neither runs twice. */
+    rc = cairn_change_decode(out, w.p, w.len, NULL);
+    if (rc && rc != CAIRN_ENOMEM)
+        rc = refused(rc, w.len);
+    free(w.p);
     return rc;
 }
