@@ -240,21 +240,46 @@ static void meta_put(leveldb_writebatch_t *b, const char *name, const void *v, s
     leveldb_writebatch_put(b, (const char *)k, kl, v, vl);
 }
 
-/* The document's body loader (cairn_dag_load_cb): the DAG keeps no change
- * bodies, so sync and reads at past heads get them from the 'O' record of
- * their apply index (rev ++ canonical bytes); the DAG checks the hash. Only
- * durable changes are there: a change still in the pending batch reads as
- * CAIRN_ENOTFOUND. */
-static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+/* The 'O' record of change |index| (rev u64 BE ++ canonical bytes): *v is
+ * NULL if there is none (leveldb_free it otherwise). */
+static int get_orec(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t index, char **v,
+                    size_t *vl)
 {
-    cairn_store *s = arg;
     uint8_t k[9];
     k[0] = 'O';
     cairn_store_be64(k + 1, index);
     char *err = NULL;
+    *vl = 0;
+    *v = leveldb_get(s->db, ro, (const char *)k, 9, vl, &err);
+    return db_err(err);
+}
+
+/* get_orec for the change that made |rev|: a missing record, or one that
+ * made another revision, is corruption ('O' is never deleted). */
+static int get_orec_of_rev(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t index,
+                           int64_t rev, char **v, size_t *vl)
+{
+    int rc = get_orec(s, ro, index, v, vl);
+    if (rc)
+        return rc;
+    if (!*v || *vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)*v) != rev) {
+        leveldb_free(*v);
+        *v = NULL;
+        return corrupt("the change of a revision is missing or made another revision");
+    }
+    return 0;
+}
+
+/* The document's body loader (cairn_dag_load_cb): the DAG keeps no change
+ * bodies, so sync and reads at past heads get them from the 'O' record of
+ * their apply index; the DAG checks the hash. Only durable changes are
+ * there: a change still in the pending batch reads as CAIRN_ENOTFOUND. */
+static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+{
+    cairn_store *s = arg;
+    char *v;
     size_t vl;
-    char *v = leveldb_get(s->db, s->ropt, (const char *)k, 9, &vl, &err);
-    int rc = db_err(err);
+    int rc = get_orec(s, s->ropt, index, &v, &vl);
     if (rc)
         return rc;
     if (!v)
@@ -268,6 +293,15 @@ static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
     *bytes = b;
     *len = vl - 8;
     return 0;
+}
+
+/* A new document for |s| that loads change bodies from 'O'. */
+static int new_doc(cairn_store *s)
+{
+    int rc = cairn_doc_new(&s->doc, &s->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(s->doc, load_body, s);
+    return rc;
 }
 
 static void meta_put_u64(leveldb_writebatch_t *b, const char *name, uint64_t v)
@@ -296,19 +330,11 @@ static int read_body(cairn_store *s, const leveldb_readoptions_t *ro, cairn_chan
                      uint64_t index, int64_t rev)
 {
     *out = NULL;
-    uint8_t k[9];
-    k[0] = 'O';
-    cairn_store_be64(k + 1, index);
-    char *err = NULL;
-    size_t vl = 0;
-    char *v = leveldb_get(s->db, ro, (const char *)k, 9, &vl, &err);
-    int rc = db_err(err);
+    char *v;
+    size_t vl;
+    int rc = get_orec_of_rev(s, ro, index, rev, &v, &vl);
     if (rc)
         return rc;
-    if (!v || vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)v) != rev) {
-        leveldb_free(v);
-        return corrupt("the change of a revision is missing or made another revision");
-    }
     rc = cairn_change_decode(out, (const uint8_t *)v + 8, vl - 8, NULL);
     leveldb_free(v);
     if (rc && rc != CAIRN_ENOMEM)
@@ -1005,9 +1031,7 @@ static int create_fresh(cairn_store *s, const cairn_store_options *o)
     if (!found)
         return CAIRN_EINVAL;
 
-    int rc = cairn_doc_new(&s->doc, &s->actor);
-    if (!rc)
-        rc = cairn_doc_set_loader(s->doc, load_body, s);
+    int rc = new_doc(s);
     if (rc)
         return rc;
     cairn_change *g;
@@ -1257,9 +1281,7 @@ static int recover(cairn_store *s)
         return rc;
     int have_c = cv != NULL;
     leveldb_free(cv);
-    rc = cairn_doc_new(&s->doc, &s->actor);
-    if (!rc)
-        rc = cairn_doc_set_loader(s->doc, load_body, s);
+    rc = new_doc(s);
     if (rc)
         return rc;
 
@@ -1951,20 +1973,12 @@ int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev)
     int rc = cairn_revmap_find(&s->rm, &index, rev);
     if (rc)
         return rc;
-    /* the body's hash is the change's name; 'O' is never deleted */
-    uint8_t k[9];
-    k[0] = 'O';
-    cairn_store_be64(k + 1, index);
-    char *err = NULL;
+    /* the body's hash is the change's name */
+    char *v;
     size_t vl;
-    char *v = leveldb_get(s->db, s->ropt, (const char *)k, 9, &vl, &err);
-    rc = db_err(err);
+    rc = get_orec_of_rev(s, s->ropt, index, rev, &v, &vl);
     if (rc)
         return rc;
-    if (!v || vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)v) != rev) {
-        leveldb_free(v);
-        return corrupt("the change of a revision is missing or made another revision");
-    }
     cairn_hash_bytes(out, (const uint8_t *)v + 8, vl - 8);
     leveldb_free(v);
     return 0;
