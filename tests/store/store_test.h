@@ -114,4 +114,41 @@ static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_
                   (long long)(kv)->mod_revision, (long long)(kv)->version, (k), (v) ? (v) : "-",   \
                   (int)(c), (int)(m), (int)(ver))
 
+/* Every change a store reports to its events_cb (the first
+ * CAPTURED_MAX): its bytes, hash and revision, to hand to another store's
+ * cairn_store_receive. Pass capture as events_cb and a zeroed captured as
+ * events_arg; captured_free releases the bytes. */
+#define CAPTURED_MAX 64
+
+typedef struct captured {
+    uint8_t *bytes[CAPTURED_MAX];
+    size_t len[CAPTURED_MAX];
+    cairn_hash hash[CAPTURED_MAX];
+    int64_t rev[CAPTURED_MAX];
+    int n;
+} captured;
+
+static inline void capture(void *arg, int64_t rev, const cairn_hash *h, const uint8_t *ch,
+                           size_t len, const cairn_event *ev, size_t nev)
+{
+    captured *c = arg;
+    (void)ev;
+    (void)nev;
+    if (c->n == CAPTURED_MAX)
+        return;
+    c->bytes[c->n] = malloc(len);
+    memcpy(c->bytes[c->n], ch, len);
+    c->len[c->n] = len;
+    c->hash[c->n] = *h;
+    c->rev[c->n] = rev;
+    c->n++;
+}
+
+static inline void captured_free(captured *c)
+{
+    for (int i = 0; i < c->n; i++)
+        free(c->bytes[i]);
+    c->n = 0;
+}
+
 #endif

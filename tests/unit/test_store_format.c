@@ -143,37 +143,6 @@ static int value_at(cairn_store *s, const char *k, int64_t rev, char *out, size_
     return 0;
 }
 
-typedef struct captured {
-    uint8_t *bytes[16];
-    size_t len[16];
-    cairn_hash hash[16];
-    int64_t rev[16];
-    int n;
-} captured;
-
-static void capture(void *arg, int64_t rev, const cairn_hash *h, const uint8_t *ch, size_t len,
-                    const cairn_event *ev, size_t nev)
-{
-    captured *c = arg;
-    (void)ev;
-    (void)nev;
-    if (c->n == 16)
-        return;
-    c->bytes[c->n] = malloc(len);
-    memcpy(c->bytes[c->n], ch, len);
-    c->len[c->n] = len;
-    c->hash[c->n] = *h;
-    c->rev[c->n] = rev;
-    c->n++;
-}
-
-static void captured_free(captured *c)
-{
-    for (int i = 0; i < c->n; i++)
-        free(c->bytes[i]);
-    c->n = 0;
-}
-
 static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *cap)
 {
     static cairn_actor actors[3];

@@ -13,36 +13,6 @@
 
 #include "../store/store_test.h"
 
-typedef struct captured {
-    uint8_t *bytes[64];
-    size_t len[64];
-    int64_t rev[64];
-    int n;
-} captured;
-
-static void capture(void *arg, int64_t rev, const cairn_hash *h, const uint8_t *ch, size_t len,
-                    const cairn_event *ev, size_t nev)
-{
-    captured *c = arg;
-    (void)h;
-    (void)ev;
-    (void)nev;
-    if (c->n == 64)
-        return;
-    c->bytes[c->n] = malloc(len);
-    memcpy(c->bytes[c->n], ch, len);
-    c->len[c->n] = len;
-    c->rev[c->n] = rev;
-    c->n++;
-}
-
-static void captured_free(captured *c)
-{
-    for (int i = 0; i < c->n; i++)
-        free(c->bytes[i]);
-    c->n = 0;
-}
-
 static cairn_store *open_peer(const char *dir, uint8_t actor_byte, captured *cap)
 {
     static cairn_actor actors[2];

@@ -16,35 +16,6 @@
 
 #include "../store/store_test.h"
 
-typedef struct captured {
-    uint8_t *bytes[8];
-    size_t len[8];
-    int n;
-} captured;
-
-static void capture(void *arg, int64_t rev, const cairn_hash *h, const uint8_t *ch, size_t len,
-                    const cairn_event *ev, size_t nev)
-{
-    captured *c = arg;
-    (void)rev;
-    (void)h;
-    (void)ev;
-    (void)nev;
-    if (c->n == 8)
-        return;
-    c->bytes[c->n] = malloc(len);
-    memcpy(c->bytes[c->n], ch, len);
-    c->len[c->n] = len;
-    c->n++;
-}
-
-static void captured_free(captured *c)
-{
-    for (int i = 0; i < c->n; i++)
-        free(c->bytes[i]);
-    c->n = 0;
-}
-
 static const cairn_actor orig_actor = {{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa,
                                         0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}};
 
