@@ -151,4 +151,37 @@ static inline void captured_free(captured *c)
     c->n = 0;
 }
 
+/* The genesis as every node of cluster |token| builds it (store.h:
+ * DOCUMENT LAYOUT), to build peers' changes on. *ga gets its actor. */
+static inline cairn_change *genesis(const char *token, cairn_actor *ga)
+{
+    uint8_t buf[128];
+    size_t n = strlen("cairn-genesis");
+    memcpy(buf, "cairn-genesis", n);
+    memcpy(buf + n, token, strlen(token));
+    cairn_hash h;
+    cairn_hash_bytes(&h, buf, n + strlen(token));
+    memcpy(ga->b, h.b, CAIRN_ACTOR_LEN);
+    static const char *names[4] = {"kvs", "leases", "members", "cluster"};
+    cairn_op ops[4];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < 4; i++) {
+        ops[i].action = CAIRN_OP_MAKE_MAP;
+        ops[i].key = (const uint8_t *)names[i];
+        ops[i].key_len = (uint32_t)strlen(names[i]);
+    }
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = *ga;
+    t.seq = 1;
+    t.start_op = 1;
+    t.nactors = 1;
+    t.actors = ga;
+    t.nops = 4;
+    t.ops = ops;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
 #endif

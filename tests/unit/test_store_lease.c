@@ -782,35 +782,6 @@ END_TEST
 
 /* ---- a peer's lease records ---------------------------------------------------- */
 
-/* The genesis every node builds (store.h, DOCUMENT LAYOUT). */
-static cairn_change *genesis(cairn_actor *ga)
-{
-    static const char salt_token[] = "cairn-genesisetcd-cluster";
-    cairn_hash h;
-    cairn_hash_bytes(&h, (const uint8_t *)salt_token, strlen(salt_token));
-    memcpy(ga->b, h.b, CAIRN_ACTOR_LEN);
-    static const char *names[4] = {"kvs", "leases", "members", "cluster"};
-    cairn_op ops[4];
-    memset(ops, 0, sizeof ops);
-    for (int i = 0; i < 4; i++) {
-        ops[i].action = CAIRN_OP_MAKE_MAP;
-        ops[i].key = (const uint8_t *)names[i];
-        ops[i].key_len = (uint32_t)strlen(names[i]);
-    }
-    cairn_change t;
-    memset(&t, 0, sizeof t);
-    t.actor = *ga;
-    t.seq = 1;
-    t.start_op = 1;
-    t.nactors = 1;
-    t.actors = ga;
-    t.nops = 4;
-    t.ops = ops;
-    cairn_change *c;
-    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
-    return c;
-}
-
 START_TEST(peer_lease_records)
 {
     /* A peer writes: leases[61] = INT 7 (the scalar form of older data
@@ -819,7 +790,7 @@ START_TEST(peer_lease_records)
      * way: 61 is a 7 s lease with deadline 0, "short" is ignored, 62 has the
      * maximum TTL and deadline 0. */
     cairn_actor ga;
-    cairn_change *g = genesis(&ga);
+    cairn_change *g = genesis("etcd-cluster", &ga);
     cairn_actor actors[2];
     memset(actors[0].b, 0x99, CAIRN_ACTOR_LEN);
     actors[1] = ga;
