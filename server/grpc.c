@@ -184,7 +184,7 @@ static void call_free(rpc_call *c)
 
 /* ---- answering ----------------------------------------------------------- */
 
-static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
+grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg)
 {
     size_t n = protobuf_c_message_get_packed_size(msg);
     grpc_slice s = grpc_slice_malloc(n);
@@ -208,7 +208,7 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg,
     if (resp) {
         if (c->send)
             grpc_byte_buffer_destroy(c->send);
-        c->send = pack(resp);
+        c->send = rpc_pack(resp);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = c->send;
         n++;
@@ -259,7 +259,7 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
     }
     if (c->send)
         grpc_byte_buffer_destroy(c->send);
-    c->send = pack(msg);
+    c->send = rpc_pack(msg);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = c->send;
     n++;

@@ -152,6 +152,9 @@ void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
 /* Starts |ops| on c's call with |tag| as the completion tag. */
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag);
 
+/* |msg| serialised into a new byte buffer (the caller owns it). */
+grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg);
+
 /* Takes c->payload as one malloc()ed buffer (*out, *len), applying the
  * message size limit. CAIRN_EMSGTOOLARGE / CAIRN_ENOMEM / CAIRN_EUNMARSHAL. */
 int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len);

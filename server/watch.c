@@ -210,16 +210,6 @@ static int matches(const watcher *w, const ring_ev *e)
 
 /* ---- building responses -------------------------------------------------- */
 
-static grpc_byte_buffer *pack(const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    grpc_slice s = grpc_slice_malloc(n);
-    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
-}
-
 static void header_at(cairn_server *srv, Etcdserverpb__ResponseHeader *ph, int64_t rev)
 {
     cairn_header h;
@@ -247,7 +237,7 @@ static void queue_ctl(cairn_server *srv, wstream *ws, int64_t id, int created, i
         ws->closing = 1; /* cannot keep the protocol: end the stream */
         return;
     }
-    m->bb = pack(&r.base);
+    m->bb = rpc_pack(&r.base);
     *ws->ctl_tail = m;
     ws->ctl_tail = &m->next;
     ws->nctl++;
@@ -507,7 +497,7 @@ static size_t pack_batch(cairn_server *srv, batch *b, grpc_byte_buffer ***out)
     resp.n_events = n;
     uint64_t limit = srv->cfg->max_request_bytes;
     if (!b->fragment || n < 2 || protobuf_c_message_get_packed_size(&resp.base) < limit) {
-        bbs[nout++] = pack(&resp.base);
+        bbs[nout++] = rpc_pack(&resp.base);
         goto out;
     }
     size_t idx = 0;
@@ -525,7 +515,7 @@ static size_t pack_batch(cairn_server *srv, batch *b, grpc_byte_buffer ***out)
         idx += resp.n_events;
         if (idx == n)
             resp.fragment = 0;
-        bbs[nout++] = pack(&resp.base);
+        bbs[nout++] = rpc_pack(&resp.base);
     }
 out:
     for (size_t i = 0; pr && i < n; i++)
