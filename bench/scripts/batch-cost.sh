@@ -167,18 +167,6 @@ s_99=$(med single 10); b_99=$(med batched 10)
 } | tee -a "$WORK/log.txt"
 
 if [ -n "$PROFILE" ]; then
-  report() { # report PERFDATA TITLE OUTFILE
-    {
-      echo "# $2"
-      echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-      echo "## self time by symbol (dso), >= 0.5%"
-      perf report -i "$1" --no-children --sort dso,symbol -g none --percent-limit 0.5 --stdio 2>/dev/null |
-        grep -v '^#' | grep '%' | cut -c1-160 || true
-      echo "## inclusive time (children) by symbol, >= 1%"
-      perf report -i "$1" --children --sort symbol -g none --percent-limit 1 --stdio 2>/dev/null |
-        grep -v '^#' | grep '%' | cut -c1-160 || true
-    } >"$3"
-  }
   for mode in single batched; do
     # shellcheck disable=SC2046
     lib_start_server "profile-$mode" "$CAIRN" $(flags_of "$mode") >/dev/null ||
@@ -192,8 +180,8 @@ if [ -n "$PROFILE" ]; then
     wait "$lgpid" || true
     lib_cleanup
     cp "$WORK/$mode.perf" "$PROFILE/$mode.perf.data"
-    report "$WORK/$mode.perf" "cairn $mode under closed-loop put, $CLIENTS clients, ${PSECS} s of perf ($(grep -m1 throughput "$WORK/prof-$mode.txt" | sed 's/^ *//'))" \
-      "$PROFILE/$mode.perf.txt"
+    lib_perf_report "$WORK/$mode.perf" "cairn $mode under closed-loop put, $CLIENTS clients, ${PSECS} s of perf ($(grep -m1 throughput "$WORK/prof-$mode.txt" | sed 's/^ *//'))" \
+      "$PROFILE/$mode.perf.txt" 1
     say "batch-cost: profile of $mode in $PROFILE/$mode.perf.txt ($(grep -m1 throughput "$WORK/prof-$mode.txt" | sed 's/^ *//'))"
   done
 fi

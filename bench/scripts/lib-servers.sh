@@ -70,3 +70,19 @@ lib_start_server() {
 lib_median() {
   sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
+
+# lib_perf_report PERFDATA TITLE OUTFILE CHILDREN_MIN: a perf profile as text,
+# self time by symbol and library (>= 0.5%), then inclusive time by symbol
+# (>= CHILDREN_MIN %).
+lib_perf_report() {
+  {
+    echo "# $2"
+    echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "## self time by symbol (dso), >= 0.5%"
+    perf report -i "$1" --no-children --sort dso,symbol -g none --percent-limit 0.5 --stdio 2>/dev/null |
+      grep -v '^#' | grep '%' | cut -c1-160 || true
+    echo "## inclusive time (children) by symbol, >= $4%"
+    perf report -i "$1" --children --sort symbol -g none --percent-limit "$4" --stdio 2>/dev/null |
+      grep -v '^#' | grep '%' | cut -c1-160 || true
+  } >"$3"
+}

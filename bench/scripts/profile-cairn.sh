@@ -39,19 +39,6 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/profile-cairn.XXXXXX")
 trap 'lib_cleanup; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
-report() { # report PERFDATA TITLE OUTFILE
-  {
-    echo "# $2"
-    echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "## self time by symbol (dso), >= 0.5%"
-    perf report -i "$1" --no-children --sort dso,symbol -g none --percent-limit 0.5 --stdio 2>/dev/null |
-      grep -v '^#' | grep '%' | cut -c1-160 || true
-    echo "## inclusive time (children) by symbol, >= 2%"
-    perf report -i "$1" --children --sort symbol -g none --percent-limit 2 --stdio 2>/dev/null |
-      grep -v '^#' | grep '%' | cut -c1-160 || true
-  } >"$3"
-}
-
 # 1. put
 lib_start_server cairn "$REPO/$BUILD/cairn"
 pid=${LIB_PIDS[${#LIB_PIDS[@]}-1]}
@@ -62,7 +49,7 @@ sleep 2
 perf record -g -F 499 -p "$pid" -o "$WORK/put.data" -- sleep "$SECS" >/dev/null 2>&1 || true
 wait "$lgpid" || true
 grep -E 'throughput|p50' "$WORK/put.txt" | head -3
-report "$WORK/put.data" "cairn under closed-loop put, 64 clients, ${SECS} s ($(grep -m1 throughput "$WORK/put.txt" | sed 's/^ *//'))" "$OUT/put.perf.txt"
+lib_perf_report "$WORK/put.data" "cairn under closed-loop put, 64 clients, ${SECS} s ($(grep -m1 throughput "$WORK/put.txt" | sed 's/^ *//'))" "$OUT/put.perf.txt" 2
 lib_cleanup
 echo "profile-cairn: $OUT/put.perf.txt"
 
@@ -86,6 +73,6 @@ if [ -n "$DATA" ]; then
   # perf forwards SIGINT to the server and writes its data when it exits.
   kill -INT "$ppid" 2>/dev/null || true
   for _ in $(seq 300); do kill -0 "$ppid" 2>/dev/null || break; sleep 0.1; done
-  report "$WORK/restart.data.perf" "cairn restart on a copy of $DATA: first answer after $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s under perf (profile runs until shutdown)" "$OUT/restart.perf.txt"
+  lib_perf_report "$WORK/restart.data.perf" "cairn restart on a copy of $DATA: first answer after $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s under perf (profile runs until shutdown)" "$OUT/restart.perf.txt" 2
   echo "profile-cairn: $OUT/restart.perf.txt"
 fi
