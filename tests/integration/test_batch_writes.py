@@ -30,6 +30,8 @@ except ImportError:  # a pyenv python without Debian's python3-grpcio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server  # noqa: E402
+from verdict import check, failures  # noqa: E402
+from wire import field_bytes, field_int  # noqa: E402
 
 PUT = "/etcdserverpb.KV/Put"
 RANGE = "/etcdserverpb.KV/Range"
@@ -37,36 +39,7 @@ NKEYS = 1500      # distinct keys, one Put each
 WAVE = 96         # Puts in flight at once
 HOT = 8           # Puts of one key per wave, in flight together
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
 # ---- protobuf by hand -------------------------------------------------------
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_bytes(num, data):
-    return varint(num << 3 | 2) + varint(len(data)) + data
-
-
-def field_int(num, v):
-    return varint(num << 3) + varint(v)
-
 
 def put_req(key, value, prev_kv=False):
     m = field_bytes(1, key) + field_bytes(2, value)

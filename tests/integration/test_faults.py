@@ -34,32 +34,13 @@ except ImportError:  # a pyenv python without Debian's python3-grpcio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server, free_port  # noqa: E402
+from wire import field_bytes, field_int, varint  # noqa: E402
 from verdict import check, failures  # noqa: E402
 
 HARD_TIMEOUT = 170
 SEED = 20261129
 
 # ---- protobuf by hand -----------------------------------------------------
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_bytes(num, data):
-    return varint(num << 3 | 2) + varint(len(data)) + data
-
-
-def field_int(num, v):
-    return varint(num << 3) + varint(v)
-
 
 def put_req(key, value):
     return field_bytes(1, key) + field_bytes(2, value)
