@@ -203,14 +203,32 @@ kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len)
         }
     }
     kchunk *c = x->c[ci];
+    if (c->n == CAIRN_IDX_CHUNK && pos == c->n && ci + 1 < x->nc &&
+        x->c[ci + 1]->n < CAIRN_IDX_CHUNK) {
+        /* past the end of a full chunk and before the next one's first key:
+         * the next chunk's front is the same place in the order, and has
+         * room (an ascending run with neighbours swapped lands here) */
+        ci++;
+        pos = 0;
+        c = x->c[ci];
+    }
     if (c->n == CAIRN_IDX_CHUNK) {
-        /* split: the upper half moves to a new chunk after this one */
+        /* split: the entries from |half| on move to a new chunk after this
+         * one. Usually the upper half; but an insert in the last eighth is
+         * most likely one of an ascending run (a load, time-ordered keys),
+         * which would leave every chunk half full for good, so there the
+         * split is at the insert position and the old chunk stays full. */
         kchunk *n = calloc(1, sizeof *n);
         if (!n) {
             free(e);
             return NULL;
         }
         uint32_t half = CAIRN_IDX_CHUNK / 2;
+        int to_new = pos > half; /* the new entry goes to the new chunk */
+        if (pos >= CAIRN_IDX_CHUNK - CAIRN_IDX_CHUNK / 8) {
+            half = pos;
+            to_new = 1;
+        }
         memcpy(n->e, c->e + half, (CAIRN_IDX_CHUNK - half) * sizeof *n->e);
         n->n = CAIRN_IDX_CHUNK - half;
         if (top_insert(x, ci + 1, n)) {
@@ -219,7 +237,7 @@ kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len)
             return NULL;
         }
         c->n = half;
-        if (pos > half) {
+        if (to_new) {
             ci++;
             pos -= half;
             c = n;

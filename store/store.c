@@ -117,7 +117,7 @@ void cairn_store_options_init(cairn_store_options *o)
     o->lease_min_ttl = 2;              /* etcd: 1.5 x the 1 s election timeout, rounded up */
     o->lease_restart_extend_ms = 1000; /* etcd: Promote(election timeout) */
     o->cache_bytes = 8u << 20;
-    o->write_buffer_bytes = 16u << 20;
+    o->write_buffer_bytes = 4u << 20; /* LevelDB's default; 16 MiB held ~13 MB more at 1M keys */
 }
 
 static uint64_t real_clock_ms(void *arg)

@@ -377,7 +377,7 @@ typedef struct cairn_store_options {
     int64_t lease_restart_extend_ms;
     uint32_t lease_tick_ms;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
-    size_t write_buffer_bytes; /* LevelDB memtable; 16 MiB */
+    size_t write_buffer_bytes; /* LevelDB memtable; 4 MiB */
     int max_open_files;        /* LevelDB table files kept open (mmap'd); 0 = LevelDB's 1000 */
 } cairn_store_options;
 

@@ -114,11 +114,80 @@ START_TEST(matches_a_sorted_reference)
 }
 END_TEST
 
+/* Keys arriving in ascending order (a load, time-ordered names), exactly or
+ * with neighbours swapped as concurrent clients do, fill every chunk but
+ * the last to at least 7/8; before, each split left the old chunk half full
+ * for good. Descending order still splits in halves. Order is kept in all. */
+static void insert_in_order(kindex *x, int n, int step, uint64_t swap_seed)
+{
+    int ord[NKEYS];
+    for (int i = 0; i < n; i++)
+        ord[i] = step > 0 ? i : n - 1 - i;
+    for (int i = 0; swap_seed && i + 1 < n; i += 2) {
+        swap_seed = swap_seed * 6364136223846793005ull + 1442695040888963407ull;
+        if (swap_seed >> 63) {
+            int s = ord[i];
+            ord[i] = ord[i + 1];
+            ord[i + 1] = s;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%08d", ord[i]);
+        ck_assert_ptr_nonnull(cairn_kindex_upsert(x, (const uint8_t *)k, strlen(k)));
+    }
+}
+
+static uint32_t least_fill(const kindex *x)
+{
+    uint32_t least = CAIRN_IDX_CHUNK;
+    for (size_t i = 0; i + 1 < x->nc; i++)
+        if (x->c[i]->n < least)
+            least = x->c[i]->n;
+    return least;
+}
+
+static void check_sorted(kindex *x, int n)
+{
+    kiter it;
+    int i = 0;
+    for (kentry *e = cairn_kindex_first(&it, x); e; e = cairn_kindex_next(&it), i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%08d", i);
+        ck_assert_uint_eq(e->key_len, strlen(k));
+        ck_assert_mem_eq(e->key, k, e->key_len);
+        ck_assert_ptr_eq(cairn_kindex_find(x, (const uint8_t *)k, strlen(k)), e);
+    }
+    ck_assert_int_eq(i, n);
+}
+
+START_TEST(ascending_runs_fill_chunks)
+{
+    const uint64_t swaps[] = {0, 7};
+    for (int s = 0; s < 2; s++) {
+        kindex x;
+        ck_assert_int_eq(cairn_kindex_init(&x), 0);
+        insert_in_order(&x, NKEYS, 1, swaps[s]);
+        check_sorted(&x, NKEYS);
+        ck_assert_uint_ge(least_fill(&x), CAIRN_IDX_CHUNK - CAIRN_IDX_CHUNK / 8);
+        ck_assert_uint_le(x.nc, NKEYS / (CAIRN_IDX_CHUNK - CAIRN_IDX_CHUNK / 8) + 1);
+        cairn_kindex_destroy(&x);
+    }
+    kindex x;
+    ck_assert_int_eq(cairn_kindex_init(&x), 0);
+    insert_in_order(&x, NKEYS, -1, 0);
+    check_sorted(&x, NKEYS);
+    ck_assert_uint_ge(least_fill(&x), CAIRN_IDX_CHUNK / 2);
+    cairn_kindex_destroy(&x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_index");
     TCase *tc = tcase_create("index");
     tcase_add_test(tc, matches_a_sorted_reference);
+    tcase_add_test(tc, ascending_runs_fill_chunks);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
