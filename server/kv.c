@@ -533,6 +533,13 @@ static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
     rpc_write_end(c);
+    if (rc == 0 && !c->resp.put.prev_kv) {
+        /* The common Put: the answer is the header alone. */
+        Etcdserverpb__ResponseHeader h;
+        rpc_header(c->srv, &h, &c->resp.put.header);
+        rpc_reply_header_only(c, &h);
+        return;
+    }
     struct arena *a = NULL;
     Etcdserverpb__PutResponse out;
     if (rc == 0)

@@ -104,6 +104,10 @@ struct cairn_server {
     int64_t live_calls; /* accepted and not yet freed (shut_mu) */
 };
 
+/* Bytes per call for decoding its request without malloc: a Put of an
+ * 18-byte key and a 32-byte value takes about 150, a Range about 120. */
+#define RPC_UNPACK_MEM 384
+
 struct rpc_call {
     int state; /* grpc.c's */
     cairn_server *srv;
@@ -119,8 +123,21 @@ struct rpc_call {
     grpc_slice status_details;
     grpc_byte_buffer *send;
 
+    /* The request's bytes (a unary call's payload as one slice, referenced
+     * rather than copied when it arrived in one piece); kept until the call
+     * ends, so a handler may leave pointers into them with the store. */
+    grpc_slice req_bytes;
+
     /* handler scratch: freed by the engine when the call ends */
     ProtobufCMessage *req_msg;
+    /* protobuf-c's allocations for req_msg come from |unpack_mem| while
+     * they fit (bump allocation; freeing them is a no-op), else from
+     * malloc; |unpack_spilled| counts the latter, and only then is req_msg
+     * walked by protobuf_c_message_free_unpacked. */
+    ProtobufCAllocator unpack_alloc;
+    size_t unpack_used;
+    size_t unpack_spilled;
+    _Alignas(16) unsigned char unpack_mem[RPC_UNPACK_MEM];
     void *scratch;                      /* free()d */
     void (*cleanup)(rpc_call *c);       /* called first, if set */
     union {
@@ -137,7 +154,8 @@ struct rpc_call {
 extern const rpc_method rpc_methods[];
 extern const size_t rpc_nmethods;
 
-/* Sends |msg| (packed here) with status OK and ends the call. */
+/* Sends |msg| (packed here; NULL: none, as a stream ends) with status OK
+ * and ends the call. */
 void rpc_reply(rpc_call *c, const ProtobufCMessage *msg);
 /* The one exit for errors: sends |rc|'s gRPC status and message from
  * CAIRN_ERRORS (|detail|, when not NULL, replaces the message: for texts
@@ -151,6 +169,14 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
 void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
 /* Starts |ops| on c's call with |tag| as the completion tag. */
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag);
+
+/* Sends a response whose only field is the header (field 1 of every etcd
+ * response), packed here without protobuf-c, with status OK, and ends the
+ * call. The bytes are protobuf-c's for the same message. */
+void rpc_reply_header_only(rpc_call *c, const Etcdserverpb__ResponseHeader *h);
+/* Those bytes into |out|; returns their length. */
+#define RPC_HEADER_ONLY_MAX 46
+size_t rpc_pack_header_only(uint8_t out[RPC_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h);
 
 /* |msg| serialised into a new byte buffer (the caller owns it). */
 grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg);
