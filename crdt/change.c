@@ -591,21 +591,26 @@ static void w_bytes(struct wbuf *w, const void *src, size_t n)
 
 static void w_byte(struct wbuf *w, uint8_t b)
 {
-    w_bytes(w, &b, 1);
+    w_reserve(w, 1);
+    if (w->oom)
+        return;
+    w->p[w->len++] = b;
 }
 
 static void w_varint(struct wbuf *w, uint64_t v)
 {
-    uint8_t tmp[10];
-    size_t n = 0;
-    do {
-        tmp[n] = (uint8_t)(v & 0x7f);
+    /* In place: most fields are one or two bytes, and the room for the
+     * longest (10) is usually there already. */
+    w_reserve(w, 10);
+    if (w->oom)
+        return;
+    uint8_t *p = w->p + w->len;
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
         v >>= 7;
-        if (v)
-            tmp[n] |= 0x80;
-        n++;
-    } while (v);
-    w_bytes(w, tmp, n);
+    }
+    *p++ = (uint8_t)v;
+    w->len = (size_t)(p - w->p);
 }
 
 static void w_opid(struct wbuf *w, cairn_opid id)
