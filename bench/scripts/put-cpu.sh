@@ -26,8 +26,8 @@
 # end). Where perf has no hardware counters (a VM) this is the steady
 # figure: it does not move with the load of the machine, though it leaves
 # out the kernel's share and the run is about 40x slower. The profile of
-# each run is kept as WORK/cg-*.out and summarised with callgrind_annotate
-# when --out is given (FILE.bN.txt).
+# each run is kept, with --out FILE, as FILE.bN.rM.callgrind (for
+# callgrind_annotate) and summarised in FILE.bN.rM.txt (inclusive).
 #
 # Usage: bench/scripts/put-cpu.sh [--reps N] [--duration S] [--clients N]
 #          [--keys N] [--workload W] [--callgrind] [--out FILE]
@@ -134,6 +134,7 @@ for rep in $(seq "$REPS"); do
     IFS=, read -r _ _ _ _ _ _ _ _ _ _ _ _ _ _ ok _ tput _ <"$WORK/row.csv"
     if [ "$CALLGRIND" = 1 ] && [ -n "$OUT" ]; then
       callgrind_annotate --inclusive=yes "$cg.1" 2>/dev/null | head -120 | cut -c1-200 >"$OUT.b$i.r$rep.txt" || true
+      cp "$cg.1" "$OUT.b$i.r$rep.callgrind"
     fi
     awk -v b="$i" -v rep="$rep" -v ok="$ok" -v tput="$tput" -v dc=$((c1 - c0)) -v ds=$((s1 - s0)) -v hz="$CLK_TCK" \
       -v ins="${ins:-0}" -v tc="${tc:-0}" -v cs="${cs:-0}" 'BEGIN {
