@@ -238,17 +238,6 @@ void rpc_reply(rpc_call *c, const ProtobufCMessage *msg)
     finish(c, GRPC_STATUS_OK, NULL, msg ? rpc_pack(msg) : NULL);
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 size_t rpc_pack_header_only(uint8_t out[RPC_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h)
 {
     /* proto3: a field at its default (0) is left out, in field order. */
@@ -258,7 +247,7 @@ size_t rpc_pack_header_only(uint8_t out[RPC_HEADER_ONLY_MAX], const Etcdserverpb
         if (v[i] == 0)
             continue;
         out[n++] = (uint8_t)((i + 1) << 3); /* field i+1, varint */
-        n += put_varint(out + n, v[i]);
+        n += cairn_store_put_varint(out + n, v[i]);
     }
     out[0] = (1 << 3) | 2; /* field 1 (header), length-delimited */
     out[1] = (uint8_t)(n - 2); /* at most 44: one byte */

@@ -249,7 +249,9 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
 /* Decodes and checks one request of |kind| (0 Range, 1 Put, 2 DeleteRange,
  * 3 Txn, 4 Compaction, 5 WatchRequest, 6 LeaseKeepAliveRequest) exactly as
  * the handlers do, without a store: for the fuzz target. 0 or the error
- * the client would get. */
+ * the client would get, or RPC_DECODE_DISAGREE (> 0, a bug) if kv_put's own
+ * PutRequest decoder and protobuf-c's read the bytes differently. */
+#define RPC_DECODE_DISAGREE 1
 int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_txn_ops);
 
 /* Converts a store KeyValue into protobuf (pointers borrowed from |kv|). */
