@@ -119,11 +119,12 @@ static void post(struct rpc_worker *w, int method)
     cairn_server *srv = w->srv;
     if (atomic_load(&srv->stopping))
         return;
-    rpc_call *c = calloc(1, sizeof *c);
+    rpc_call *c = malloc(sizeof *c);
     if (!c) {
         cairn_log(CAIRN_LOG_ERROR, "out of memory posting a call slot");
         return;
     }
+    memset(c, 0, offsetof(rpc_call, unpack_mem)); /* the arena needs no zeros */
     c->state = ST_NEW;
     c->srv = srv;
     c->w = w;
