@@ -459,6 +459,51 @@ static size_t round_up(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
+/* Where the parts of a change's arena go for |n|: arena header, change,
+ * ops, preds, actors, then the bytes at l->bytes. Each count is bounded
+ * by the input length, so the total is O(len). */
+struct layout {
+    size_t change, ops, preds, actors, bytes;
+};
+
+static void layout_of(struct layout *l, const struct counts *n)
+{
+    l->change = round_up(sizeof(struct arena));
+    l->ops = l->change + round_up(sizeof(cairn_change));
+    l->preds = l->ops + round_up((size_t)n->nops * sizeof(cairn_op));
+    l->actors = l->preds + round_up(n->npreds * sizeof(cairn_opid));
+    l->bytes = l->actors + round_up((size_t)n->nactors * sizeof(cairn_actor));
+}
+
+/* Fills the change in arena |mem| (laid out by |l| for counts that match
+ * the bytes, which are already at mem + l->bytes) by parsing those bytes,
+ * so that pointers land in the arena. */
+static int fill(cairn_change **out, uint8_t *mem, const struct layout *l, size_t len,
+                const cairn_hash *h)
+{
+    struct arena *a = (struct arena *)mem;
+    a->ext = NULL;
+    cairn_change *c = (cairn_change *)(mem + l->change);
+    memset(c, 0, sizeof *c);
+    c->arena_ = mem;
+    c->actors = (cairn_actor *)(mem + l->actors);
+    c->bytes = mem + l->bytes;
+    c->len = len;
+    c->hash = *h;
+    struct counts n;
+    /* c->ops is set before the parse writes through it. */
+    c->ops = (cairn_op *)(mem + l->ops);
+    int rc = parse(c->bytes, len, &n, c, (cairn_opid *)(mem + l->preds));
+    if (rc)
+        return rc;
+    if (n.nops == 0)
+        c->ops = NULL;
+    if (n.ndeps == 0)
+        c->deps = NULL;
+    *out = c;
+    return 0;
+}
+
 int cairn_change_decode(cairn_change **out, const uint8_t *buf, size_t len,
                         const cairn_hash *expect)
 {
@@ -475,36 +520,16 @@ int cairn_change_decode(cairn_change **out, const uint8_t *buf, size_t len,
     if (expect && cairn_hash_cmp(&h, expect) != 0)
         return CAIRN_EBADHASH;
 
-    /* Layout: arena header, change, ops, preds, actors, bytes. Each count is
-     * bounded by the input length, so the total is O(len). */
-    size_t off_change = round_up(sizeof(struct arena));
-    size_t off_ops = off_change + round_up(sizeof(cairn_change));
-    size_t off_preds = off_ops + round_up((size_t)n.nops * sizeof(cairn_op));
-    size_t off_actors = off_preds + round_up(n.npreds * sizeof(cairn_opid));
-    size_t off_bytes = off_actors + round_up((size_t)n.nactors * sizeof(cairn_actor));
-    uint8_t *mem = malloc(off_bytes + (len ? len : 1));
+    struct layout l;
+    layout_of(&l, &n);
+    uint8_t *mem = malloc(l.bytes + (len ? len : 1));
     if (!mem)
         return CAIRN_ENOMEM;
-    struct arena *a = (struct arena *)mem;
-    a->ext = NULL;
-    cairn_change *c = (cairn_change *)(mem + off_change);
-    memset(c, 0, sizeof *c);
-    c->arena_ = mem;
-    c->ops = n.nops ? (cairn_op *)(mem + off_ops) : NULL;
-    c->actors = (cairn_actor *)(mem + off_actors);
-    c->bytes = mem + off_bytes;
-    c->len = len;
-    memcpy(c->bytes, buf, len);
-    c->hash = h;
-    /* The second pass reads the arena's copy so that pointers land there. */
-    struct counts n2;
-    if ((rc = parse(c->bytes, len, &n2, c, (cairn_opid *)(mem + off_preds)))) {
+    memcpy(mem + l.bytes, buf, len);
+    if ((rc = fill(out, mem, &l, len, &h))) {
         free(mem);
         return rc; /* cannot happen: the same bytes passed above */
     }
-    if (n.ndeps == 0)
-        c->deps = NULL;
-    *out = c;
     return 0;
 }
 
@@ -527,12 +552,17 @@ struct wbuf {
     uint8_t *p;
     size_t len, cap;
     int oom;
+    int fixed; /* |p| is not ours to grow: running out is oom */
 };
 
 static void w_reserve(struct wbuf *w, size_t n)
 {
     if (w->oom || w->cap - w->len >= n)
         return;
+    if (w->fixed) {
+        w->oom = 1;
+        return;
+    }
     size_t cap = w->cap ? w->cap : 64;
     while (cap - w->len < n) {
         if (cap > SIZE_MAX / 2) {
@@ -561,21 +591,26 @@ static void w_bytes(struct wbuf *w, const void *src, size_t n)
 
 static void w_byte(struct wbuf *w, uint8_t b)
 {
-    w_bytes(w, &b, 1);
+    w_reserve(w, 1);
+    if (w->oom)
+        return;
+    w->p[w->len++] = b;
 }
 
 static void w_varint(struct wbuf *w, uint64_t v)
 {
-    uint8_t tmp[10];
-    size_t n = 0;
-    do {
-        tmp[n] = (uint8_t)(v & 0x7f);
+    /* In place: most fields are one or two bytes, and the room for the
+     * longest (10) is usually there already. */
+    w_reserve(w, 10);
+    if (w->oom)
+        return;
+    uint8_t *p = w->p + w->len;
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
         v >>= 7;
-        if (v)
-            tmp[n] |= 0x80;
-        n++;
-    } while (v);
-    w_bytes(w, tmp, n);
+    }
+    *p++ = (uint8_t)v;
+    w->len = (size_t)(p - w->p);
 }
 
 static void w_opid(struct wbuf *w, cairn_opid id)
@@ -657,14 +692,12 @@ static int check_struct(const cairn_change *c)
     return 0;
 }
 
-/* The bytes of |c| in |*w| (the caller frees w->p), not yet checked
- * against the decoder. */
+/* The bytes of |c| (check_struct passed) appended to |*w_out| (a growable
+ * buffer starts zeroed; the caller frees w->p, also on failure; a fixed one
+ * that runs out gives CAIRN_ENOMEM), not yet checked against the decoder. */
 static int encode_bytes(const cairn_change *c, struct wbuf *w_out)
 {
-    struct wbuf w = {0};
-    int rc = check_struct(c);
-    if (rc)
-        return rc;
+    struct wbuf w = *w_out;
 
     w_byte(&w, VERSION_1);
     w_bytes(&w, c->actor.b, CAIRN_ACTOR_LEN);
@@ -696,12 +729,29 @@ static int encode_bytes(const cairn_change *c, struct wbuf *w_out)
         if (w.len > CAIRN_CHANGE_MAX_BYTES)
             break; /* parse below says ELIMIT */
     }
-    if (w.oom) {
-        free(w.p);
-        return CAIRN_ENOMEM;
-    }
     *w_out = w;
-    return 0;
+    return w.oom ? CAIRN_ENOMEM : 0;
+}
+
+/* At least as many bytes as encode_bytes writes for |c| (varints counted
+ * at their longest), and the counts the decoder will find in them. */
+static size_t encoded_bound(const cairn_change *c, struct counts *n)
+{
+    size_t b = 1 + CAIRN_ACTOR_LEN + 4 * 10 + (size_t)c->ndeps * CAIRN_HASH_LEN + 10 +
+               (size_t)(c->nactors - 1) * CAIRN_ACTOR_LEN + 10;
+    n->ndeps = c->ndeps;
+    n->nactors = c->nactors;
+    n->nops = c->nops;
+    n->npreds = 0;
+    for (uint32_t i = 0; i < c->nops; i++) {
+        const cairn_op *op = &c->ops[i];
+        /* action, flags, obj, key or elem, value tag and scalar, npred */
+        b += 2 + 20 + 20 + op->key_len + 1 + 10 + 10 + (size_t)op->npred * 20;
+        if (op->value.type == CAIRN_V_BYTES || op->value.type == CAIRN_V_STR)
+            b += op->value.v.bytes.len;
+        n->npreds += op->npred;
+    }
+    return b;
 }
 
 /* What encode returns when the decoder rejects its bytes. */
@@ -713,9 +763,14 @@ static int refused(int rc, size_t len)
 int cairn_change_encode(cairn_change *c)
 {
     struct wbuf w = {0};
-    int rc = encode_bytes(c, &w);
+    int rc = check_struct(c);
     if (rc)
         return rc;
+    rc = encode_bytes(c, &w);
+    if (rc) {
+        free(w.p);
+        return rc;
+    }
 
     /* The decoder is the definition of canonical: what it would reject,
      * encode refuses. */
@@ -741,18 +796,36 @@ int cairn_change_encode(cairn_change *c)
 
 int cairn_change_new(cairn_change **out, const cairn_change *tmpl)
 {
-    struct wbuf w = {0};
     int rc;
 
     *out = NULL;
-    if ((rc = encode_bytes(tmpl, &w)))
+    if ((rc = check_struct(tmpl)))
         return rc;
-    /* Decoding the fresh encoding gives the deep copy in one arena; its
-     * parse is also encode's canonical check (and its hash the hash), so
-     * neither runs twice. */
-    rc = cairn_change_decode(out, w.p, w.len, NULL);
-    if (rc && rc != CAIRN_ENOMEM)
-        rc = refused(rc, w.len);
-    free(w.p);
+    /* Encoded straight into the arena, at the place of its bytes, and
+     * parsed once there: the parse fills the change (pointers land in the
+     * arena) and is encode's canonical check, and the hash is taken once. */
+    struct counts n;
+    size_t bound = encoded_bound(tmpl, &n);
+    int clamped = bound > CAIRN_CHANGE_MAX_BYTES;
+    if (clamped)
+        bound = CAIRN_CHANGE_MAX_BYTES + 1; /* more is refused anyway */
+    struct layout l;
+    layout_of(&l, &n);
+    uint8_t *mem = malloc(l.bytes + bound);
+    if (!mem)
+        return CAIRN_ENOMEM;
+    struct wbuf w = {mem + l.bytes, 0, bound, 0, 1};
+    rc = encode_bytes(tmpl, &w);
+    if (rc == 0) {
+        cairn_hash h;
+        cairn_hash_bytes(&h, w.p, w.len);
+        rc = fill(out, mem, &l, w.len, &h);
+        if (rc)
+            rc = refused(rc, w.len);
+    } else if (rc == CAIRN_ENOMEM && clamped) {
+        rc = CAIRN_ELIMIT; /* the encoding passed the limit */
+    }
+    if (rc)
+        free(mem);
     return rc;
 }

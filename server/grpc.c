@@ -119,11 +119,12 @@ static void post(struct rpc_worker *w, int method)
     cairn_server *srv = w->srv;
     if (atomic_load(&srv->stopping))
         return;
-    rpc_call *c = calloc(1, sizeof *c);
+    rpc_call *c = malloc(sizeof *c);
     if (!c) {
         cairn_log(CAIRN_LOG_ERROR, "out of memory posting a call slot");
         return;
     }
+    memset(c, 0, offsetof(rpc_call, unpack_mem)); /* the arena needs no zeros */
     c->state = ST_NEW;
     c->srv = srv;
     c->w = w;
@@ -166,8 +167,9 @@ static void call_free(rpc_call *c)
     rpc_write_end(c);
     if (c->snap)
         snapshot_stream_free(c->snap);
-    if (c->req_msg)
-        protobuf_c_message_free_unpacked(c->req_msg, NULL);
+    if (c->req_msg && c->unpack_spilled)
+        protobuf_c_message_free_unpacked(c->req_msg, &c->unpack_alloc);
+    grpc_slice_unref(c->req_bytes);
     free(c->scratch);
     if (c->payload)
         grpc_byte_buffer_destroy(c->payload);
@@ -194,8 +196,9 @@ grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg)
     return bb;
 }
 
-static void finish(rpc_call *c, grpc_status_code status, const char *msg,
-                   const ProtobufCMessage *resp)
+/* Ends |c| with |status| (|msg| its text) after |send| (owned from here;
+ * NULL: no message). */
+static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_byte_buffer *send)
 {
     grpc_op ops[4];
     size_t n = 0;
@@ -205,10 +208,10 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg,
         n++;
         c->sent_initial_md = 1;
     }
-    if (resp) {
+    if (send) {
         if (c->send)
             grpc_byte_buffer_destroy(c->send);
-        c->send = rpc_pack(resp);
+        c->send = send;
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = c->send;
         n++;
@@ -233,7 +236,33 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg,
 
 void rpc_reply(rpc_call *c, const ProtobufCMessage *msg)
 {
-    finish(c, GRPC_STATUS_OK, NULL, msg);
+    finish(c, GRPC_STATUS_OK, NULL, msg ? rpc_pack(msg) : NULL);
+}
+
+size_t rpc_pack_header_only(uint8_t out[RPC_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h)
+{
+    /* proto3: a field at its default (0) is left out, in field order. */
+    const uint64_t v[4] = {h->cluster_id, h->member_id, (uint64_t)h->revision, h->raft_term};
+    size_t n = 2;
+    for (unsigned i = 0; i < 4; i++) {
+        if (v[i] == 0)
+            continue;
+        out[n++] = (uint8_t)((i + 1) << 3); /* field i+1, varint */
+        n += cairn_store_put_varint(out + n, v[i]);
+    }
+    out[0] = (1 << 3) | 2; /* field 1 (header), length-delimited */
+    out[1] = (uint8_t)(n - 2); /* at most 44: one byte */
+    return n;
+}
+
+void rpc_reply_header_only(rpc_call *c, const Etcdserverpb__ResponseHeader *h)
+{
+    uint8_t buf[RPC_HEADER_ONLY_MAX];
+    size_t n = rpc_pack_header_only(buf, h);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    finish(c, GRPC_STATUS_OK, NULL, bb);
 }
 
 void rpc_fail(rpc_call *c, int rc, const char *detail)
@@ -324,10 +353,38 @@ int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len)
     return 0;
 }
 
+/* The call's unpack allocator (see rpc_call): bump allocation in
+ * c->unpack_mem, malloc past its end. */
+static void *unpack_alloc(void *arg, size_t n)
+{
+    rpc_call *c = arg;
+    size_t at = (c->unpack_used + 15) & ~(size_t)15;
+    if (n <= sizeof c->unpack_mem && at <= sizeof c->unpack_mem - n) {
+        c->unpack_used = at + n;
+        return c->unpack_mem + at;
+    }
+    void *p = malloc(n ? n : 1);
+    if (p)
+        c->unpack_spilled++;
+    return p;
+}
+
+static void unpack_free(void *arg, void *p)
+{
+    rpc_call *c = arg;
+    unsigned char *b = p;
+    if (b >= c->unpack_mem && b < c->unpack_mem + sizeof c->unpack_mem)
+        return;
+    free(p);
+}
+
 ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc,
                              const uint8_t *req, size_t len)
 {
-    c->req_msg = protobuf_c_message_unpack(desc, NULL, len, req);
+    c->unpack_alloc.alloc = unpack_alloc;
+    c->unpack_alloc.free = unpack_free;
+    c->unpack_alloc.allocator_data = c;
+    c->req_msg = protobuf_c_message_unpack(desc, &c->unpack_alloc, len, req);
     if (!c->req_msg)
         rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
     return c->req_msg;
@@ -541,17 +598,23 @@ static void dispatch(rpc_call *c)
         rpc_fail(c, CAIRN_EREQUESTTOOLARGE, NULL);
         return;
     }
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
-        rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
-        return;
+    grpc_byte_buffer *bb = c->payload;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+        bb->data.raw.slice_buffer.count == 1) {
+        /* One piece, as almost every small request arrives: no copy. */
+        c->req_bytes = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+    } else {
+        grpc_byte_buffer_reader reader;
+        if (!grpc_byte_buffer_reader_init(&reader, bb)) {
+            rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
+            return;
+        }
+        c->req_bytes = grpc_byte_buffer_reader_readall(&reader);
+        grpc_byte_buffer_reader_destroy(&reader);
     }
-    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
-    m->fn(c, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all));
-    grpc_slice_unref(all);
+    m->fn(c, GRPC_SLICE_START_PTR(c->req_bytes), GRPC_SLICE_LENGTH(c->req_bytes));
 }
 
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag)

@@ -351,6 +351,114 @@ static int scan_msg(const uint8_t *p, size_t n, int depth, int is_txn)
     return 0;
 }
 
+/* etcd's PutRequest read in place, without protobuf-c: key and value point
+ * into |p| (the call keeps those bytes until it ends), so a Put costs no
+ * allocation and no copy. It accepts and rejects exactly what protobuf-c
+ * 1.4's unpack does, and gives the same fields; rpc_decode_request (the
+ * fuzz target) compares the two on every input. protobuf-c's rules: a tag
+ * is at most 5 bytes and its first byte must name a field other than 0; a
+ * varint is at most 10 bytes (bits past 64 dropped); a length prefix is at
+ * most 5 bytes, at most 2^31 - 1 and must fit in what is left; wire
+ * types 3, 4, 6 and 7 are malformed; bytes and int64 fields in another
+ * wire type are malformed, bools are not (see below); unknown fields are
+ * skipped; the last of a repeated field wins; an empty bytes field has no
+ * data pointer. Returns 0 or -1 (malformed). */
+static int put_decode(Etcdserverpb__PutRequest *m, const uint8_t *p, size_t n)
+{
+    etcdserverpb__put_request__init(m);
+    const uint8_t *end = p + n;
+    while (p < end) {
+        size_t left = (size_t)(end - p), max = left < 5 ? left : 5, i = 0;
+        if ((p[0] & 0xf8) == 0)
+            return -1;
+        uint32_t tag = (p[0] & 0x7f) >> 3;
+        unsigned wire = p[0] & 7, shift = 4;
+        if (p[0] & 0x80) {
+            for (i = 1; i < max && (p[i] & 0x80); i++, shift += 7)
+                tag |= (uint32_t)(p[i] & 0x7f) << shift;
+            if (i == max)
+                return -1;
+            tag |= (uint32_t)p[i] << shift;
+        }
+        p += i + 1;
+        left = (size_t)(end - p);
+        const uint8_t *field = p; /* its bytes after the tag: [field, p) below */
+        uint64_t v = 0;
+        const uint8_t *data = NULL;
+        size_t dlen = 0;
+        switch (wire) {
+        case 0: /* varint */
+            max = left < 10 ? left : 10;
+            for (i = 0; i < max; i++) {
+                if (i < 10)
+                    v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+                if (!(p[i] & 0x80))
+                    break;
+            }
+            if (i == max)
+                return -1;
+            p += i + 1;
+            break;
+        case 1: /* 64-bit */
+            if (left < 8)
+                return -1;
+            p += 8;
+            break;
+        case 5: /* 32-bit */
+            if (left < 4)
+                return -1;
+            p += 4;
+            break;
+        case 2: { /* length-prefixed */
+            uint64_t len64 = 0;
+            max = left < 5 ? left : 5;
+            for (i = 0; i < max; i++) {
+                len64 |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+                if (!(p[i] & 0x80))
+                    break;
+            }
+            if (i == max || len64 > INT32_MAX || len64 > left - (i + 1))
+                return -1;
+            data = p + i + 1;
+            dlen = (size_t)len64;
+            p = data + dlen;
+            break;
+        }
+        default:
+            return -1;
+        }
+        switch (tag) {
+        case 1: /* key */
+        case 2: /* value */
+            if (wire != 2)
+                return -1;
+            (tag == 1 ? &m->key : &m->value)->data = dlen ? (uint8_t *)data : NULL;
+            (tag == 1 ? &m->key : &m->value)->len = dlen;
+            break;
+        case 3: /* lease */
+            if (wire != 0)
+                return -1;
+            m->lease = (int64_t)v;
+            break;
+        case 4: /* prev_kv */
+        case 5: /* ignore_value */
+        case 6: { /* ignore_lease */
+            /* protobuf-c takes a bool in any wire type: true if any byte
+             * of the field after its tag (a length prefix too) has one of
+             * its low 7 bits set. */
+            protobuf_c_boolean b = 0;
+            for (const uint8_t *q = field; q < p; q++)
+                b |= (*q & 0x7f) != 0;
+            *(tag == 4 ? &m->prev_kv : tag == 5 ? &m->ignore_value : &m->ignore_lease) = b;
+            break;
+        }
+        default:
+            break; /* unknown: skipped */
+        }
+    }
+    return 0;
+}
+
 /* ---- response conversion ------------------------------------------------- */
 
 static int kvs_to_pb(struct arena **a, Mvccpb__KeyValue ***out, const cairn_kv *kvs, size_t n)
@@ -533,6 +641,13 @@ static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
     rpc_write_end(c);
+    if (rc == 0 && !c->resp.put.prev_kv) {
+        /* The common Put: the answer is the header alone. */
+        Etcdserverpb__ResponseHeader h;
+        rpc_header(c->srv, &h, &c->resp.put.header);
+        rpc_reply_header_only(c, &h);
+        return;
+    }
     struct arena *a = NULL;
     Etcdserverpb__PutResponse out;
     if (rc == 0)
@@ -711,10 +826,11 @@ static void batch_put(rpc_call *c, const Etcdserverpb__PutRequest *m)
 
 void kv_put(rpc_call *c, const uint8_t *req, size_t len)
 {
-    Etcdserverpb__PutRequest *m =
-        (Etcdserverpb__PutRequest *)rpc_unpack(c, &etcdserverpb__put_request__descriptor, req, len);
-    if (!m)
+    Etcdserverpb__PutRequest pm, *m = &pm;
+    if (put_decode(m, req, len) != 0) {
+        rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
         return;
+    }
     int rc = check_put(m);
     if (rc == 0)
         rc = rpc_quota_check(c->srv, len);
@@ -888,16 +1004,31 @@ int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_tx
     if (kind == 3 && scan_msg(req, len, 0, 1) != 0)
         return CAIRN_EUNMARSHAL;
     ProtobufCMessage *m = protobuf_c_message_unpack(descs[kind], NULL, len, req);
-    if (!m)
+    if (!m) {
+        Etcdserverpb__PutRequest hand;
+        if (kind == 1 && put_decode(&hand, req, len) == 0)
+            return RPC_DECODE_DISAGREE; /* put_decode took what protobuf-c refused */
         return CAIRN_EUNMARSHAL;
+    }
     int rc = 0;
     if (kind == 0) {
         cairn_range_req r;
         range_from_pb(&r, (Etcdserverpb__RangeRequest *)m);
     } else if (kind == 1) {
+        /* kv_put decodes with put_decode: it must agree with protobuf-c. */
+        const Etcdserverpb__PutRequest *pb = (Etcdserverpb__PutRequest *)m;
+        Etcdserverpb__PutRequest hand;
+        if (put_decode(&hand, req, len) != 0 || hand.key.len != pb->key.len ||
+            hand.value.len != pb->value.len || (hand.key.len && memcmp(hand.key.data, pb->key.data, pb->key.len)) ||
+            (hand.value.len && memcmp(hand.value.data, pb->value.data, pb->value.len)) ||
+            (!hand.key.data) != (!pb->key.data) || (!hand.value.data) != (!pb->value.data) ||
+            hand.lease != pb->lease || hand.prev_kv != pb->prev_kv ||
+            hand.ignore_value != pb->ignore_value || hand.ignore_lease != pb->ignore_lease)
+            rc = RPC_DECODE_DISAGREE;
         cairn_put_req r;
-        rc = check_put((Etcdserverpb__PutRequest *)m);
-        put_from_pb(&r, (Etcdserverpb__PutRequest *)m);
+        if (rc == 0)
+            rc = check_put(pb);
+        put_from_pb(&r, pb);
     } else if (kind == 2) {
         cairn_delete_req r;
         delete_from_pb(&r, (Etcdserverpb__DeleteRangeRequest *)m);

@@ -559,4 +559,8 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 /* Approximate bytes LevelDB uses on disk for the whole database. */
 uint64_t cairn_store_disk_bytes(cairn_store *s);
 
+/* Appends a LEB128 varint (protobuf's too); returns bytes written (<= 10).
+ * Exposed for the server's hand-packed answers. */
+size_t cairn_store_put_varint(uint8_t *out, uint64_t v);
+
 #endif

@@ -17,8 +17,7 @@
 
 void cairn_store_be64(uint8_t out[8], uint64_t v);
 uint64_t cairn_store_get_be64(const uint8_t *p);
-/* Appends a LEB128 varint; returns bytes written (<= 10). */
-size_t cairn_store_put_varint(uint8_t *out, uint64_t v);
+/* cairn_store_put_varint is in store.h. */
 /* Reads a varint from [*p, end); 0 on success, -1 if truncated or > 10 bytes. */
 int cairn_store_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v);
 
