@@ -7,18 +7,16 @@ added beside these by hand. Run from the repository root."""
 import hashlib
 import os
 import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "integration"))
+from wire import varint as _varint  # noqa: E402  LEB128, as the store writes it
+
 
 def varint(v):
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    return _varint(v & ((1 << 64) - 1))  # i64 fields (lease) as u64
+
 
 def state(runs, last, keys):
     """runs: [(rev, idx)]; keys: [(key, cr, ver, lease, [(rev, tomb)])], sorted."""

@@ -510,11 +510,42 @@ static void ckpt_store(const ckpt_copy *c, const char *dir)
     ck_assert_int_eq(cairn_ckpt_write(dir, &c->h, c->doc, c->doc_len, c->state, c->state_len), 0);
 }
 
+/* Replaces the state section with a copy of |p|. */
+static void set_state(ckpt_copy *c, const uint8_t *p, size_t n)
+{
+    free(c->state);
+    c->state = malloc(n + 1);
+    memcpy(c->state, p, n);
+    c->state_len = n;
+}
+
 static void ckpt_drop(ckpt_copy *c)
 {
     free(c->file);
     free(c->doc);
     free(c->state);
+}
+
+/* A data dir after round 0 of the workload (and, with |lease|, a grant:
+ * a change that takes no revision), closed; *c = its checkpoint. */
+static char *round0(ckpt_copy *c, int64_t lease)
+{
+    char *dir = make_tmpdir();
+    cairn_store *s = open_store(dir);
+    workload(s, 0, 0);
+    if (lease)
+        ck_assert_int_eq(cairn_store_lease_grant(s, lease, 100), 0);
+    cairn_store_close(s);
+    ckpt_load(c, dir);
+    return dir;
+}
+
+/* The checkpoint now in |dir| must be refused and nothing lost. */
+static void refused(char *dir, ckpt_copy *c)
+{
+    check_against_replay(dir, 0, 1);
+    ckpt_drop(c);
+    done(dir);
 }
 
 enum {
@@ -606,10 +637,8 @@ START_TEST(refused_falls_back)
     default:
         break;
     }
-    check_against_replay(dir, 0, 1);
     free(b);
-    ckpt_drop(&c);
-    done(dir);
+    refused(dir, &c);
 }
 END_TEST
 
@@ -620,15 +649,10 @@ END_TEST
  * starts over with a full replay. */
 START_TEST(tail_mismatch_falls_back)
 {
-    char *dir = make_tmpdir();
-    cairn_store *s = open_store(dir);
-    workload(s, 0, 0);
-    /* a change that takes no revision, so the map has room for one more */
-    ck_assert_int_eq(cairn_store_lease_grant(s, 4242, 100), 0);
-    cairn_store_close(s);
+    /* a lease grant takes no revision, so the map has room for one more */
     ckpt_copy c;
-    ckpt_load(&c, dir);
-    s = open_store(dir);
+    char *dir = round0(&c, 4242);
+    cairn_store *s = open_store(dir);
     put_kv(s, "after-1", "x");
     put_kv(s, "after-2", "y");
     cairn_store_close(s);
@@ -645,16 +669,13 @@ START_TEST(tail_mismatch_falls_back)
     ck_assert_int_eq(cairn_revmap_add(&m, c.h.rev + 1, i + 1), 0);
     store_buf b = {0};
     ck_assert_int_eq(cairn_ckpt_encode_state(&b, &x, &m), 0);
-    free(c.state);
-    c.state = b.p;
-    c.state_len = b.len;
-    c.h.rev++;
-    ckpt_store(&c, dir);
     cairn_kindex_destroy(&x);
     cairn_revmap_destroy(&m);
-    check_against_replay(dir, 0, 1);
-    ckpt_drop(&c);
-    done(dir);
+    set_state(&c, b.p, b.len);
+    cairn_store_buf_free(&b);
+    c.h.rev++;
+    ckpt_store(&c, dir);
+    refused(dir, &c);
 }
 END_TEST
 
@@ -662,27 +683,18 @@ START_TEST(older_state_section)
 {
     /* the state section of an earlier checkpoint under a later header and
      * document: keys were added since, so document and index disagree */
-    char *dir = make_tmpdir();
-    cairn_store *s = open_store(dir);
-    workload(s, 0, 0);
-    cairn_store_close(s);
     ckpt_copy early;
-    ckpt_load(&early, dir);
-    s = open_store(dir);
+    char *dir = round0(&early, 0);
+    cairn_store *s = open_store(dir);
     workload(s, 1, 0);
     cairn_store_close(s);
     ckpt_copy late;
     ckpt_load(&late, dir);
-    free(late.state);
-    late.state = malloc(early.state_len + 1);
-    memcpy(late.state, early.state, early.state_len);
-    late.state_len = early.state_len;
+    set_state(&late, early.state, early.state_len);
     late.h.rev = early.h.rev; /* so the revision map itself is consistent */
     ckpt_store(&late, dir);
-    check_against_replay(dir, 0, 1);
     ckpt_drop(&early);
-    ckpt_drop(&late);
-    done(dir);
+    refused(dir, &late);
 }
 END_TEST
 
