@@ -17,7 +17,8 @@
  * Checked: every result is 0 or one of the decoder's codes; a decoded
  * state is one the store could have built (keys strictly ascending, every
  * history non-empty, ascending and within [1, revision], the revision map's
- * lookups inside [0, N)); its re-encoding is no longer than the input and
+ * lookups inside [0, N)); the live count and the list of live leased keys
+ * the loader is handed match the index; its re-encoding is no longer than the input and
  * decodes to the same state.
  */
 #include <stdint.h>
@@ -41,11 +42,13 @@ static int known_rc(int rc)
            rc == CAIRN_ENOMEM || rc == CAIRN_EBADVERSION;
 }
 
-static void check_state(const kindex *x, revmap *m, uint64_t n, int64_t rev)
+static void check_state(const kindex *x, revmap *m, const cairn_ckpt_live *lv, uint64_t n,
+                        int64_t rev)
 {
     kiter it;
     const kentry *prev = NULL;
-    uint64_t count = 0;
+    uint64_t count = 0, nlive = 0;
+    size_t nleased = 0;
     for (const kentry *e = cairn_kindex_first(&it, x); e; e = cairn_kindex_next(&it)) {
         check(!prev || cairn_store_keycmp(prev->key, prev->key_len, e->key, e->key_len) < 0);
         check(e->nhist >= 1 && e->nhist <= e->cap);
@@ -56,10 +59,15 @@ static void check_state(const kindex *x, revmap *m, uint64_t n, int64_t rev)
             last = r;
         }
         check(cairn_kindex_find(x, e->key, e->key_len) == e);
+        if (kentry_live(e)) {
+            nlive++;
+            if (e->lease) /* the loader's list: every live leased key, in order */
+                check(nleased < lv->nleased && lv->leased[nleased++] == e);
+        }
         prev = e;
         count++;
     }
-    check(count == x->nkeys);
+    check(count == x->nkeys && nlive == lv->nlive && nleased == lv->nleased);
     for (size_t i = 0; i < m->n; i++) {
         uint64_t ix;
         check(cairn_revmap_find(m, &ix, m->rev[i]) == 0 && ix < n);
@@ -80,10 +88,12 @@ static void decode(const uint8_t *p, size_t len, uint64_t n, int64_t rev)
     revmap m;
     cairn_kindex_init(&x);
     cairn_revmap_init(&m);
-    int rc = cairn_ckpt_decode_state(&x, &m, b, len, n, rev);
+    cairn_ckpt_live lv;
+    memset(&lv, 0, sizeof lv);
+    int rc = cairn_ckpt_decode_state(&x, &m, &lv, b, len, n, rev);
     check(known_rc(rc) && rc != CAIRN_EBADVERSION);
     if (rc == 0) {
-        check_state(&x, &m, n, rev);
+        check_state(&x, &m, &lv, n, rev);
         store_buf e = {0};
         if (cairn_ckpt_encode_state(&e, &x, &m) == 0) {
             check(e.len <= len);
@@ -91,7 +101,7 @@ static void decode(const uint8_t *p, size_t len, uint64_t n, int64_t rev)
             revmap m2;
             cairn_kindex_init(&y);
             cairn_revmap_init(&m2);
-            check(cairn_ckpt_decode_state(&y, &m2, e.p ? e.p : b, e.len, n, rev) == 0);
+            check(cairn_ckpt_decode_state(&y, &m2, NULL, e.p ? e.p : b, e.len, n, rev) == 0);
             store_buf e2 = {0};
             check(cairn_ckpt_encode_state(&e2, &y, &m2) == 0);
             check(e2.len == e.len && (!e.len || memcmp(e.p, e2.p, e.len) == 0));
@@ -101,6 +111,7 @@ static void decode(const uint8_t *p, size_t len, uint64_t n, int64_t rev)
         }
         cairn_store_buf_free(&e);
     }
+    free(lv.leased);
     cairn_kindex_destroy(&x);
     cairn_revmap_destroy(&m);
     free(b);

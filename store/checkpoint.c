@@ -156,7 +156,26 @@ static int decode_revmap(rd *r, revmap *m, uint64_t nchanges, int64_t rev)
     return 0;
 }
 
-static int decode_index(rd *r, kindex *x, int64_t rev)
+static int note_live(cairn_ckpt_live *lv, kentry *e)
+{
+    if (!lv || !kentry_live(e))
+        return 0;
+    lv->nlive++;
+    if (!e->lease)
+        return 0;
+    if (lv->nleased == lv->cap) {
+        size_t cap = lv->cap ? lv->cap * 2 : 64;
+        kentry **n = realloc(lv->leased, cap * sizeof *n);
+        if (!n)
+            return CAIRN_ENOMEM;
+        lv->leased = n;
+        lv->cap = cap;
+    }
+    lv->leased[lv->nleased++] = e;
+    return 0;
+}
+
+static int decode_index(rd *r, kindex *x, cairn_ckpt_live *lv, int64_t rev)
 {
     uint64_t nkeys;
     int rc = get_v(r, &nkeys);
@@ -230,23 +249,26 @@ static int decode_index(rd *r, kindex *x, int64_t rev)
         if (!rc)
             rc = cairn_kindex_append(x, e);
         if (rc) {
+            /* not appended: not in the index, so not in |lv| either */
             if (e->hist != &e->h1)
                 free(e->hist);
             free(e);
             return rc;
         }
         prev = e;
+        if ((rc = note_live(lv, e)))
+            return rc;
     }
     return 0;
 }
 
-int cairn_ckpt_decode_state(kindex *x, revmap *m, const uint8_t *p, size_t len, uint64_t nchanges,
-                            int64_t rev)
+int cairn_ckpt_decode_state(kindex *x, revmap *m, cairn_ckpt_live *live, const uint8_t *p,
+                            size_t len, uint64_t nchanges, int64_t rev)
 {
     rd r = {p, p + len};
     int rc = decode_revmap(&r, m, nchanges, rev);
     if (!rc)
-        rc = decode_index(&r, x, rev);
+        rc = decode_index(&r, x, live, rev);
     if (!rc && r.p != r.end)
         rc = CAIRN_ECORRUPT; /* trailing bytes */
     return rc;

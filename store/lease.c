@@ -398,13 +398,11 @@ static int rebuild_cb(void *arg, const uint8_t *key, size_t key_len, const cairn
     return key_len == 8 ? upsert(&s->lt, &l, (int64_t)cairn_store_get_be64(key)) : 0;
 }
 
-int cairn_store_lease_rebuild(cairn_store *s)
+int cairn_store_lease_rebuild(cairn_store *s, kentry *const *leased, size_t nleased)
 {
     int rc = cairn_doc_map_foreach(s->doc, s->leases, rebuild_cb, s);
-    kiter it;
-    for (kentry *k = cairn_kindex_first(&it, &s->idx); k && !rc; k = cairn_kindex_next(&it))
-        if (kentry_live(k) && k->lease)
-            rc = cairn_store_lease_key_move(s, k, 0, k->lease);
+    for (size_t i = 0; i < nleased && !rc; i++)
+        rc = cairn_store_lease_key_move(s, leased[i], 0, leased[i]->lease);
     return rc ? rc : cairn_store_lease_settle(s);
 }
 

@@ -1363,25 +1363,24 @@ static int reset_derived(cairn_store *s)
     return rc;
 }
 
-typedef struct ckpt_verify {
+/* The half of a checkpoint load that does not need the document: the
+ * checksum and the state section (key index, revision map), run on a
+ * second core while the opening thread loads the document. */
+typedef struct ckpt_side {
+    cairn_store *s;
     const cairn_ckpt_head *h;
-    int rc;
-} ckpt_verify;
+    cairn_ckpt_live live;
+    int vrc, drc;
+} ckpt_side;
 
-static void *ckpt_verify_main(void *arg)
+static void *ckpt_side_main(void *arg)
 {
-    ckpt_verify *v = arg;
-    v->rc = cairn_ckpt_verify(v->h);
+    ckpt_side *c = arg;
+    c->vrc = cairn_ckpt_verify(c->h);
+    if (!c->vrc)
+        c->drc = cairn_ckpt_decode_state(&c->s->idx, &c->s->rm, &c->live, c->h->state,
+                                         c->h->state_len, c->h->nchanges, c->h->rev);
     return NULL;
-}
-
-static int count_live(const kindex *x, uint64_t *n)
-{
-    kiter it;
-    *n = 0;
-    for (const kentry *e = cairn_kindex_first(&it, x); e; e = cairn_kindex_next(&it))
-        *n += kentry_live(e);
-    return 0;
 }
 
 /* Loads the state a checkpoint memoises, when it is this store's and
@@ -1403,7 +1402,10 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
         return 0;
     }
     cairn_ckpt_head h;
-    ckpt_verify ver = {&h, 0};
+    ckpt_side side;
+    memset(&side, 0, sizeof side);
+    side.s = s;
+    side.h = &h;
     pthread_t th;
     int threaded = 0;
     rc = cairn_ckpt_parse(&h, p, len);
@@ -1412,15 +1414,10 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
         why = whybuf;
         goto out;
     }
-    /* the checksum runs beside the checks and the loading below; nothing
-     * loaded is kept unless it passes */
-    threaded = pthread_create(&th, NULL, ckpt_verify_main, &ver) == 0;
+    /* nothing the side thread builds is kept unless every check passes */
+    threaded = pthread_create(&th, NULL, ckpt_side_main, &side) == 0;
     if (!threaded)
-        ver.rc = cairn_ckpt_verify(&h);
-    if (ver.rc && !threaded) {
-        why = "checksum mismatch";
-        goto out;
-    }
+        ckpt_side_main(&side);
     if (memcmp(h.actor.b, s->actor.b, CAIRN_ACTOR_LEN) || h.member_id != s->member_id ||
         h.cluster_id != s->cluster_id) {
         why = "written by another actor or member";
@@ -1471,8 +1468,15 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
     }
     if ((rc = cairn_doc_set_loader(d, load_body, s)))
         goto out;
-    rc = cairn_ckpt_decode_state(&s->idx, &s->rm, h.state, h.state_len, h.nchanges, h.rev);
-    if (rc) {
+    if (threaded) {
+        pthread_join(th, NULL);
+        threaded = 0;
+    }
+    if (side.vrc) {
+        why = "checksum mismatch";
+        goto out;
+    }
+    if ((rc = side.drc)) {
         snprintf(whybuf, sizeof whybuf, "key index: %s", cairn_strerror(rc));
         why = whybuf;
         goto out;
@@ -1487,22 +1491,18 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
     s->rev = h.rev;
     s->compacted = h.compacted;
     size_t ndoc = 0;
-    uint64_t nlive;
     if (find_root_map(d, &s->kvs, "kvs") || find_root_map(d, &s->leases, "leases") ||
         cairn_doc_actor_of(d, &s->kvs_actor, s->kvs) || cairn_doc_length(d, &ndoc, s->kvs) ||
-        count_live(&s->idx, &nlive) || ndoc != nlive) {
+        ndoc != side.live.nlive) {
         why = "its document and key index disagree";
         goto out;
     }
     s->kvs_known = 1;
-    if ((rc = cairn_store_lease_rebuild(s)))
-        goto out;
+    rc = cairn_store_lease_rebuild(s, side.live.leased, side.live.nleased);
 out:
-    if (threaded) {
+    if (threaded)
         pthread_join(th, NULL);
-        if (ver.rc && !why && !rc)
-            why = "checksum mismatch";
-    }
+    free(side.live.leased);
     cairn_ckpt_unmap(p, len);
     if (why || rc) {
         if (!why) {

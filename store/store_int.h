@@ -165,9 +165,10 @@ int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t 
 /* End of a change: re-reads every touched lease from the document. */
 int cairn_store_lease_settle(cairn_store *s);
 /* After a checkpoint load: builds the table from the document's leases map
- * and the key index, through the same hooks and settle as the observer, so
- * it is the table a full replay leaves. The table must be empty. */
-int cairn_store_lease_rebuild(cairn_store *s);
+ * and the live keys with a lease (|leased|, every one of them), through the
+ * same hooks and settle as the observer, so it is the table a full replay
+ * leaves. The table must be empty. */
+int cairn_store_lease_rebuild(cairn_store *s, kentry *const *leased, size_t nleased);
 /* After recovery: etcd's restart rule (see lease.c). */
 void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms);
 int cairn_store_lease_thread_start(cairn_store *s, uint32_t tick_ms);
@@ -238,11 +239,20 @@ typedef struct cairn_ckpt_head {
 /* Appends the revision map and the key index (store.h, CHECKPOINT). The
  * caller keeps both from changing. */
 int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m);
+/* What the loader needs besides the index, gathered while decoding it (the
+ * entries are in cache then; a second pass over a million would not be). */
+typedef struct cairn_ckpt_live {
+    uint64_t nlive;  /* keys whose newest history entry is not a delete */
+    kentry **leased; /* the live keys with a lease, in key order; free() it */
+    size_t nleased, cap;
+} cairn_ckpt_live;
+
 /* Decodes a state section into an empty |x| and |m| (left partly filled on
- * error: the caller destroys them). Errors: CAIRN_ETRUNCATED, ELIMIT,
- * ECORRUPT (out of order, out of range, trailing bytes), ENOMEM. */
-int cairn_ckpt_decode_state(kindex *x, revmap *m, const uint8_t *p, size_t len, uint64_t nchanges,
-                            int64_t rev);
+ * error: the caller destroys them); fills |live| (may be NULL; zero it
+ * first). Errors: CAIRN_ETRUNCATED, ELIMIT, ECORRUPT (out of order, out of
+ * range, trailing bytes), ENOMEM. */
+int cairn_ckpt_decode_state(kindex *x, revmap *m, cairn_ckpt_live *live, const uint8_t *p,
+                            size_t len, uint64_t nchanges, int64_t rev);
 /* Checks the header and the fixed fields of file bytes |p| and fills |h|
  * (views into |p|); does not check the checksum. Errors: CAIRN_ETRUNCATED,
  * ECORRUPT, EBADVERSION. */

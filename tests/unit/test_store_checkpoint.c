@@ -662,7 +662,7 @@ START_TEST(tail_mismatch_falls_back)
     cairn_kindex_init(&x);
     cairn_revmap_init(&m);
     ck_assert_int_eq(
-        cairn_ckpt_decode_state(&x, &m, c.state, c.state_len, c.h.nchanges, c.h.rev), 0);
+        cairn_ckpt_decode_state(&x, &m, NULL, c.state, c.state_len, c.h.nchanges, c.h.rev), 0);
     uint64_t i;
     ck_assert_int_eq(cairn_revmap_find(&m, &i, c.h.rev), 0);
     ck_assert_uint_lt(i + 1, c.h.nchanges);
@@ -806,7 +806,7 @@ START_TEST(state_codec_round_trip)
     revmap m2;
     cairn_kindex_init(&y);
     cairn_revmap_init(&m2);
-    ck_assert_int_eq(cairn_ckpt_decode_state(&y, &m2, b.p, b.len, nch, rev), 0);
+    ck_assert_int_eq(cairn_ckpt_decode_state(&y, &m2, NULL, b.p, b.len, nch, rev), 0);
     ck_assert_uint_eq(y.nkeys, x.nkeys);
     kiter i1, i2;
     const kentry *e1 = cairn_kindex_first(&i1, &x), *e2 = cairn_kindex_first(&i2, &y);
@@ -845,7 +845,7 @@ START_TEST(state_codec_round_trip)
         cairn_kindex_init(&y);
         cairn_revmap_init(&m2);
         ck_assert_int_eq(
-            cairn_ckpt_decode_state(&y, &m2, b.p, b.len - bad[i].cut, bad[i].nch, bad[i].rev),
+            cairn_ckpt_decode_state(&y, &m2, NULL, b.p, b.len - bad[i].cut, bad[i].nch, bad[i].rev),
             bad[i].rc);
         cairn_kindex_destroy(&y);
         cairn_revmap_destroy(&m2);
