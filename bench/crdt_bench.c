@@ -16,6 +16,12 @@
  *
  * Usage: crdt_bench [nkeys [nupdates]]. Single-threaded; the document's
  * clock is fake; rates are per second of CPU time.
+ *
+ * crdt_bench checkpoint [nkeys [runs]] instead measures a restart: a replica
+ * of nkeys one-key changes rebuilt by replaying every change (decode +
+ * receive, bodies from a loader as in the store) against one restored from
+ * cairn_doc_checkpoint; the checkpoint's size, the median encode and load
+ * times of |runs| runs (wall clock), and the heap each replica holds.
  */
 #include <malloc.h>
 #include <stdint.h>
@@ -133,8 +139,116 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rng % n);
 }
 
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int checkpoint_bench(uint32_t n, int runs)
+{
+    cairn_actor aa, ab;
+    memset(aa.b, 0xA1, sizeof aa.b);
+    memset(ab.b, 0xB2, sizeof ab.b);
+    cairn_doc *a, *replayed, *loaded = NULL;
+    int rc = cairn_doc_new(&a, &aa);
+    if (rc)
+        die("new", rc);
+    uint64_t t = 1700000000000ull;
+    for (uint32_t i = 0; i < n; i++)
+        put_one(a, t++, i, 0, NULL);
+    const cairn_dag *da = cairn_doc_dag(a);
+
+    /* the restart of today: every change decoded and received */
+    size_t h0 = heap_bytes();
+    double w0 = wall_s(), c0 = now_s();
+    if ((rc = cairn_doc_new(&replayed, &ab)) ||
+        (rc = cairn_doc_set_loader(replayed, load_from, (void *)da)))
+        die("replica", rc);
+    for (uint64_t i = 0; i < cairn_dag_count(da); i++)
+        if ((rc = cairn_doc_receive(replayed, copy_of(da, i), NULL)) != 0)
+            die("receive", rc);
+    double replay_s = wall_s() - w0, replay_cpu = now_s() - c0;
+    size_t heap_replayed = heap_bytes() - h0;
+
+    double *enc = malloc((size_t)runs * sizeof *enc), *dec = malloc((size_t)runs * sizeof *dec);
+    double *enc_cpu = malloc((size_t)runs * sizeof *enc),
+           *dec_cpu = malloc((size_t)runs * sizeof *dec);
+    if (!enc || !dec || !enc_cpu || !dec_cpu)
+        die("malloc", CAIRN_ENOMEM);
+    uint8_t *ck = NULL;
+    size_t cklen = 0, heap_loaded = 0;
+    for (int r = 0; r < runs; r++) {
+        free(ck);
+        double x = wall_s(), y = now_s();
+        if ((rc = cairn_doc_checkpoint(&ck, &cklen, replayed)))
+            die("checkpoint", rc);
+        enc[r] = wall_s() - x;
+        enc_cpu[r] = now_s() - y;
+    }
+    for (int r = 0; r < runs; r++) {
+        cairn_doc_free(loaded);
+        size_t h1 = heap_bytes();
+        double x = wall_s(), y = now_s();
+        if ((rc = cairn_doc_from_checkpoint(&loaded, ck, cklen, &ab)) ||
+            (rc = cairn_doc_set_loader(loaded, load_from, (void *)da)))
+            die("from_checkpoint", rc);
+        dec[r] = wall_s() - x;
+        dec_cpu[r] = now_s() - y;
+        heap_loaded = heap_bytes() - h1;
+    }
+    uint8_t *d1, *d2;
+    size_t l1, l2;
+    if (cairn_doc_dump(&d1, &l1, replayed) || cairn_doc_dump(&d2, &l2, loaded) || l1 != l2 ||
+        memcmp(d1, d2, l1) != 0)
+        die("restored replica differs", CAIRN_ECORRUPT);
+    free(d1);
+    free(d2);
+    printf("crdt_bench checkpoint: %u keys (key %d B, value %d B), %d runs\n", n, KEY_LEN, VAL_LEN,
+           runs);
+    printf("times: wall clock, then CPU time (the machine may be shared)\n");
+    printf("full replay (decode + receive): %.3f s, %.3f s CPU\n", replay_s, replay_cpu);
+    printf("checkpoint size:                %zu B (%.1f B/key)\n", cklen, (double)cklen / n);
+    printf("cairn_doc_checkpoint:           %.3f s, %.3f s CPU (medians)\n", median_of(enc, runs),
+           median_of(enc_cpu, runs));
+    printf("cairn_doc_from_checkpoint:      %.3f s, %.3f s CPU (medians)\n", median_of(dec, runs),
+           median_of(dec_cpu, runs));
+    printf("heap, replayed replica:         %zu B (%.1f B/key)\n", heap_replayed,
+           (double)heap_replayed / n);
+    printf("heap, restored replica:         %zu B (%.1f B/key)\n", heap_loaded,
+           (double)heap_loaded / n);
+    printf("DAG bytes, replayed / restored: %zu / %zu\n",
+           cairn_dag_mem_bytes(cairn_doc_dag(replayed)),
+           cairn_dag_mem_bytes(cairn_doc_dag(loaded)));
+    free(ck);
+    free(enc);
+    free(dec);
+    free(enc_cpu);
+    free(dec_cpu);
+    cairn_doc_free(loaded);
+    cairn_doc_free(replayed);
+    cairn_doc_free(a);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "checkpoint") == 0) {
+        uint32_t n = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1000000;
+        int runs = argc > 3 ? atoi(argv[3]) : 5;
+        if (n == 0 || runs < 1) {
+            fprintf(stderr, "usage: crdt_bench checkpoint [nkeys [runs]]\n");
+            return 2;
+        }
+        return checkpoint_bench(n, runs);
+    }
     uint32_t n = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 1000000;
     uint32_t m = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 100000;
     if (n == 0 || m == 0) {

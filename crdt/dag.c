@@ -1357,15 +1357,26 @@ static int otab_build(cairn_dag *d, uint64_t n)
     d->otab_cap = cap;
     d->otab_shift = shift_for(cap);
     size_t mask = cap - 1;
-    for (uint64_t ix = 0; ix < n; ix++) {
-        const uint8_t *h = d->ohash[ix].b;
-        uint64_t x = sip(d, h, CAIRN_HASH_LEN), fp = x & FP_MASK;
-        size_t i = (size_t)(x >> d->otab_shift);
-        for (; d->otab[i]; i = (i + 1) & mask)
-            if (d->otab[i] >> IDX_BITS == fp &&
-                memcmp(d->ohash[(d->otab[i] & IDX_MASK) - 1].b, h, CAIRN_HASH_LEN) == 0)
-                return CAIRN_EDUPLICATE;
-        d->otab[i] = (fp << IDX_BITS) | (ix + 1);
+    /* Slots are hashed LAG changes ahead and prefetched: the table is far
+     * bigger than the cache. */
+    enum { LAG = 64 };
+    uint64_t ahead[LAG];
+    for (uint64_t ix = 0; ix < n + LAG; ix++) {
+        if (ix >= LAG) { /* change ix - LAG goes in: its slot was fetched */
+            uint64_t at = ix - LAG;
+            const uint8_t *h = d->ohash[at].b;
+            uint64_t x = ahead[at % LAG], fp = x & FP_MASK;
+            size_t i = (size_t)(x >> d->otab_shift);
+            for (; d->otab[i]; i = (i + 1) & mask)
+                if (d->otab[i] >> IDX_BITS == fp &&
+                    memcmp(d->ohash[(d->otab[i] & IDX_MASK) - 1].b, h, CAIRN_HASH_LEN) == 0)
+                    return CAIRN_EDUPLICATE;
+            d->otab[i] = (fp << IDX_BITS) | (at + 1);
+        }
+        if (ix < n) { /* reuses the ring entry just consumed */
+            ahead[ix % LAG] = sip(d, d->ohash[ix].b, CAIRN_HASH_LEN);
+            __builtin_prefetch(&d->otab[ahead[ix % LAG] >> d->otab_shift], 1);
+        }
     }
     return 0;
 }

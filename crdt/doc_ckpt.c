@@ -353,52 +353,106 @@ static int make_vset(loader *l, vset *s, uint32_t n)
     return 0;
 }
 
+/* Reads one key into a new record (*out) and its hash. */
+static int read_key(loader *l, mkey **out, uint32_t *hash)
+{
+    uint64_t klen;
+    const uint8_t *key;
+    uint32_t n;
+    int rc = wire_uv(&l->r, &klen);
+    if (rc)
+        return rc;
+    if (klen > CAIRN_CHANGE_MAX_BYTES)
+        return CAIRN_ELIMIT;
+    if ((rc = wire_take(&l->r, &key, (size_t)klen)) || (rc = read_ops(l, &n, 1)))
+        return rc;
+    /* One bytes value lives in the record, as a settled record keeps it. */
+    const vop *v0 = &l->ops[0];
+    int inl = n == 1 && vop_has_bytes(v0);
+    size_t vlen = inl ? v0->len : 0;
+    mkey *rec = malloc(offsetof(mkey, key) + (size_t)klen + vlen);
+    if (!rec)
+        return CAIRN_ENOMEM;
+    rec->key_len = (uint32_t)klen;
+    rec->tail = inl;
+    rec->in_undo = 0;
+    if (klen)
+        memcpy(rec->key, key, (size_t)klen);
+    if (inl) {
+        memset(&rec->vs, 0, sizeof rec->vs);
+        rec->vs.one = *v0;
+        memcpy(rec->key + klen, v0->v.p, vlen);
+        rec->vs.one.v.p = rec->key + klen;
+        rec->vs.one.flags = VF_INLINE;
+        rec->vs.n = 1;
+    } else if ((rc = make_vset(l, &rec->vs, n))) {
+        free(rec);
+        return rc;
+    }
+    *out = rec;
+    *hash = cairn_doc_hash_bytes_(l->d, key, (size_t)klen);
+    return 0;
+}
+
+/* Puts |rec| into a table presized for every key, unless its key is there
+ * already. |th| holds each filled slot's hash, so that probing compares
+ * keys only on a full hash match and never touches other records. */
+static int put_key(ptab *t, uint32_t *th, mkey *rec, uint32_t h)
+{
+    uint32_t mask = t->cap - 1, i = h & mask;
+    for (; t->slots[i]; i = (i + 1) & mask) {
+        const mkey *o = t->slots[i];
+        if (th[i] == h && o->key_len == rec->key_len && memcmp(o->key, rec->key, rec->key_len) == 0)
+            return CAIRN_EDUPLICATE;
+    }
+    t->slots[i] = rec;
+    th[i] = h;
+    t->count++;
+    return 0;
+}
+
+/* Keys are read LAG ahead of their insertion, their slots prefetched: a
+ * table of a million keys is far bigger than the cache, so each insertion
+ * would otherwise wait for memory twice (slot, hash). */
+#define LAG 16
+
 static int load_map(loader *l, obj *o)
 {
     uint64_t nkeys;
     int rc = wire_count(&l->r, &nkeys, UINT32_MAX / 2, MIN_KEY_BYTES);
     if (rc || (rc = cairn_doc_ptab_reserve_(l->d, &o->keys, (uint32_t)nkeys)))
         return rc;
-    for (uint64_t i = 0; i < nkeys; i++) {
-        uint64_t klen;
-        const uint8_t *key;
-        uint32_t n;
-        if ((rc = wire_uv(&l->r, &klen)))
-            return rc;
-        if (klen > CAIRN_CHANGE_MAX_BYTES)
-            return CAIRN_ELIMIT;
-        if ((rc = wire_take(&l->r, &key, (size_t)klen)) || (rc = read_ops(l, &n, 1)))
-            return rc;
-        uint32_t h = cairn_doc_hash_bytes_(l->d, key, (size_t)klen);
-        if (cairn_doc_map_lookup_(o, key, (uint32_t)klen, h))
-            return CAIRN_EDUPLICATE;
-        /* One bytes value lives in the record, as a settled record keeps it. */
-        const vop *v0 = &l->ops[0];
-        int inl = n == 1 && vop_has_bytes(v0);
-        size_t vlen = inl ? v0->len : 0;
-        mkey *rec = malloc(offsetof(mkey, key) + (size_t)klen + vlen);
-        if (!rec)
-            return CAIRN_ENOMEM;
-        rec->key_len = (uint32_t)klen;
-        rec->tail = inl;
-        rec->in_undo = 0;
-        if (klen)
-            memcpy(rec->key, key, (size_t)klen);
-        if (inl) {
-            memset(&rec->vs, 0, sizeof rec->vs);
-            rec->vs.one = *v0;
-            memcpy(rec->key + klen, v0->v.p, vlen);
-            rec->vs.one.v.p = rec->key + klen;
-            rec->vs.one.flags = VF_INLINE;
-            rec->vs.n = 1;
-        } else if ((rc = make_vset(l, &rec->vs, n))) {
-            free(rec);
-            return rc;
+    if (!nkeys)
+        return 0;
+    uint32_t *th = malloc((size_t)o->keys.cap * sizeof *th);
+    if (!th)
+        return CAIRN_ENOMEM;
+    mkey *ring[LAG];
+    uint32_t rh[LAG], mask = o->keys.cap - 1;
+    uint64_t nread = 0, done = 0;
+    while (done < nkeys) {
+        if (nread < nkeys && nread - done < LAG) {
+            uint64_t k = nread % LAG;
+            if ((rc = read_key(l, &ring[k], &rh[k])))
+                break;
+            __builtin_prefetch(&o->keys.slots[rh[k] & mask], 1);
+            __builtin_prefetch(&th[rh[k] & mask], 1);
+            nread++;
+            continue;
         }
-        cairn_doc_ptab_put_h_(&o->keys, rec, h);
+        uint64_t k = done % LAG;
+        if ((rc = put_key(&o->keys, th, ring[k], rh[k])))
+            break;
+        done++;
     }
+    /* Records read but not in the table are still this function's. */
+    for (uint64_t i = done; rc && i < nread; i++) {
+        cairn_doc_vs_free_(&ring[i % LAG]->vs);
+        free(ring[i % LAG]);
+    }
+    free(th);
     o->nvis = o->keys.count;
-    return 0;
+    return rc;
 }
 
 static int load_list(loader *l, obj *o)
