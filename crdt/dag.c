@@ -1320,7 +1320,8 @@ void cairn_dag_save_(wire_wr *w, const cairn_dag *d)
         const uint8_t *s, *e;
         deps_range(d, i, &s, &e);
         p = wire_put_uv(p, uv_count(s, e));
-        memcpy(p, s, (size_t)(e - s));
+        if (e > s)
+            memcpy(p, s, (size_t)(e - s));
         p += e - s;
     }
     w->len += blob;
@@ -1487,7 +1488,7 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
         if (!BIT(isdep, i))
             d->heads[d->nheads++] = i;
     d->nlive_heads = d->nheads;
-    d->heads_dirty = 1;
+    d->heads_dirty = d->nheads > 0; /* no cache to build for none */
     d->norder = (size_t)n;
     d->nbodyless = n;
     free(isdep);
