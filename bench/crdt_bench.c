@@ -130,6 +130,18 @@ static int load_from(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
     return cairn_dag_load_bytes(bytes, len, arg, index);
 }
 
+/* Dies with |what| unless the two replicas dump the same bytes. */
+static void same_state(const cairn_doc *a, const cairn_doc *b, const char *what)
+{
+    uint8_t *da, *db;
+    size_t la, lb;
+    if (cairn_doc_dump(&da, &la, a) || cairn_doc_dump(&db, &lb, b) || la != lb ||
+        memcmp(da, db, la) != 0)
+        die(what, CAIRN_ECORRUPT);
+    free(da);
+    free(db);
+}
+
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(uint32_t n)
 {
@@ -204,13 +216,7 @@ static int checkpoint_bench(uint32_t n, int runs)
         dec_cpu[r] = now_s() - y;
         heap_loaded = heap_bytes() - h1;
     }
-    uint8_t *d1, *d2;
-    size_t l1, l2;
-    if (cairn_doc_dump(&d1, &l1, replayed) || cairn_doc_dump(&d2, &l2, loaded) || l1 != l2 ||
-        memcmp(d1, d2, l1) != 0)
-        die("restored replica differs", CAIRN_ECORRUPT);
-    free(d1);
-    free(d2);
+    same_state(replayed, loaded, "restored replica differs");
     printf("crdt_bench checkpoint: %u keys (key %d B, value %d B), %d runs\n", n, KEY_LEN, VAL_LEN,
            runs);
     printf("times: wall clock, then CPU time (the machine may be shared)\n");
@@ -358,13 +364,7 @@ int main(int argc, char **argv)
         cairn_dag_free(bare);
     }
 
-    uint8_t *dump_a, *dump_b;
-    size_t la, lb;
-    if (cairn_doc_dump(&dump_a, &la, a) || cairn_doc_dump(&dump_b, &lb, b) || la != lb ||
-        memcmp(dump_a, dump_b, la) != 0)
-        die("replicas differ", CAIRN_ECORRUPT);
-    free(dump_a);
-    free(dump_b);
+    same_state(a, b, "replicas differ");
 
     printf("crdt_bench: %u keys (key %d B, value %d B), %u overwrites\n", n, KEY_LEN, VAL_LEN, m);
     printf("change size, one key:        %zu B (first change, no deps), %zu B (one dep)\n",

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_test.h"
 #include "crdt/change.h"
 #include "crdt/dag.h"
 #include "crdt/doc.h"
@@ -1514,16 +1515,12 @@ static cairn_doc *rich_doc(cairn_doc **peer)
     return d;
 }
 
-static cairn_doc *from_ckpt(const cairn_doc *d, const cairn_actor *a)
+/* One change that sets root key |k|. */
+static void put_commit(cairn_doc *d, uint64_t t, const char *k, const char *v)
 {
-    uint8_t *b;
-    size_t n;
-    cairn_doc *r;
-    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
-    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, b, n, a), 0);
-    free(b);
-    ck_assert_int_eq(cairn_doc_check_(r), 0);
-    return r;
+    ck_assert_int_eq(cairn_doc_begin(d, t), 0);
+    put_s(d, CAIRN_ROOT, k, v);
+    commit(d);
 }
 
 /* The same edit on |a| and |b| gives byte-identical changes. */
@@ -1548,9 +1545,9 @@ START_TEST(checkpoint_roundtrip_any_actor)
     cairn_doc *peer, *d = rich_doc(&peer);
     /* the writer's own actor, another author's, and a stranger's */
     cairn_actor stranger = actor_n(9);
-    cairn_doc *same = from_ckpt(d, cairn_doc_actor(d));
-    cairn_doc *other = from_ckpt(d, cairn_doc_actor(peer));
-    cairn_doc *fresh = new_doc(9), *strange = from_ckpt(d, &stranger), *fresh2 = new_doc(2);
+    cairn_doc *same = ckpt_restore(d, cairn_doc_actor(d));
+    cairn_doc *other = ckpt_restore(d, cairn_doc_actor(peer));
+    cairn_doc *fresh = new_doc(9), *strange = ckpt_restore(d, &stranger), *fresh2 = new_doc(2);
     /* replicas of the other actors that replayed d's changes in d's order */
     deliver(fresh, d);
     deliver(fresh2, d);
@@ -1614,25 +1611,21 @@ START_TEST(checkpoint_loader_pending_and_state)
     /* a change whose dep d lacks stays out of the checkpoint */
     cairn_doc *p2 = new_doc(2);
     deliver(p2, peer);
-    ck_assert_int_eq(cairn_doc_begin(peer, 40), 0);
-    put_s(peer, CAIRN_ROOT, "p", "1");
-    commit(peer);
-    ck_assert_int_eq(cairn_doc_begin(peer, 41), 0);
-    put_s(peer, CAIRN_ROOT, "p", "2");
-    commit(peer);
+    put_commit(peer, 40, "p", "1");
+    put_commit(peer, 41, "p", "2");
     const cairn_dag *pd = cairn_doc_dag(peer);
     uint64_t last = cairn_dag_count(pd) - 1;
     cairn_change *c;
     ck_assert_int_eq(cairn_dag_load(&c, pd, last), 0);
     ck_assert_int_eq(cairn_doc_receive(d, c, NULL), 0);
     ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(d), cairn_dag_hash_at(pd, last)), 2);
-    cairn_doc *r = from_ckpt(d, cairn_doc_actor(d));
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
     ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(r), cairn_dag_hash_at(pd, last)), 0);
     /* no loader: restored bodies are not here */
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 0), CAIRN_ENOTFOUND);
     cairn_doc_free(r);
     /* a loader can be set on a restored replica, and serves its bodies */
-    r = from_ckpt(d, cairn_doc_actor(d));
+    r = ckpt_restore(d, cairn_doc_actor(d));
     ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), 0);
     loads = 0;
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 1), 0);
@@ -1644,13 +1637,11 @@ START_TEST(checkpoint_loader_pending_and_state)
     ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), CAIRN_ESTATE);
     cairn_doc_free(r);
     /* without a loader, changes ordered after the restore keep their bodies */
-    r = from_ckpt(d, cairn_doc_actor(d));
+    r = ckpt_restore(d, cairn_doc_actor(d));
     uint64_t before = cairn_dag_count(cairn_doc_dag(r));
     cairn_doc *q = new_doc(2);
     deliver(q, peer);
-    ck_assert_int_eq(cairn_doc_begin(q, 50), 0);
-    put_s(q, CAIRN_ROOT, "q", "1");
-    commit(q);
+    put_commit(q, 50, "q", "1");
     deliver(r, q);
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(r)), before + 1);
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), before), 0);
