@@ -20,15 +20,18 @@
  * crdt_bench checkpoint [nkeys [runs]] instead measures a restart: a replica
  * of nkeys one-key changes rebuilt by replaying every change (decode +
  * receive, bodies from a loader as in the store) against one restored from
- * cairn_doc_checkpoint; the checkpoint's size, the median encode and load
- * times of |runs| runs (wall clock), and the heap each replica holds.
+ * cairn_doc_checkpoint, each in a forked child (a fresh heap, as after a
+ * restart); the checkpoint's size, the median encode and load times of
+ * |runs| runs, and the heap and RSS each restart added.
  */
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "crdt/change.h"
 #include "crdt/dag.h"
@@ -164,82 +167,144 @@ static double median_of(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* What one way of restarting cost, measured in a child process. */
+struct restart {
+    double wall, cpu;
+    size_t heap, rss;
+};
+
+struct restart_arg {
+    const cairn_doc *src; /* every change, bodies included */
+    const uint8_t *ck;    /* its checkpoint */
+    size_t cklen;
+    cairn_actor actor; /* the restarting replica's */
+};
+
+/* Today's restart: every change decoded and received (bodies from a
+ * loader, as in the store). */
+static void restart_replay(const struct restart_arg *x)
+{
+    cairn_doc *d;
+    const cairn_dag *da = cairn_doc_dag(x->src);
+    int rc = cairn_doc_new(&d, &x->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(d, load_from, (void *)da);
+    for (uint64_t i = 0; !rc && i < cairn_dag_count(da); i++)
+        rc = cairn_doc_receive(d, copy_of(da, i), NULL);
+    if (rc)
+        die("replay", rc);
+}
+
+static void restart_checkpoint(const struct restart_arg *x)
+{
+    cairn_doc *d;
+    int rc = cairn_doc_from_checkpoint(&d, x->ck, x->cklen, &x->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(d, load_from, (void *)cairn_doc_dag(x->src));
+    if (rc)
+        die("from_checkpoint", rc);
+}
+
+/* Runs |fn| in a child forked from this process, as a restarting process
+ * would run it: from the same heap each time, its new pages its own (no
+ * memory freed by an earlier run to reuse). Returns its wall and CPU time
+ * and how much heap and resident memory it added. */
+static struct restart in_child(void (*fn)(const struct restart_arg *), const struct restart_arg *x)
+{
+    struct restart r = {0};
+    int fd[2];
+    if (pipe(fd) != 0)
+        die("pipe", CAIRN_EIO);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork", CAIRN_EIO);
+    if (pid == 0) {
+        close(fd[0]);
+        size_t h0 = heap_bytes(), s0 = rss_bytes();
+        double w0 = wall_s(), c0 = now_s();
+        fn(x);
+        r.wall = wall_s() - w0;
+        r.cpu = now_s() - c0;
+        r.heap = heap_bytes() - h0;
+        r.rss = rss_bytes() - s0;
+        _exit(write(fd[1], &r, sizeof r) == sizeof r ? 0 : 1);
+    }
+    close(fd[1]);
+    int st = 0;
+    ssize_t got = read(fd[0], &r, sizeof r);
+    close(fd[0]);
+    if (waitpid(pid, &st, 0) != pid || got != (ssize_t)sizeof r || !WIFEXITED(st) ||
+        WEXITSTATUS(st) != 0)
+        die("child", CAIRN_EIO);
+    return r;
+}
+
+static int cmp_restart(const void *a, const void *b)
+{
+    double x = ((const struct restart *)a)->wall, y = ((const struct restart *)b)->wall;
+    return x < y ? -1 : x > y;
+}
+
 static int checkpoint_bench(uint32_t n, int runs)
 {
-    cairn_actor aa, ab;
+    cairn_actor aa;
     memset(aa.b, 0xA1, sizeof aa.b);
-    memset(ab.b, 0xB2, sizeof ab.b);
-    cairn_doc *a, *replayed, *loaded = NULL;
+    struct restart_arg x = {0};
+    memset(x.actor.b, 0xB2, sizeof x.actor.b);
+    cairn_doc *a, *loaded;
     int rc = cairn_doc_new(&a, &aa);
     if (rc)
         die("new", rc);
     uint64_t t = 1700000000000ull;
     for (uint32_t i = 0; i < n; i++)
         put_one(a, t++, i, 0, NULL);
-    const cairn_dag *da = cairn_doc_dag(a);
+    x.src = a;
 
-    /* the restart of today: every change decoded and received */
-    size_t h0 = heap_bytes();
-    double w0 = wall_s(), c0 = now_s();
-    if ((rc = cairn_doc_new(&replayed, &ab)) ||
-        (rc = cairn_doc_set_loader(replayed, load_from, (void *)da)))
-        die("replica", rc);
-    for (uint64_t i = 0; i < cairn_dag_count(da); i++)
-        if ((rc = cairn_doc_receive(replayed, copy_of(da, i), NULL)) != 0)
-            die("receive", rc);
-    double replay_s = wall_s() - w0, replay_cpu = now_s() - c0;
-    size_t heap_replayed = heap_bytes() - h0;
-
-    double *enc = malloc((size_t)runs * sizeof *enc), *dec = malloc((size_t)runs * sizeof *dec);
-    double *enc_cpu = malloc((size_t)runs * sizeof *enc),
-           *dec_cpu = malloc((size_t)runs * sizeof *dec);
-    if (!enc || !dec || !enc_cpu || !dec_cpu)
+    double *enc = malloc((size_t)runs * sizeof *enc), *enc_cpu = malloc((size_t)runs * sizeof *enc);
+    struct restart *ld = malloc((size_t)runs * sizeof *ld);
+    if (!enc || !enc_cpu || !ld)
         die("malloc", CAIRN_ENOMEM);
     uint8_t *ck = NULL;
-    size_t cklen = 0, heap_loaded = 0;
     for (int r = 0; r < runs; r++) {
         free(ck);
-        double x = wall_s(), y = now_s();
-        if ((rc = cairn_doc_checkpoint(&ck, &cklen, replayed)))
+        double w = wall_s(), c = now_s();
+        if ((rc = cairn_doc_checkpoint(&ck, &x.cklen, a)))
             die("checkpoint", rc);
-        enc[r] = wall_s() - x;
-        enc_cpu[r] = now_s() - y;
+        enc[r] = wall_s() - w;
+        enc_cpu[r] = now_s() - c;
     }
-    for (int r = 0; r < runs; r++) {
-        cairn_doc_free(loaded);
-        size_t h1 = heap_bytes();
-        double x = wall_s(), y = now_s();
-        if ((rc = cairn_doc_from_checkpoint(&loaded, ck, cklen, &ab)) ||
-            (rc = cairn_doc_set_loader(loaded, load_from, (void *)da)))
-            die("from_checkpoint", rc);
-        dec[r] = wall_s() - x;
-        dec_cpu[r] = now_s() - y;
-        heap_loaded = heap_bytes() - h1;
-    }
-    same_state(replayed, loaded, "restored replica differs");
+    x.ck = ck;
+    struct restart rp = in_child(restart_replay, &x);
+    for (int r = 0; r < runs; r++)
+        ld[r] = in_child(restart_checkpoint, &x);
+    qsort(ld, (size_t)runs, sizeof *ld, cmp_restart);
+    struct restart lm = ld[runs / 2];
+    if ((rc = cairn_doc_from_checkpoint(&loaded, ck, x.cklen, &x.actor)))
+        die("from_checkpoint", rc);
+    same_state(a, loaded, "restored replica differs");
+
     printf("crdt_bench checkpoint: %u keys (key %d B, value %d B), %d runs\n", n, KEY_LEN, VAL_LEN,
            runs);
-    printf("times: wall clock, then CPU time (the machine may be shared)\n");
-    printf("full replay (decode + receive): %.3f s, %.3f s CPU\n", replay_s, replay_cpu);
-    printf("checkpoint size:                %zu B (%.1f B/key)\n", cklen, (double)cklen / n);
+    printf("restarts run in forked children; times are wall clock, then CPU time\n");
+    printf("full replay (decode + receive): %.3f s, %.3f s CPU\n", rp.wall, rp.cpu);
+    printf("checkpoint size:                %zu B (%.1f B/key)\n", x.cklen, (double)x.cklen / n);
     printf("cairn_doc_checkpoint:           %.3f s, %.3f s CPU (medians)\n", median_of(enc, runs),
            median_of(enc_cpu, runs));
-    printf("cairn_doc_from_checkpoint:      %.3f s, %.3f s CPU (medians)\n", median_of(dec, runs),
-           median_of(dec_cpu, runs));
-    printf("heap, replayed replica:         %zu B (%.1f B/key)\n", heap_replayed,
-           (double)heap_replayed / n);
-    printf("heap, restored replica:         %zu B (%.1f B/key)\n", heap_loaded,
-           (double)heap_loaded / n);
-    printf("DAG bytes, replayed / restored: %zu / %zu\n",
-           cairn_dag_mem_bytes(cairn_doc_dag(replayed)),
-           cairn_dag_mem_bytes(cairn_doc_dag(loaded)));
+    printf("cairn_doc_from_checkpoint:      %.3f s, %.3f s CPU (median run by wall; fastest "
+           "%.3f s)\n",
+           lm.wall, lm.cpu, ld[0].wall);
+    printf("heap added, replay / restore:   %.1f / %.1f B/key\n", (double)rp.heap / n,
+           (double)lm.heap / n);
+    printf("RSS added, replay / restore:    %.1f / %.1f B/key\n", (double)rp.rss / n,
+           (double)lm.rss / n);
+    printf("DAG bytes, source / restored:   %zu / %zu (the source keeps its bodies)\n",
+           cairn_dag_mem_bytes(cairn_doc_dag(a)), cairn_dag_mem_bytes(cairn_doc_dag(loaded)));
     free(ck);
     free(enc);
-    free(dec);
     free(enc_cpu);
-    free(dec_cpu);
+    free(ld);
     cairn_doc_free(loaded);
-    cairn_doc_free(replayed);
     cairn_doc_free(a);
     return 0;
 }

@@ -1355,6 +1355,7 @@ static int otab_build(cairn_dag *d, uint64_t n)
     d->otab = calloc(cap, sizeof *d->otab);
     if (!d->otab)
         return CAIRN_ENOMEM;
+    wire_huge(d->otab, cap * sizeof *d->otab);
     d->otab_cap = cap;
     d->otab_shift = shift_for(cap);
     size_t mask = cap - 1;
@@ -1470,6 +1471,8 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
     isdep = calloc((size_t)(n / 64 + 1), sizeof *isdep);
     if (!d->ohash || !d->dep_off || !d->dep_bytes || !isdep)
         goto fail;
+    wire_huge(d->ohash, (size_t)n * sizeof *d->ohash);
+    wire_huge(d->dep_off, (size_t)(n + 1) * sizeof *d->dep_off);
     d->caporder = (size_t)n;
     d->capdep_bytes = (size_t)blen;
     if (n)
