@@ -1762,8 +1762,9 @@ static void ckb_raw(struct ckb *k, const void *p, size_t n)
     k->n += n;
 }
 
-/* The empty replica of actor 1 up to its root map's key count. */
-static void ckb_head(struct ckb *k)
+/* The empty replica of actor 1 (whose clock is |clock|) up to its root
+ * map's key count. */
+static void ckb_head_at(struct ckb *k, uint64_t clock)
 {
     cairn_actor a = actor_n(1);
     k->n = 0;
@@ -1773,8 +1774,24 @@ static void ckb_head(struct ckb *k)
     ckb_uv(k, 0); /* no authors */
     ckb_uv(k, 1); /* one actor */
     ckb_raw(k, a.b, sizeof a.b);
-    ckb_uv(k, 0); /* its clock */
-    ckb_uv(k, 0); /* max counter */
+    ckb_uv(k, clock); /* its clock */
+    ckb_uv(k, clock); /* max counter */
+}
+
+static void ckb_head(struct ckb *k)
+{
+    ckb_head_at(k, 0);
+}
+
+/* Root key |key| holding one null op (counter, actor 0). */
+static void ckb_key(struct ckb *k, const char *key, uint64_t counter)
+{
+    ckb_uv(k, strlen(key));
+    ckb_raw(k, key, strlen(key));
+    ckb_uv(k, 1);
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x01\x00", 2); /* scalar null */
 }
 
 static int ckb_load(const struct ckb *k)
@@ -1846,14 +1863,62 @@ START_TEST(checkpoint_format_and_absurd_counts)
     /* one key whose op its author never made (clock 0) */
     ckb_head(&k);
     ckb_uv(&k, 1);
-    ckb_uv(&k, 1);
-    ckb_raw(&k, "k", 1);
-    ckb_uv(&k, 1);
-    ckb_uv(&k, 1);              /* counter */
-    ckb_uv(&k, 0);              /* actor */
-    ckb_raw(&k, "\x01\x00", 2); /* scalar null */
+    ckb_key(&k, "k", 1);
     ckb_uv(&k, 0);
     ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* with the clock at 9 it is fine, twice it is a duplicate key */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_key(&k, "k", 1);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 2);
+    ckb_key(&k, "k", 1);
+    ckb_key(&k, "k", 2);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EDUPLICATE);
+}
+END_TEST
+
+/* A map bigger than the loader's lookahead: every key found again, and a
+ * duplicate far from its twin refused. */
+START_TEST(checkpoint_big_map)
+{
+    cairn_doc *d = new_doc(1);
+    ck_assert_int_eq(cairn_doc_begin(d, 10), 0);
+    for (int i = 0; i < 5000; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        put_s(d, CAIRN_ROOT, key, i % 3 ? "v" : "");
+    }
+    commit(d);
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
+    assert_same(d, r);
+    for (int i = 0; i < 5000; i += 7) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        ck_assert_str_eq(get_s(r, CAIRN_ROOT, key), i % 3 ? "v" : "");
+    }
+    cairn_doc_free(r);
+    /* the same checkpoint with its last key's bytes made those of the first */
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    uint8_t *first = NULL, *last = NULL;
+    for (size_t i = 0; i + 18 <= n; i++)
+        if (memcmp(b + i, "/registry/k", 11) == 0) {
+            if (!first)
+                first = b + i;
+            last = b + i;
+        }
+    ck_assert_ptr_nonnull(first);
+    ck_assert_ptr_ne(first, last);
+    memcpy(last, first, 18);
+    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, b, n, cairn_doc_actor(d)), CAIRN_EDUPLICATE);
+    ck_assert_ptr_null(r);
+    free(b);
+    cairn_doc_free(d);
 }
 END_TEST
 
@@ -1890,6 +1955,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, checkpoint_truncated_at_every_byte);
     tcase_add_test(tc, checkpoint_flipped_bytes_rejected_or_sound);
     tcase_add_test(tc, checkpoint_format_and_absurd_counts);
+    tcase_add_test(tc, checkpoint_big_map);
     suite_add_tcase(s, tc);
     return s;
 }
