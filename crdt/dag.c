@@ -1465,15 +1465,21 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
         (rc = wire_take(r, &blob, (size_t)blen)))
         goto fail;
     rc = CAIRN_ENOMEM;
-    d->ohash = malloc((size_t)(n ? n : 1) * sizeof *d->ohash);
-    d->dep_off = malloc((size_t)(n + 1) * sizeof *d->dep_off);
+    /* The capacity ordering n changes one by one would have reached, so
+     * that the next change does not double the arrays (an untouched tail
+     * costs no resident memory). */
+    size_t cap = 16;
+    while (cap < n)
+        cap *= 2;
+    d->ohash = malloc(cap * sizeof *d->ohash);
+    d->dep_off = malloc((cap + 1) * sizeof *d->dep_off);
     d->dep_bytes = malloc((size_t)(blen ? blen : 1));
     isdep = calloc((size_t)(n / 64 + 1), sizeof *isdep);
     if (!d->ohash || !d->dep_off || !d->dep_bytes || !isdep)
         goto fail;
     wire_huge(d->ohash, (size_t)n * sizeof *d->ohash);
     wire_huge(d->dep_off, (size_t)(n + 1) * sizeof *d->dep_off);
-    d->caporder = (size_t)n;
+    d->caporder = cap;
     d->capdep_bytes = (size_t)blen;
     if (n)
         memcpy(d->ohash, hashes, (size_t)n * CAIRN_HASH_LEN);
