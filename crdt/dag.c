@@ -1320,7 +1320,8 @@ void cairn_dag_save_(wire_wr *w, const cairn_dag *d)
         const uint8_t *s, *e;
         deps_range(d, i, &s, &e);
         p = wire_put_uv(p, uv_count(s, e));
-        memcpy(p, s, (size_t)(e - s));
+        if (e > s)
+            memcpy(p, s, (size_t)(e - s));
         p += e - s;
     }
     w->len += blob;
@@ -1354,18 +1355,30 @@ static int otab_build(cairn_dag *d, uint64_t n)
     d->otab = calloc(cap, sizeof *d->otab);
     if (!d->otab)
         return CAIRN_ENOMEM;
+    wire_huge(d->otab, cap * sizeof *d->otab);
     d->otab_cap = cap;
     d->otab_shift = shift_for(cap);
     size_t mask = cap - 1;
-    for (uint64_t ix = 0; ix < n; ix++) {
-        const uint8_t *h = d->ohash[ix].b;
-        uint64_t x = sip(d, h, CAIRN_HASH_LEN), fp = x & FP_MASK;
-        size_t i = (size_t)(x >> d->otab_shift);
-        for (; d->otab[i]; i = (i + 1) & mask)
-            if (d->otab[i] >> IDX_BITS == fp &&
-                memcmp(d->ohash[(d->otab[i] & IDX_MASK) - 1].b, h, CAIRN_HASH_LEN) == 0)
-                return CAIRN_EDUPLICATE;
-        d->otab[i] = (fp << IDX_BITS) | (ix + 1);
+    /* Slots are hashed LAG changes ahead and prefetched: the table is far
+     * bigger than the cache. */
+    enum { LAG = 64 };
+    uint64_t ahead[LAG];
+    for (uint64_t ix = 0; ix < n + LAG; ix++) {
+        if (ix >= LAG) { /* change ix - LAG goes in: its slot was fetched */
+            uint64_t at = ix - LAG;
+            const uint8_t *h = d->ohash[at].b;
+            uint64_t x = ahead[at % LAG], fp = x & FP_MASK;
+            size_t i = (size_t)(x >> d->otab_shift);
+            for (; d->otab[i]; i = (i + 1) & mask)
+                if (d->otab[i] >> IDX_BITS == fp &&
+                    memcmp(d->ohash[(d->otab[i] & IDX_MASK) - 1].b, h, CAIRN_HASH_LEN) == 0)
+                    return CAIRN_EDUPLICATE;
+            d->otab[i] = (fp << IDX_BITS) | (at + 1);
+        }
+        if (ix < n) { /* reuses the ring entry just consumed */
+            ahead[ix % LAG] = sip(d, d->ohash[ix].b, CAIRN_HASH_LEN);
+            __builtin_prefetch(&d->otab[ahead[ix % LAG] >> d->otab_shift], 1);
+        }
     }
     return 0;
 }
@@ -1452,13 +1465,21 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
         (rc = wire_take(r, &blob, (size_t)blen)))
         goto fail;
     rc = CAIRN_ENOMEM;
-    d->ohash = malloc((size_t)(n ? n : 1) * sizeof *d->ohash);
-    d->dep_off = malloc((size_t)(n + 1) * sizeof *d->dep_off);
+    /* The capacity ordering n changes one by one would have reached, so
+     * that the next change does not double the arrays (an untouched tail
+     * costs no resident memory). */
+    size_t cap = 16;
+    while (cap < n)
+        cap *= 2;
+    d->ohash = malloc(cap * sizeof *d->ohash);
+    d->dep_off = malloc((cap + 1) * sizeof *d->dep_off);
     d->dep_bytes = malloc((size_t)(blen ? blen : 1));
     isdep = calloc((size_t)(n / 64 + 1), sizeof *isdep);
     if (!d->ohash || !d->dep_off || !d->dep_bytes || !isdep)
         goto fail;
-    d->caporder = (size_t)n;
+    wire_huge(d->ohash, (size_t)n * sizeof *d->ohash);
+    wire_huge(d->dep_off, (size_t)(n + 1) * sizeof *d->dep_off);
+    d->caporder = cap;
     d->capdep_bytes = (size_t)blen;
     if (n)
         memcpy(d->ohash, hashes, (size_t)n * CAIRN_HASH_LEN);
@@ -1476,7 +1497,7 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
         if (!BIT(isdep, i))
             d->heads[d->nheads++] = i;
     d->nlive_heads = d->nheads;
-    d->heads_dirty = 1;
+    d->heads_dirty = d->nheads > 0; /* no cache to build for none */
     d->norder = (size_t)n;
     d->nbodyless = n;
     free(isdep);

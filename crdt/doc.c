@@ -301,7 +301,7 @@ static void vop_unref(const vop *o)
 }
 
 /* Releases the set: its ops' bytes and the array. */
-static void vs_free(vset *s)
+void cairn_doc_vs_free_(vset *s)
 {
     const vop *v = vs_ops(s);
     for (uint32_t i = 0; i < s->n; i++)
@@ -310,6 +310,7 @@ static void vs_free(vset *s)
         free(s->many);
     s->n = 0;
 }
+#define vs_free cairn_doc_vs_free_
 
 static void obj_clear(obj *o)
 {

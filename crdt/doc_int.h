@@ -193,6 +193,8 @@ int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra);
 void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h);
 int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx);
+/* Releases a vset: its ops' bytes (by reference count) and its array. */
+void cairn_doc_vs_free_(vset *s);
 /* Grows array *p of |size|-byte elements to hold |need| (doubling). */
 int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size);
 mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_test.h"
 #include "crdt/change.h"
 #include "crdt/dag.h"
 #include "crdt/doc.h"
@@ -1514,16 +1515,12 @@ static cairn_doc *rich_doc(cairn_doc **peer)
     return d;
 }
 
-static cairn_doc *from_ckpt(const cairn_doc *d, const cairn_actor *a)
+/* One change that sets root key |k|. */
+static void put_commit(cairn_doc *d, uint64_t t, const char *k, const char *v)
 {
-    uint8_t *b;
-    size_t n;
-    cairn_doc *r;
-    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
-    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, b, n, a), 0);
-    free(b);
-    ck_assert_int_eq(cairn_doc_check_(r), 0);
-    return r;
+    ck_assert_int_eq(cairn_doc_begin(d, t), 0);
+    put_s(d, CAIRN_ROOT, k, v);
+    commit(d);
 }
 
 /* The same edit on |a| and |b| gives byte-identical changes. */
@@ -1548,9 +1545,9 @@ START_TEST(checkpoint_roundtrip_any_actor)
     cairn_doc *peer, *d = rich_doc(&peer);
     /* the writer's own actor, another author's, and a stranger's */
     cairn_actor stranger = actor_n(9);
-    cairn_doc *same = from_ckpt(d, cairn_doc_actor(d));
-    cairn_doc *other = from_ckpt(d, cairn_doc_actor(peer));
-    cairn_doc *fresh = new_doc(9), *strange = from_ckpt(d, &stranger), *fresh2 = new_doc(2);
+    cairn_doc *same = ckpt_restore(d, cairn_doc_actor(d));
+    cairn_doc *other = ckpt_restore(d, cairn_doc_actor(peer));
+    cairn_doc *fresh = new_doc(9), *strange = ckpt_restore(d, &stranger), *fresh2 = new_doc(2);
     /* replicas of the other actors that replayed d's changes in d's order */
     deliver(fresh, d);
     deliver(fresh2, d);
@@ -1614,25 +1611,21 @@ START_TEST(checkpoint_loader_pending_and_state)
     /* a change whose dep d lacks stays out of the checkpoint */
     cairn_doc *p2 = new_doc(2);
     deliver(p2, peer);
-    ck_assert_int_eq(cairn_doc_begin(peer, 40), 0);
-    put_s(peer, CAIRN_ROOT, "p", "1");
-    commit(peer);
-    ck_assert_int_eq(cairn_doc_begin(peer, 41), 0);
-    put_s(peer, CAIRN_ROOT, "p", "2");
-    commit(peer);
+    put_commit(peer, 40, "p", "1");
+    put_commit(peer, 41, "p", "2");
     const cairn_dag *pd = cairn_doc_dag(peer);
     uint64_t last = cairn_dag_count(pd) - 1;
     cairn_change *c;
     ck_assert_int_eq(cairn_dag_load(&c, pd, last), 0);
     ck_assert_int_eq(cairn_doc_receive(d, c, NULL), 0);
     ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(d), cairn_dag_hash_at(pd, last)), 2);
-    cairn_doc *r = from_ckpt(d, cairn_doc_actor(d));
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
     ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(r), cairn_dag_hash_at(pd, last)), 0);
     /* no loader: restored bodies are not here */
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 0), CAIRN_ENOTFOUND);
     cairn_doc_free(r);
     /* a loader can be set on a restored replica, and serves its bodies */
-    r = from_ckpt(d, cairn_doc_actor(d));
+    r = ckpt_restore(d, cairn_doc_actor(d));
     ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), 0);
     loads = 0;
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 1), 0);
@@ -1644,13 +1637,11 @@ START_TEST(checkpoint_loader_pending_and_state)
     ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), CAIRN_ESTATE);
     cairn_doc_free(r);
     /* without a loader, changes ordered after the restore keep their bodies */
-    r = from_ckpt(d, cairn_doc_actor(d));
+    r = ckpt_restore(d, cairn_doc_actor(d));
     uint64_t before = cairn_dag_count(cairn_doc_dag(r));
     cairn_doc *q = new_doc(2);
     deliver(q, peer);
-    ck_assert_int_eq(cairn_doc_begin(q, 50), 0);
-    put_s(q, CAIRN_ROOT, "q", "1");
-    commit(q);
+    put_commit(q, 50, "q", "1");
     deliver(r, q);
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(r)), before + 1);
     ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), before), 0);
@@ -1771,8 +1762,9 @@ static void ckb_raw(struct ckb *k, const void *p, size_t n)
     k->n += n;
 }
 
-/* The empty replica of actor 1 up to its root map's key count. */
-static void ckb_head(struct ckb *k)
+/* The empty replica of actor 1 (whose clock is |clock|) up to its root
+ * map's key count. */
+static void ckb_head_at(struct ckb *k, uint64_t clock)
 {
     cairn_actor a = actor_n(1);
     k->n = 0;
@@ -1782,8 +1774,24 @@ static void ckb_head(struct ckb *k)
     ckb_uv(k, 0); /* no authors */
     ckb_uv(k, 1); /* one actor */
     ckb_raw(k, a.b, sizeof a.b);
-    ckb_uv(k, 0); /* its clock */
-    ckb_uv(k, 0); /* max counter */
+    ckb_uv(k, clock); /* its clock */
+    ckb_uv(k, clock); /* max counter */
+}
+
+static void ckb_head(struct ckb *k)
+{
+    ckb_head_at(k, 0);
+}
+
+/* Root key |key| holding one null op (counter, actor 0). */
+static void ckb_key(struct ckb *k, const char *key, uint64_t counter)
+{
+    ckb_uv(k, strlen(key));
+    ckb_raw(k, key, strlen(key));
+    ckb_uv(k, 1);
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x01\x00", 2); /* scalar null */
 }
 
 static int ckb_load(const struct ckb *k)
@@ -1855,14 +1863,62 @@ START_TEST(checkpoint_format_and_absurd_counts)
     /* one key whose op its author never made (clock 0) */
     ckb_head(&k);
     ckb_uv(&k, 1);
-    ckb_uv(&k, 1);
-    ckb_raw(&k, "k", 1);
-    ckb_uv(&k, 1);
-    ckb_uv(&k, 1);              /* counter */
-    ckb_uv(&k, 0);              /* actor */
-    ckb_raw(&k, "\x01\x00", 2); /* scalar null */
+    ckb_key(&k, "k", 1);
     ckb_uv(&k, 0);
     ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* with the clock at 9 it is fine, twice it is a duplicate key */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_key(&k, "k", 1);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 2);
+    ckb_key(&k, "k", 1);
+    ckb_key(&k, "k", 2);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EDUPLICATE);
+}
+END_TEST
+
+/* A map bigger than the loader's lookahead: every key found again, and a
+ * duplicate far from its twin refused. */
+START_TEST(checkpoint_big_map)
+{
+    cairn_doc *d = new_doc(1);
+    ck_assert_int_eq(cairn_doc_begin(d, 10), 0);
+    for (int i = 0; i < 5000; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        put_s(d, CAIRN_ROOT, key, i % 3 ? "v" : "");
+    }
+    commit(d);
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
+    assert_same(d, r);
+    for (int i = 0; i < 5000; i += 7) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        ck_assert_str_eq(get_s(r, CAIRN_ROOT, key), i % 3 ? "v" : "");
+    }
+    cairn_doc_free(r);
+    /* the same checkpoint with its last key's bytes made those of the first */
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    uint8_t *first = NULL, *last = NULL;
+    for (size_t i = 0; i + 18 <= n; i++)
+        if (memcmp(b + i, "/registry/k", 11) == 0) {
+            if (!first)
+                first = b + i;
+            last = b + i;
+        }
+    ck_assert_ptr_nonnull(first);
+    ck_assert_ptr_ne(first, last);
+    memcpy(last, first, 18);
+    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, b, n, cairn_doc_actor(d)), CAIRN_EDUPLICATE);
+    ck_assert_ptr_null(r);
+    free(b);
+    cairn_doc_free(d);
 }
 END_TEST
 
@@ -1899,6 +1955,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, checkpoint_truncated_at_every_byte);
     tcase_add_test(tc, checkpoint_flipped_bytes_rejected_or_sound);
     tcase_add_test(tc, checkpoint_format_and_absurd_counts);
+    tcase_add_test(tc, checkpoint_big_map);
     suite_add_tcase(s, tc);
     return s;
 }
