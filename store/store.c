@@ -14,7 +14,9 @@
  * set the value instead of copying it (store.h: ON-DISK LAYOUT). Because
  * recovery runs the same code over the same order, it re-derives the same
  * revisions (and the revision -> change map); it checks them against the
- * stored ones.
+ * stored ones. A checkpoint (checkpoint.c) memoises what that replay derives
+ * up to some change; open loads it after checking it against the stored
+ * changes and replays the rest the same way, or replays everything.
  *
  * Concurrency. Writers take the rwlock's write side for in-memory work only;
  * the observer appends records to the shared batch under the queue mutex.

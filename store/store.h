@@ -97,6 +97,10 @@
  * through cairn_doc_receive; the observer re-derives the index and must
  * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
  * A reader thread scans and decodes 'O' while the opening thread replays.
+ * With a checkpoint (below) only the records after it, and change N-1, are
+ * read at open: a damaged older record is found when something reads it
+ * (block checksum, body hash, CAIRN_ECORRUPT), never served, but no longer
+ * at open.
  * Compaction deletes the 'K' records it no longer needs; change bodies stay
  * (peers, and replay when no checkpoint applies, need them), so
  * a compacted revision's values still read from them. A 'K' record that
