@@ -31,9 +31,10 @@
  * Canonical where it is cheap: minimal varints, bools 0/1, sorted objects,
  * vsets and authors, no trailing bytes. The loader checks everything that
  * the document's code relies on (indices in range, op ids within their
- * author's clock, references to objects of the right kind that form trees, no duplicate
- * keys or hashes, counts bounded by the bytes left before anything is
- * allocated for them), so hostile bytes give an error, never a crash. It
+ * author's clock, references to objects of the right kind that form trees,
+ * no duplicate keys or hashes, counts bounded by the bytes left before
+ * anything is allocated for them), so hostile bytes give an error, never a
+ * crash. It
  * cannot check that the state is the one the DAG's changes produce: the
  * changes are not in the checkpoint.
  *
