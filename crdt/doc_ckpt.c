@@ -34,9 +34,8 @@
  * author's clock, references to objects of the right kind that form trees,
  * no duplicate keys or hashes, counts bounded by the bytes left before
  * anything is allocated for them), so hostile bytes give an error, never a
- * crash. It
- * cannot check that the state is the one the DAG's changes produce: the
- * changes are not in the checkpoint.
+ * crash. It cannot check that the state is the one the DAG's changes
+ * produce: the changes are not in the checkpoint.
  *
  * A restored record holds its value the way a settled record of a replayed
  * document does: a single bytes value inline in the record's allocation,
