@@ -563,7 +563,8 @@ static int cmp_oref(const void *a, const void *b)
  * references any more (overwritten), never in a loop. O(refs log refs). */
 static int check_tree(loader *l)
 {
-    qsort(l->refs, l->nrefs, sizeof *l->refs, cmp_oref);
+    if (l->nrefs)
+        qsort(l->refs, l->nrefs, sizeof *l->refs, cmp_oref);
     for (size_t i = 0; i < l->nrefs; i++) {
         const oref *x = &l->refs[i];
         const obj *o = cairn_doc_find_obj_(l->d, x->counter, x->actor);
