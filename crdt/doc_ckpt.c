@@ -31,11 +31,11 @@
  * Canonical where it is cheap: minimal varints, bools 0/1, sorted objects,
  * vsets and authors, no trailing bytes. The loader checks everything that
  * the document's code relies on (indices in range, op ids within their
- * author's clock, references to objects of the right kind, no duplicate
- * keys or hashes, counts bounded by the bytes left before anything is
- * allocated for them), so hostile bytes give an error, never a crash. It
- * cannot check that the state is the one the DAG's changes produce: the
- * changes are not in the checkpoint.
+ * author's clock, references to objects of the right kind that form trees,
+ * no duplicate keys or hashes, counts bounded by the bytes left before
+ * anything is allocated for them), so hostile bytes give an error, never a
+ * crash. It cannot check that the state is the one the DAG's changes
+ * produce: the changes are not in the checkpoint.
  *
  * A restored record holds its value the way a settled record of a replayed
  * document does: a single bytes value inline in the record's allocation,
@@ -58,6 +58,7 @@
 #define COUNTER_LIMIT (UINT64_C(1) << 62)
 #define MIN_OP_BYTES 3  /* counter, actor, kind */
 #define MIN_KEY_BYTES 5 /* key_len, a one-op vset */
+#define MIN_OBJ_BYTES 4 /* id, type, an empty body */
 
 static const uint8_t magic[4] = {'C', 'K', 'P', 'T'};
 
@@ -191,11 +192,13 @@ int cairn_doc_checkpoint(uint8_t **out, size_t *len, const cairn_doc *doc)
 
 /* ---- reading ---------------------------------------------------------- */
 
-/* An object reference found in a vset, checked once every object is read. */
+/* An object reference found in a vset (of object |parent|), checked once
+ * every object is read. */
 typedef struct oref {
     uint64_t counter;
     uint32_t actor;
     uint8_t kind;
+    const obj *parent;
 } oref;
 
 typedef struct loader {
@@ -207,6 +210,7 @@ typedef struct loader {
     size_t ops_cap;
     oref *refs;
     size_t nrefs, refs_cap;
+    const obj *cur; /* the object being read */
 } loader;
 
 static int read_u64le(wire_rd *r, uint64_t *v)
@@ -266,7 +270,7 @@ static int read_ops(loader *l, uint32_t *n, int need_one)
             if ((rc = cairn_doc_grow_((void **)&l->refs, &l->refs_cap, l->nrefs + 1,
                                       sizeof *l->refs)))
                 return rc;
-            l->refs[l->nrefs++] = (oref){o->counter, o->actor, kind};
+            l->refs[l->nrefs++] = (oref){o->counter, o->actor, kind, l->cur};
             continue;
         }
         if ((rc = wire_u8(&l->r, &vt)))
@@ -495,6 +499,7 @@ static int load_list(loader *l, obj *o)
 
 static int load_obj(loader *l, obj *o)
 {
+    l->cur = o;
     return o->type == CAIRN_OBJ_MAP ? load_map(l, o) : load_list(l, o);
 }
 
@@ -544,11 +549,64 @@ static int load_actors(loader *l)
     return 0;
 }
 
+static int cmp_oref(const void *a, const void *b)
+{
+    const oref *x = a, *y = b;
+    if (x->counter != y->counter)
+        return x->counter < y->counter ? -1 : 1;
+    return x->actor < y->actor ? -1 : x->actor > y->actor;
+}
+
+/* Objects form trees, as in a replayed document: each is referenced at most
+ * once (by the visible op that made it), by an object of the right kind,
+ * and following references upwards ends at the root or at an object nothing
+ * references any more (overwritten), never in a loop. O(refs log refs). */
+static int check_tree(loader *l)
+{
+    if (l->nrefs)
+        qsort(l->refs, l->nrefs, sizeof *l->refs, cmp_oref);
+    for (size_t i = 0; i < l->nrefs; i++) {
+        const oref *x = &l->refs[i];
+        const obj *o = cairn_doc_find_obj_(l->d, x->counter, x->actor);
+        if (!o || o->type != (x->kind == VK_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST) ||
+            (i && cmp_oref(&l->refs[i - 1], x) == 0))
+            return CAIRN_ECORRUPT;
+    }
+    /* per reference: 0 unseen, 1 on the walk in progress, 2 leads out */
+    uint8_t *st = calloc(l->nrefs + 1, 1);
+    size_t *path = malloc((l->nrefs + 1) * sizeof *path);
+    int rc = st && path ? 0 : CAIRN_ENOMEM;
+    for (size_t i = 0; i < l->nrefs && !rc; i++) {
+        size_t np = 0;
+        for (size_t j = i; st[j] != 2;) {
+            if (st[j] == 1) {
+                rc = CAIRN_ECORRUPT; /* a loop */
+                break;
+            }
+            st[j] = 1;
+            path[np++] = j;
+            const obj *p = l->refs[j].parent;
+            oref key = {p->counter, p->actor, 0, NULL};
+            const oref *up = p == &l->d->root
+                                 ? NULL
+                                 : bsearch(&key, l->refs, l->nrefs, sizeof *l->refs, cmp_oref);
+            if (!up)
+                break;
+            j = (size_t)(up - l->refs);
+        }
+        while (np)
+            st[path[--np]] = 2;
+    }
+    free(st);
+    free(path);
+    return rc;
+}
+
 static int load_objects(loader *l)
 {
     cairn_doc *d = l->d;
     uint64_t n;
-    int rc = wire_count(&l->r, &n, UINT32_MAX / 2, MIN_OP_BYTES + 1 + 1);
+    int rc = wire_count(&l->r, &n, UINT32_MAX / 2, MIN_OBJ_BYTES);
     if (rc || (rc = cairn_doc_ptab_reserve_(d, &d->objs, (uint32_t)n)))
         return rc;
     const obj *prev = NULL;
@@ -575,13 +633,7 @@ static int load_objects(loader *l)
         if ((rc = load_obj(l, o)))
             return rc;
     }
-    for (size_t i = 0; i < l->nrefs; i++) {
-        const obj *o = cairn_doc_find_obj_(d, l->refs[i].counter, l->refs[i].actor);
-        int type = l->refs[i].kind == VK_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST;
-        if (!o || o->type != type)
-            return CAIRN_ECORRUPT;
-    }
-    return 0;
+    return check_tree(l);
 }
 
 int cairn_doc_from_checkpoint(cairn_doc **out, const uint8_t *bytes, size_t len,

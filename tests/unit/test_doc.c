@@ -1881,6 +1881,69 @@ START_TEST(checkpoint_format_and_absurd_counts)
 }
 END_TEST
 
+/* Key |key| holding the map made by op (counter, actor 0). */
+static void ckb_mapref(struct ckb *k, const char *key, uint64_t counter)
+{
+    ckb_uv(k, strlen(key));
+    ckb_raw(k, key, strlen(key));
+    ckb_uv(k, 1);
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x02", 1); /* a map */
+}
+
+/* Map object (counter, actor 0) holding the maps |refs| (0: none) at "x". */
+static void ckb_mapobj(struct ckb *k, uint64_t counter, uint64_t ref)
+{
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x01", 1);
+    ckb_uv(k, ref != 0);
+    if (ref)
+        ckb_mapref(k, "x", ref);
+}
+
+START_TEST(checkpoint_objects_form_trees)
+{
+    struct ckb k;
+    /* root.a = map 5 (empty), map 6 orphaned: fine */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 5);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 0);
+    ckb_mapobj(&k, 6, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    /* a reference to a map that is not there */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 7);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* map 5 inside itself too: two parents */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 5);
+    ckb_uv(&k, 1);
+    ckb_mapobj(&k, 5, 5);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* maps 5 and 6 inside each other, away from the root: a loop */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 6);
+    ckb_mapobj(&k, 6, 5);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* a chain 5 -> 6 under an orphan: fine */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 6);
+    ckb_mapobj(&k, 6, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+}
+END_TEST
+
 /* A map bigger than the loader's lookahead: every key found again, and a
  * duplicate far from its twin refused. */
 START_TEST(checkpoint_big_map)
@@ -1956,6 +2019,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, checkpoint_flipped_bytes_rejected_or_sound);
     tcase_add_test(tc, checkpoint_format_and_absurd_counts);
     tcase_add_test(tc, checkpoint_big_map);
+    tcase_add_test(tc, checkpoint_objects_form_trees);
     suite_add_tcase(s, tc);
     return s;
 }
