@@ -48,7 +48,8 @@ static void check_state(const kindex *x, revmap *m, const cairn_ckpt_live *lv, u
     kiter it;
     const kentry *prev = NULL;
     uint64_t count = 0, nlive = 0;
-    size_t nleased = 0;
+    size_t nleased = 0, n_list;
+    kentry *const *list = cairn_ckpt_leased(lv, &n_list);
     for (const kentry *e = cairn_kindex_first(&it, x); e; e = cairn_kindex_next(&it)) {
         check(!prev || cairn_store_keycmp(prev->key, prev->key_len, e->key, e->key_len) < 0);
         check(e->nhist >= 1 && e->nhist <= e->cap);
@@ -62,12 +63,12 @@ static void check_state(const kindex *x, revmap *m, const cairn_ckpt_live *lv, u
         if (kentry_live(e)) {
             nlive++;
             if (e->lease) /* the loader's list: every live leased key, in order */
-                check(nleased < lv->nleased && lv->leased[nleased++] == e);
+                check(nleased < n_list && list[nleased++] == e);
         }
         prev = e;
         count++;
     }
-    check(count == x->nkeys && nlive == lv->nlive && nleased == lv->nleased);
+    check(count == x->nkeys && nlive == lv->nlive && nleased == n_list);
     for (size_t i = 0; i < m->n; i++) {
         uint64_t ix;
         check(cairn_revmap_find(m, &ix, m->rev[i]) == 0 && ix < n);
@@ -111,7 +112,7 @@ static void decode(const uint8_t *p, size_t len, uint64_t n, int64_t rev)
         }
         cairn_store_buf_free(&e);
     }
-    free(lv.leased);
+    cairn_store_buf_free(&lv.leased);
     cairn_kindex_destroy(&x);
     cairn_revmap_destroy(&m);
     free(b);

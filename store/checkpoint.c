@@ -161,18 +161,7 @@ static int note_live(cairn_ckpt_live *lv, kentry *e)
     if (!lv || !kentry_live(e))
         return 0;
     lv->nlive++;
-    if (!e->lease)
-        return 0;
-    if (lv->nleased == lv->cap) {
-        size_t cap = lv->cap ? lv->cap * 2 : 64;
-        kentry **n = realloc(lv->leased, cap * sizeof *n);
-        if (!n)
-            return CAIRN_ENOMEM;
-        lv->leased = n;
-        lv->cap = cap;
-    }
-    lv->leased[lv->nleased++] = e;
-    return 0;
+    return e->lease ? cairn_store_buf_put(&lv->leased, &e, sizeof e) : 0;
 }
 
 static int decode_index(rd *r, kindex *x, cairn_ckpt_live *lv, int64_t rev)

@@ -1500,11 +1500,13 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
         goto out;
     }
     s->kvs_known = 1;
-    rc = cairn_store_lease_rebuild(s, side.live.leased, side.live.nleased);
+    size_t nleased;
+    kentry *const *leased = cairn_ckpt_leased(&side.live, &nleased);
+    rc = cairn_store_lease_rebuild(s, leased, nleased);
 out:
     if (threaded)
         pthread_join(th, NULL);
-    free(side.live.leased);
+    cairn_store_buf_free(&side.live.leased);
     cairn_ckpt_unmap(p, len);
     if (why || rc) {
         if (!why) {

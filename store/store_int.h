@@ -242,10 +242,14 @@ int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m);
 /* What the loader needs besides the index, gathered while decoding it (the
  * entries are in cache then; a second pass over a million would not be). */
 typedef struct cairn_ckpt_live {
-    uint64_t nlive;  /* keys whose newest history entry is not a delete */
-    kentry **leased; /* the live keys with a lease, in key order; free() it */
-    size_t nleased, cap;
+    uint64_t nlive;    /* keys whose newest history entry is not a delete */
+    store_buf leased;  /* kentry *: the live keys with a lease, in key order */
 } cairn_ckpt_live;
+static inline kentry *const *cairn_ckpt_leased(const cairn_ckpt_live *lv, size_t *n)
+{
+    *n = lv->leased.len / sizeof(kentry *);
+    return (kentry *const *)(const void *)lv->leased.p;
+}
 
 /* Decodes a state section into an empty |x| and |m| (left partly filled on
  * error: the caller destroys them); fills |live| (may be NULL; zero it
