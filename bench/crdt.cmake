@@ -11,4 +11,5 @@ set_target_properties(cairn-demo PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BIN
 # diverge; the bench checks both replicas' dumps agree at the end.
 add_test(NAME cairn_demo COMMAND cairn-demo)
 add_test(NAME crdt_bench_smoke COMMAND crdt_bench 3000 1000)
-set_tests_properties(cairn_demo crdt_bench_smoke PROPERTIES TIMEOUT 120)
+add_test(NAME crdt_bench_checkpoint_smoke COMMAND crdt_bench checkpoint 3000 2)
+set_tests_properties(cairn_demo crdt_bench_smoke crdt_bench_checkpoint_smoke PROPERTIES TIMEOUT 120)

@@ -16,13 +16,22 @@
  *
  * Usage: crdt_bench [nkeys [nupdates]]. Single-threaded; the document's
  * clock is fake; rates are per second of CPU time.
+ *
+ * crdt_bench checkpoint [nkeys [runs]] instead measures a restart: a replica
+ * of nkeys one-key changes rebuilt by replaying every change (decode +
+ * receive, bodies from a loader as in the store) against one restored from
+ * cairn_doc_checkpoint, each in a forked child (a fresh heap, as after a
+ * restart); the checkpoint's size, the median encode and load times of
+ * |runs| runs, and the heap and RSS each restart added.
  */
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "crdt/change.h"
 #include "crdt/dag.h"
@@ -124,6 +133,18 @@ static int load_from(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
     return cairn_dag_load_bytes(bytes, len, arg, index);
 }
 
+/* Dies with |what| unless the two replicas dump the same bytes. */
+static void same_state(const cairn_doc *a, const cairn_doc *b, const char *what)
+{
+    uint8_t *da, *db;
+    size_t la, lb;
+    if (cairn_doc_dump(&da, &la, a) || cairn_doc_dump(&db, &lb, b) || la != lb ||
+        memcmp(da, db, la) != 0)
+        die(what, CAIRN_ECORRUPT);
+    free(da);
+    free(db);
+}
+
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(uint32_t n)
 {
@@ -133,8 +154,172 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rng % n);
 }
 
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* What one way of restarting cost, measured in a child process. */
+struct restart {
+    double wall, cpu;
+    size_t heap, rss;
+};
+
+struct restart_arg {
+    const cairn_doc *src; /* every change, bodies included */
+    const uint8_t *ck;    /* its checkpoint */
+    size_t cklen;
+    cairn_actor actor; /* the restarting replica's */
+};
+
+/* Today's restart: every change decoded and received (bodies from a
+ * loader, as in the store). */
+static void restart_replay(const struct restart_arg *x)
+{
+    cairn_doc *d;
+    const cairn_dag *da = cairn_doc_dag(x->src);
+    int rc = cairn_doc_new(&d, &x->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(d, load_from, (void *)da);
+    for (uint64_t i = 0; !rc && i < cairn_dag_count(da); i++)
+        rc = cairn_doc_receive(d, copy_of(da, i), NULL);
+    if (rc)
+        die("replay", rc);
+}
+
+static void restart_checkpoint(const struct restart_arg *x)
+{
+    cairn_doc *d;
+    int rc = cairn_doc_from_checkpoint(&d, x->ck, x->cklen, &x->actor);
+    if (!rc)
+        rc = cairn_doc_set_loader(d, load_from, (void *)cairn_doc_dag(x->src));
+    if (rc)
+        die("from_checkpoint", rc);
+}
+
+/* Runs |fn| in a child forked from this process, as a restarting process
+ * would run it: from the same heap each time, its new pages its own (no
+ * memory freed by an earlier run to reuse). Returns its wall and CPU time
+ * and how much heap and resident memory it added. */
+static struct restart in_child(void (*fn)(const struct restart_arg *), const struct restart_arg *x)
+{
+    struct restart r = {0};
+    int fd[2];
+    if (pipe(fd) != 0)
+        die("pipe", CAIRN_EIO);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork", CAIRN_EIO);
+    if (pid == 0) {
+        close(fd[0]);
+        size_t h0 = heap_bytes(), s0 = rss_bytes();
+        double w0 = wall_s(), c0 = now_s();
+        fn(x);
+        r.wall = wall_s() - w0;
+        r.cpu = now_s() - c0;
+        r.heap = heap_bytes() - h0;
+        r.rss = rss_bytes() - s0;
+        _exit(write(fd[1], &r, sizeof r) == sizeof r ? 0 : 1);
+    }
+    close(fd[1]);
+    int st = 0;
+    ssize_t got = read(fd[0], &r, sizeof r);
+    close(fd[0]);
+    if (waitpid(pid, &st, 0) != pid || got != (ssize_t)sizeof r || !WIFEXITED(st) ||
+        WEXITSTATUS(st) != 0)
+        die("child", CAIRN_EIO);
+    return r;
+}
+
+static int cmp_restart(const void *a, const void *b)
+{
+    double x = ((const struct restart *)a)->wall, y = ((const struct restart *)b)->wall;
+    return x < y ? -1 : x > y;
+}
+
+static int checkpoint_bench(uint32_t n, int runs)
+{
+    cairn_actor aa;
+    memset(aa.b, 0xA1, sizeof aa.b);
+    struct restart_arg x = {0};
+    memset(x.actor.b, 0xB2, sizeof x.actor.b);
+    cairn_doc *a, *loaded;
+    int rc = cairn_doc_new(&a, &aa);
+    if (rc)
+        die("new", rc);
+    uint64_t t = 1700000000000ull;
+    for (uint32_t i = 0; i < n; i++)
+        put_one(a, t++, i, 0, NULL);
+    x.src = a;
+
+    double *enc = malloc((size_t)runs * sizeof *enc), *enc_cpu = malloc((size_t)runs * sizeof *enc);
+    struct restart *ld = malloc((size_t)runs * sizeof *ld);
+    if (!enc || !enc_cpu || !ld)
+        die("malloc", CAIRN_ENOMEM);
+    uint8_t *ck = NULL;
+    for (int r = 0; r < runs; r++) {
+        free(ck);
+        double w = wall_s(), c = now_s();
+        if ((rc = cairn_doc_checkpoint(&ck, &x.cklen, a)))
+            die("checkpoint", rc);
+        enc[r] = wall_s() - w;
+        enc_cpu[r] = now_s() - c;
+    }
+    x.ck = ck;
+    struct restart rp = in_child(restart_replay, &x);
+    for (int r = 0; r < runs; r++)
+        ld[r] = in_child(restart_checkpoint, &x);
+    qsort(ld, (size_t)runs, sizeof *ld, cmp_restart);
+    struct restart lm = ld[runs / 2];
+    if ((rc = cairn_doc_from_checkpoint(&loaded, ck, x.cklen, &x.actor)))
+        die("from_checkpoint", rc);
+    same_state(a, loaded, "restored replica differs");
+
+    printf("crdt_bench checkpoint: %u keys (key %d B, value %d B), %d runs\n", n, KEY_LEN, VAL_LEN,
+           runs);
+    printf("restarts run in forked children; times are wall clock, then CPU time\n");
+    printf("full replay (decode + receive): %.3f s, %.3f s CPU\n", rp.wall, rp.cpu);
+    printf("checkpoint size:                %zu B (%.1f B/key)\n", x.cklen, (double)x.cklen / n);
+    printf("cairn_doc_checkpoint:           %.3f s, %.3f s CPU (medians)\n", median_of(enc, runs),
+           median_of(enc_cpu, runs));
+    printf("cairn_doc_from_checkpoint:      %.3f s, %.3f s CPU (median run by wall; fastest "
+           "%.3f s)\n",
+           lm.wall, lm.cpu, ld[0].wall);
+    printf("heap added, replay / restore:   %.1f / %.1f B/key\n", (double)rp.heap / n,
+           (double)lm.heap / n);
+    printf("RSS added, replay / restore:    %.1f / %.1f B/key\n", (double)rp.rss / n,
+           (double)lm.rss / n);
+    printf("DAG bytes, source / restored:   %zu / %zu (the source keeps its bodies)\n",
+           cairn_dag_mem_bytes(cairn_doc_dag(a)), cairn_dag_mem_bytes(cairn_doc_dag(loaded)));
+    free(ck);
+    free(enc);
+    free(enc_cpu);
+    free(ld);
+    cairn_doc_free(loaded);
+    cairn_doc_free(a);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "checkpoint") == 0) {
+        uint32_t n = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1000000;
+        int runs = argc > 3 ? atoi(argv[3]) : 5;
+        if (n == 0 || runs < 1) {
+            fprintf(stderr, "usage: crdt_bench checkpoint [nkeys [runs]]\n");
+            return 2;
+        }
+        return checkpoint_bench(n, runs);
+    }
     uint32_t n = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 1000000;
     uint32_t m = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 100000;
     if (n == 0 || m == 0) {
@@ -244,13 +429,7 @@ int main(int argc, char **argv)
         cairn_dag_free(bare);
     }
 
-    uint8_t *dump_a, *dump_b;
-    size_t la, lb;
-    if (cairn_doc_dump(&dump_a, &la, a) || cairn_doc_dump(&dump_b, &lb, b) || la != lb ||
-        memcmp(dump_a, dump_b, la) != 0)
-        die("replicas differ", CAIRN_ECORRUPT);
-    free(dump_a);
-    free(dump_b);
+    same_state(a, b, "replicas differ");
 
     printf("crdt_bench: %u keys (key %d B, value %d B), %u overwrites\n", n, KEY_LEN, VAL_LEN, m);
     printf("change size, one key:        %zu B (first change, no deps), %zu B (one dep)\n",

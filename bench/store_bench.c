@@ -11,7 +11,11 @@
  *                                         time and memory of a fresh process
  *
  *   store_bench reopen <dir>              opens an existing store, reports the
- *                                         time and resident memory
+ *                                         time and resident memory, then the
+ *                                         close time and the size of the
+ *                                         checkpoint the close wrote (remove
+ *                                         <dir>/checkpoint first to time a
+ *                                         full replay)
  *   store_bench compact <dir> [keys] [rounds]
  *                                         overwrites each key |rounds| times
  *                                         (256-byte values), then compacts to
@@ -231,6 +235,16 @@ static void *load_writer(void *arg)
     return NULL;
 }
 
+/* The checkpoint file a close leaves in |dir| (store.h: CHECKPOINT). */
+static void print_close(const char *dir, double secs, double cpu)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/checkpoint", dir);
+    struct stat st;
+    long long sz = stat(p, &st) == 0 ? (long long)st.st_size : -1;
+    printf("close: seconds=%.2f cpu_seconds=%.2f checkpoint_bytes=%lld\n", secs, cpu, sz);
+}
+
 static int cmd_load(const char *base, uint64_t keys)
 {
     char dir[512];
@@ -258,7 +272,9 @@ static int cmd_load(const char *base, uint64_t keys)
            "leveldb_approx_bytes=%llu\n",
            rss1, rss_file_kib(), status_kib("VmHWM:"), rss0,
            (unsigned long long)cairn_store_disk_bytes(s));
+    double t2 = now_s(), c2 = cpu_s();
     cairn_store_close(s);
+    print_close(dir, now_s() - t2, cpu_s() - c2);
     printf("disk: du_bytes=%llu (%.1f bytes/key)\n", du_bytes(dir),
            (double)du_bytes(dir) / (double)keys);
 
@@ -377,7 +393,7 @@ static int cmd_reopen(const char *dir)
     cairn_range_resp_destroy(&r);
     double c0 = now_s(), cc = cpu_s();
     cairn_store_close(s);
-    printf("close: seconds=%.2f cpu_seconds=%.2f\n", now_s() - c0, cpu_s() - cc);
+    print_close(dir, now_s() - c0, cpu_s() - cc);
     return 0;
 }
 

@@ -87,6 +87,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 
 #define VERSION_1 0xC1
 #define FLAG_INSERT 0x01
@@ -165,21 +166,10 @@ static size_t left(const struct rd *r)
 
 static int rd_varint(struct rd *r, uint64_t *out)
 {
-    uint64_t v = 0;
-    for (unsigned i = 0;; i++) {
-        if (r->p == r->end)
-            return CAIRN_ETRUNCATED;
-        uint8_t b = *r->p++;
-        if (i == 9 && b > 1)
-            return CAIRN_ENONCANON; /* more than 64 bits */
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            if (b == 0 && i > 0)
-                return CAIRN_ENONCANON; /* overlong */
-            *out = v;
-            return 0;
-        }
-    }
+    wire_rd w = {r->p, r->end};
+    int rc = wire_uv(&w, out);
+    r->p = w.p;
+    return rc;
 }
 
 static int rd_bytes(struct rd *r, const uint8_t **out, size_t n)

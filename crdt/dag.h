@@ -58,8 +58,10 @@ void cairn_dag_free(cairn_dag *d);
 typedef int (*cairn_dag_load_cb)(void *arg, uint64_t index, uint8_t **bytes, size_t *len);
 
 /* Installs the body loader: from then on ordered changes' bytes are not kept
- * in memory. Only before the first change is ordered (CAIRN_ESTATE after):
- * the loader must be able to serve every ordered index. */
+ * in memory. Only before the first change is ordered, or right after a
+ * checkpoint restored the DAG (CAIRN_ESTATE after): the loader must be able
+ * to serve every ordered index. A restored DAG without a loader answers
+ * CAIRN_ENOTFOUND for the bodies of the changes the checkpoint held. */
 int cairn_dag_set_loader(cairn_dag *d, cairn_dag_load_cb fn, void *arg);
 
 /* Offers a decoded (hence hash-verified) change. Takes ownership of |c| in
@@ -150,5 +152,20 @@ size_t cairn_dag_mem_bytes(const cairn_dag *d);
 /* Hashes that pending changes depend on and that are not known at all
  * (what to ask peers for), sorted, new array (*out, caller frees). */
 int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d);
+
+/* ---- internal to crdt/: the checkpoint's DAG section -------------------
+ * (cairn_doc_checkpoint in doc.h is the public face; the format is in
+ * dag.c.) Pending and ready changes are not saved. */
+struct wire_wr;
+struct wire_rd;
+/* Appends the section to |w| (errors stay in w->err). */
+void cairn_dag_save_(struct wire_wr *w, const cairn_dag *d);
+/* Reads a section into a new DAG (no loader, no pending changes); hostile
+ * bytes give a specific error and *out NULL. */
+int cairn_dag_restore_(cairn_dag **out, struct wire_rd *r);
+/* 0 if the ordered part's internal invariants hold (every hash found at its
+ * index, deps point backwards, heads are exactly the changes no change
+ * depends on, authors' seqs add up), else CAIRN_ECORRUPT. Tests, fuzzers. */
+int cairn_dag_check_(const cairn_dag *d);
 
 #endif

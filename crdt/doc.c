@@ -92,20 +92,24 @@ int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, 
 }
 #define opcmp cairn_doc_opcmp_
 
-static uint32_t hash_bytes(const cairn_doc *d, const void *p, size_t len)
+uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len)
 {
     uint64_t h;
     crypto_shorthash((unsigned char *)&h, p, len, d->hkey);
     return (uint32_t)h;
 }
 
-static uint32_t hash_id(const cairn_doc *d, uint64_t counter, uint32_t actor)
+#define hash_bytes cairn_doc_hash_bytes_
+
+uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor)
 {
     uint8_t b[12];
     memcpy(b, &counter, 8);
     memcpy(b + 8, &actor, 4);
     return hash_bytes(d, b, sizeof b);
 }
+
+#define hash_id cairn_doc_hash_id_
 
 /* ---- generic pointer table ----------------------------------------------- */
 
@@ -120,7 +124,7 @@ static uint32_t ent_hash(const cairn_doc *d, const ptab *t, const void *e)
 }
 
 /* Puts |e|, whose hash is |h|, into a slot reserved for it. */
-static void ptab_put_h(ptab *t, void *e, uint32_t h)
+void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h)
 {
     uint32_t mask = t->cap - 1;
     uint32_t i = h & mask;
@@ -130,13 +134,15 @@ static void ptab_put_h(ptab *t, void *e, uint32_t h)
     t->count++;
 }
 
+#define ptab_put_h cairn_doc_ptab_put_h_
+
 static void ptab_put(const cairn_doc *d, ptab *t, void *e)
 {
     ptab_put_h(t, e, ent_hash(d, t, e));
 }
 
 /* Makes room for |extra| more entries without passing 3/4 load. */
-static int ptab_reserve(const cairn_doc *d, ptab *t, uint32_t extra)
+int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra)
 {
     uint64_t need = (uint64_t)t->count + extra;
     if (t->cap && need * 4 <= (uint64_t)t->cap * 3)
@@ -158,6 +164,8 @@ static int ptab_reserve(const cairn_doc *d, ptab *t, uint32_t extra)
     free(old);
     return 0;
 }
+
+#define ptab_reserve cairn_doc_ptab_reserve_
 
 static void ptab_del_at(const cairn_doc *d, ptab *t, uint32_t i)
 {
@@ -192,7 +200,7 @@ static void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
 
 /* ---- actors ---------------------------------------------------------------- */
 
-static int actor_find(const cairn_doc *d, const cairn_actor *a, uint32_t *idx)
+int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx)
 {
     if (!d->acap)
         return 0;
@@ -208,7 +216,9 @@ static int actor_find(const cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     return 0;
 }
 
-static int actor_intern(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
+#define actor_find cairn_doc_actor_find_
+
+int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
 {
     if (actor_find(d, a, idx))
         return 0;
@@ -250,6 +260,8 @@ static int actor_intern(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     return 0;
 }
 
+#define actor_intern cairn_doc_actor_intern_
+
 /* ---- objects ----------------------------------------------------------- */
 
 const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t actor)
@@ -276,18 +288,6 @@ static obj *find_obj(cairn_doc *d, cairn_objid id)
 
 /* ---- value bytes ------------------------------------------------------- */
 
-/* Whether the op holds a reference to a vbytes. */
-static int vop_has_bytes(const vop *o)
-{
-    return o->kind == VK_SCALAR && (o->vtype == CAIRN_V_BYTES || o->vtype == CAIRN_V_STR) &&
-           o->len > 0 && !(o->flags & VF_INLINE);
-}
-
-static vbytes *vop_bytes(const vop *o)
-{
-    return (vbytes *)(void *)((uintptr_t)o->v.p - offsetof(vbytes, b));
-}
-
 static void vop_ref(const vop *o)
 {
     if (vop_has_bytes(o))
@@ -301,7 +301,7 @@ static void vop_unref(const vop *o)
 }
 
 /* Releases the set: its ops' bytes and the array. */
-static void vs_free(vset *s)
+void cairn_doc_vs_free_(vset *s)
 {
     const vop *v = vs_ops(s);
     for (uint32_t i = 0; i < s->n; i++)
@@ -310,6 +310,7 @@ static void vs_free(vset *s)
         free(s->many);
     s->n = 0;
 }
+#define vs_free cairn_doc_vs_free_
 
 static void obj_clear(obj *o)
 {
@@ -614,7 +615,7 @@ static mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
     return nr;
 }
 
-static mkey *map_lookup(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h)
+mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h)
 {
     if (!o->keys.cap)
         return NULL;
@@ -626,6 +627,8 @@ static mkey *map_lookup(const obj *o, const uint8_t *key, uint32_t key_len, uint
     }
     return NULL;
 }
+
+#define map_lookup cairn_doc_map_lookup_
 
 /* Applies one map op with id (counter, actor); preds in document indices. */
 static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
@@ -1010,7 +1013,7 @@ int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms)
     return 0;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t size)
+int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size)
 {
     if (need <= *cap)
         return 0;
@@ -1024,6 +1027,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t size)
     *cap = nc;
     return 0;
 }
+#define grow cairn_doc_grow_
 
 static int value_ok(const cairn_value *v)
 {

@@ -179,6 +179,37 @@ int cairn_doc_dump(uint8_t **out, size_t *len, const cairn_doc *doc);
 int cairn_doc_new_at(cairn_doc **out, const cairn_doc *doc, const cairn_hash *heads,
                      size_t nheads);
 
+/* ---- checkpoints ----------------------------------------------------------
+ * A checkpoint memoises a replica so that a restart need not replay every
+ * change: load it, then receive only the changes ordered after it. It is a
+ * cache; the changes stay the truth. Format: doc_ckpt.c (versioned).
+ *
+ * cairn_doc_checkpoint encodes the whole replica — the DAG's ordered changes
+ * (hashes, dependency edges, per-actor sequence numbers, heads) and the
+ * document's state (every object, key, value, op id, conflict, counter,
+ * list element and tombstone, clock) — into one new malloc'd buffer (*out,
+ * caller frees; *len bytes). Change bodies are not included (they stay with
+ * the loader). Only valid with no open local transaction (CAIRN_ESTATE);
+ * changes the DAG holds pending or ready are not included (the restored
+ * replica has not seen them). A broken document returns its error. */
+int cairn_doc_checkpoint(uint8_t **out, size_t *len, const cairn_doc *doc);
+
+/* Builds a replica from a checkpoint, for local actor |actor| (which may
+ * differ from the one that wrote it). The result is equal in every
+ * observable way to the document the checkpoint came from: cairn_doc_dump,
+ * heads, count, hash_at/deps_at, actor_seq, find, ancestors, the next local
+ * op id and clock, and what later cairn_doc_receive / begin..commit do (op
+ * ids handed out use this document's own actor indices). No loader is set:
+ * the caller sets one with cairn_doc_set_loader (allowed on a restored
+ * document); without one, bodies of the restored changes are
+ * CAIRN_ENOTFOUND. |bytes| is borrowed for the call. Hostile bytes are
+ * rejected with a specific code (CAIRN_ETRUNCATED, CAIRN_ELIMIT,
+ * CAIRN_ENONCANON, CAIRN_EBADVERSION, CAIRN_EUNSORTED, CAIRN_EDUPLICATE,
+ * CAIRN_ECORRUPT for references out of range), never a crash or an
+ * allocation beyond a small multiple of |len|. *out is NULL on failure. */
+int cairn_doc_from_checkpoint(cairn_doc **out, const uint8_t *bytes, size_t len,
+                              const cairn_actor *actor);
+
 /* Translate between document op ids and (counter, actor bytes). */
 int cairn_doc_actor_of(const cairn_doc *doc, cairn_actor *out, cairn_opid id);
 

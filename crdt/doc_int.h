@@ -183,9 +183,43 @@ const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t ac
 /* cairn_doc_receive without the read-only check (new_at replays through it). */
 int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
 
+/* doc.c's building blocks, shared with doc_ckpt.c (which builds a whole
+ * document from a checkpoint without applying ops). */
+uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len);
+uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor);
+/* Room for |extra| more entries at load <= 3/4 (CAIRN_ELIMIT past 2^31 slots). */
+int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra);
+/* Puts |e| (hash |h|) into a reserved slot. */
+void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h);
+int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx);
+int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx);
+/* Releases a vset: its ops' bytes (by reference count) and its array. */
+void cairn_doc_vs_free_(vset *s);
+/* Grows array *p of |size|-byte elements to hold |need| (doubling). */
+int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size);
+mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h);
+
+/* 0 if the document's internal invariants hold (tables find what they hold,
+ * visible sets sorted and within the actors' clocks, object references
+ * resolve, counts match, the DAG's own cairn_dag_check_), else
+ * CAIRN_ECORRUPT (or CAIRN_ENOMEM). For tests and fuzzers. */
+int cairn_doc_check_(const cairn_doc *d);
+
 static inline const vop *vs_ops(const vset *s)
 {
     return s->n <= 1 ? &s->one : s->many;
+}
+
+/* Whether the op holds a reference to a vbytes. */
+static inline int vop_has_bytes(const vop *o)
+{
+    return o->kind == VK_SCALAR && (o->vtype == CAIRN_V_BYTES || o->vtype == CAIRN_V_STR) &&
+           o->len > 0 && !(o->flags & VF_INLINE);
+}
+
+static inline vbytes *vop_bytes(const vop *o)
+{
+    return (vbytes *)(void *)((uintptr_t)o->v.p - offsetof(vbytes, b));
 }
 
 /* Heap bytes the document's state holds (malloc_usable_size of every

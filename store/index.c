@@ -251,6 +251,26 @@ kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len)
     return e;
 }
 
+int cairn_kindex_append(kindex *x, kentry *e)
+{
+    kchunk *c = x->nc ? x->c[x->nc - 1] : NULL;
+    if (!c || c->n == CAIRN_IDX_CHUNK) {
+        c = calloc(1, sizeof *c);
+        if (!c)
+            return CAIRN_ENOMEM;
+        c->e[0] = e;
+        c->n = 1;
+        if (top_insert(x, x->nc, c)) {
+            free(c);
+            return CAIRN_ENOMEM;
+        }
+    } else {
+        c->e[c->n++] = e;
+    }
+    x->nkeys++;
+    return 0;
+}
+
 void cairn_kindex_sweep(kindex *x)
 {
     size_t w = 0;

@@ -389,6 +389,23 @@ int cairn_store_lease_settle(cairn_store *s)
     return 0;
 }
 
+static int rebuild_cb(void *arg, const uint8_t *key, size_t key_len, const cairn_read *value)
+{
+    (void)value;
+    cairn_store *s = arg;
+    lease_ent *l;
+    /* what cairn_store_lease_patch does for a patch on leases[key] */
+    return key_len == 8 ? upsert(&s->lt, &l, (int64_t)cairn_store_get_be64(key)) : 0;
+}
+
+int cairn_store_lease_rebuild(cairn_store *s, kentry *const *leased, size_t nleased)
+{
+    int rc = cairn_doc_map_foreach(s->doc, s->leases, rebuild_cb, s);
+    for (size_t i = 0; i < nleased && !rc; i++)
+        rc = cairn_store_lease_key_move(s, leased[i], 0, leased[i]->lease);
+    return rc ? rc : cairn_store_lease_settle(s);
+}
+
 void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms)
 {
     lease_table *t = &s->lt;

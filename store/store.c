@@ -14,7 +14,9 @@
  * set the value instead of copying it (store.h: ON-DISK LAYOUT). Because
  * recovery runs the same code over the same order, it re-derives the same
  * revisions (and the revision -> change map); it checks them against the
- * stored ones.
+ * stored ones. A checkpoint (checkpoint.c) memoises what that replay derives
+ * up to some change; open loads it after checking it against the stored
+ * changes and replays the rest the same way, or replays everything.
  *
  * Concurrency. Writers take the rwlock's write side for in-memory work only;
  * the observer appends records to the shared batch under the queue mutex.
@@ -1003,6 +1005,9 @@ static int mkdir_p(const char *dir)
 
 static int create_fresh(cairn_store *s, const cairn_store_options *o)
 {
+    /* a checkpoint left beside a database that is gone memoises nothing */
+    if (cairn_ckpt_remove(s->datadir))
+        return CAIRN_EIO;
     const char *token = o->cluster_token ? o->cluster_token : "etcd-cluster";
     const char *name = o->name ? o->name : "default";
     if (o->actor) {
@@ -1138,6 +1143,7 @@ typedef struct rec_block {
 
 typedef struct rec_reader {
     leveldb_t *db;
+    uint64_t start; /* the first apply index to read */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     rec_block *head, **tail;
@@ -1198,10 +1204,14 @@ static void *rec_reader_main(void *arg)
     leveldb_readoptions_set_verify_checksums(ro, 1);
     leveldb_readoptions_set_fill_cache(ro, 0);
     leveldb_iterator_t *it = leveldb_create_iterator(r->db, ro);
-    uint64_t want = 0;
+    uint64_t want = r->start;
     int rc = 0;
     rec_block *b = NULL;
-    for (leveldb_iter_seek(it, "O", 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
+    uint8_t first[9];
+    first[0] = 'O';
+    cairn_store_be64(first + 1, want);
+    for (leveldb_iter_seek(it, (const char *)first, 9); leveldb_iter_valid(it);
+         leveldb_iter_next(it)) {
         size_t kl, dl;
         const char *k = leveldb_iter_key(it, &kl);
         if (kl < 1 || k[0] != 'O')
@@ -1257,40 +1267,18 @@ static void *rec_reader_main(void *arg)
     return NULL;
 }
 
-static int recover(cairn_store *s)
+/* Replays the stored apply order from index |start| (0: everything, into
+ * a new document; otherwise onto the state a checkpoint loaded). */
+static int replay(cairn_store *s, uint64_t start)
 {
-    char *v;
-    size_t vl;
-    int rc = meta_get(s, "actor", &v, &vl);
-    if (rc)
-        return rc;
-    if (!v || vl != CAIRN_ACTOR_LEN) {
-        leveldb_free(v);
-        return corrupt("actor id");
-    }
-    memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
-    leveldb_free(v);
-    uint64_t c;
-    if ((rc = get_meta_u64(s, "member", &s->member_id, 1)) ||
-        (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
-        (rc = get_meta_u64(s, "compact", &c, 0)))
-        return rc;
-    char *cv;
-    size_t cvl;
-    if ((rc = meta_get(s, "compact", &cv, &cvl)))
-        return rc;
-    int have_c = cv != NULL;
-    leveldb_free(cv);
-    rc = new_doc(s);
-    if (rc)
-        return rc;
-
+    int rc = 0;
     /* A reader thread scans and decodes the apply order (LevelDB checksums,
      * canonical decoding, hashing) while this one replays: the two halves
      * of the work run on two cores. */
     rec_reader rr;
     memset(&rr, 0, sizeof rr);
     rr.db = s->db;
+    rr.start = start;
     rr.tail = &rr.head;
     pthread_mutex_init(&rr.mu, NULL);
     pthread_cond_init(&rr.cv, NULL);
@@ -1301,7 +1289,7 @@ static int recover(cairn_store *s)
         return CAIRN_ENOMEM;
     }
     s->recovering = 1;
-    uint64_t want = 0;
+    uint64_t want = start;
     cairn_doc_observer obs;
     rec_block *blk = NULL;
     for (;;) {
@@ -1348,15 +1336,274 @@ static int recover(cairn_store *s)
     pthread_mutex_destroy(&rr.mu);
     pthread_cond_destroy(&rr.cv);
     s->recovering = 0;
+    if (!rc && want == 0)
+        rc = corrupt("no genesis change");
+    return rc;
+}
+
+/* Back to the state of a store that has replayed nothing (after a refused
+ * checkpoint or a failed tail replay): everything replay derives. */
+static int reset_derived(cairn_store *s)
+{
+    if (s->doc)
+        cairn_doc_free(s->doc);
+    s->doc = NULL;
+    cairn_kindex_destroy(&s->idx);
+    cairn_revmap_destroy(&s->rm);
+    int64_t min_ttl = s->lt.min_ttl, ext = s->lt.restart_extend_ms;
+    cairn_lease_table_destroy(&s->lt);
+    s->kvs_known = 0;
+    s->rev = 1;
+    s->compacted = -1;
+    int rc = cairn_kindex_init(&s->idx);
+    if (!rc)
+        rc = cairn_revmap_init(&s->rm);
+    if (!rc)
+        rc = cairn_lease_table_init(&s->lt, min_ttl, ext);
+    if (!rc)
+        rc = new_doc(s);
+    return rc;
+}
+
+/* The half of a checkpoint load that does not need the document: the
+ * checksum and the state section (key index, revision map), run on a
+ * second core while the opening thread loads the document. */
+typedef struct ckpt_side {
+    cairn_store *s;
+    const cairn_ckpt_head *h;
+    cairn_ckpt_live live;
+    int vrc, drc;
+} ckpt_side;
+
+static void *ckpt_side_main(void *arg)
+{
+    ckpt_side *c = arg;
+    c->vrc = cairn_ckpt_verify(c->h);
+    if (!c->vrc)
+        c->drc = cairn_ckpt_decode_state(&c->s->idx, &c->s->rm, &c->live, c->h->state,
+                                         c->h->state_len, c->h->nchanges, c->h->rev);
+    return NULL;
+}
+
+/* Loads the state a checkpoint memoises, when it is this store's and
+ * matches the stored changes: *start = the number of changes it covers (0,
+ * with one line on stderr saying why, when it is not used; the state is
+ * then as before). |compacted| is the stored compaction (-1 none). Only
+ * allocation failure is an error: every doubt is a full replay. */
+static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
+{
+    *start = 0;
+    const uint8_t *p;
+    size_t len;
+    const char *why = NULL;
+    char whybuf[160];
+    int rc = cairn_ckpt_map(&p, &len, s->datadir);
+    if (rc) {
+        fprintf(stderr, "cairn store: %s: %s; replaying every stored change\n",
+                rc == CAIRN_ENOTFOUND ? "no checkpoint" : "checkpoint unreadable", s->datadir);
+        return 0;
+    }
+    cairn_ckpt_head h;
+    ckpt_side side;
+    memset(&side, 0, sizeof side);
+    side.s = s;
+    side.h = &h;
+    pthread_t th;
+    int threaded = 0;
+    rc = cairn_ckpt_parse(&h, p, len);
+    if (rc) {
+        snprintf(whybuf, sizeof whybuf, "header: %s", cairn_strerror(rc));
+        why = whybuf;
+        goto out;
+    }
+    /* nothing the side thread builds is kept unless every check passes */
+    threaded = pthread_create(&th, NULL, ckpt_side_main, &side) == 0;
+    if (!threaded)
+        ckpt_side_main(&side);
+    if (memcmp(h.actor.b, s->actor.b, CAIRN_ACTOR_LEN) || h.member_id != s->member_id ||
+        h.cluster_id != s->cluster_id) {
+        why = "written by another actor or member";
+        goto out;
+    }
+    if (h.compacted != compacted) {
+        why = "compacted since it was written";
+        goto out;
+    }
+    /* the change it ends at must be the stored one at that index */
+    char *v;
+    size_t vl;
+    if ((rc = get_orec(s, s->ropt, h.nchanges - 1, &v, &vl))) {
+        why = "cannot read the stored change it ends at";
+        goto out;
+    }
+    if (!v || vl < 8) {
+        leveldb_free(v);
+        snprintf(whybuf, sizeof whybuf, "covers %llu changes, more than are stored",
+                 (unsigned long long)h.nchanges);
+        why = whybuf;
+        goto out;
+    }
+    cairn_hash hv;
+    cairn_hash_bytes(&hv, (const uint8_t *)v + 8, vl - 8);
+    int64_t last_rev = (int64_t)cairn_store_get_be64((const uint8_t *)v);
+    leveldb_free(v);
+    if (memcmp(hv.b, h.last.b, CAIRN_HASH_LEN)) {
+        why = "its last change is not the stored one";
+        goto out;
+    }
+    cairn_doc *d = NULL;
+    rc = cairn_doc_from_checkpoint(&d, h.doc, h.doc_len, &s->actor);
+    if (rc) {
+        snprintf(whybuf, sizeof whybuf, "document: %s", cairn_strerror(rc));
+        why = whybuf;
+        goto out;
+    }
+    cairn_doc_free(s->doc);
+    s->doc = d;
+    const cairn_dag *dag = cairn_doc_dag(d);
+    const cairn_hash *lh = cairn_dag_count(dag) == h.nchanges
+                               ? cairn_dag_hash_at(dag, h.nchanges - 1)
+                               : NULL;
+    if (!lh || memcmp(lh->b, h.last.b, CAIRN_HASH_LEN)) {
+        why = "its document does not end at its last change";
+        goto out;
+    }
+    if ((rc = cairn_doc_set_loader(d, load_body, s)))
+        goto out;
+    if (threaded) {
+        pthread_join(th, NULL);
+        threaded = 0;
+    }
+    if (side.vrc) {
+        why = "checksum mismatch";
+        goto out;
+    }
+    if ((rc = side.drc)) {
+        snprintf(whybuf, sizeof whybuf, "key index: %s", cairn_strerror(rc));
+        why = whybuf;
+        goto out;
+    }
+    /* the revision the stored change N-1 took: the map's last one, or none */
+    uint64_t ix;
+    int took = cairn_revmap_find(&s->rm, &ix, h.rev) == 0 && ix == h.nchanges - 1;
+    if (last_rev != (took ? h.rev : 0)) {
+        why = "its revisions disagree with the stored change it ends at";
+        goto out;
+    }
+    s->rev = h.rev;
+    s->compacted = h.compacted;
+    size_t ndoc = 0;
+    if (find_root_map(d, &s->kvs, "kvs") || find_root_map(d, &s->leases, "leases") ||
+        cairn_doc_actor_of(d, &s->kvs_actor, s->kvs) || cairn_doc_length(d, &ndoc, s->kvs) ||
+        ndoc != side.live.nlive) {
+        why = "its document and key index disagree";
+        goto out;
+    }
+    s->kvs_known = 1;
+    size_t nleased;
+    kentry *const *leased = cairn_ckpt_leased(&side.live, &nleased);
+    rc = cairn_store_lease_rebuild(s, leased, nleased);
+out:
+    if (threaded)
+        pthread_join(th, NULL);
+    cairn_store_buf_free(&side.live.leased);
+    cairn_ckpt_unmap(p, len);
+    if (why || rc) {
+        if (!why) {
+            snprintf(whybuf, sizeof whybuf, "loading it: %s", cairn_strerror(rc));
+            why = whybuf;
+        }
+        fprintf(stderr, "cairn store: checkpoint in %s not used (%s); replaying every stored "
+                        "change\n", s->datadir, why);
+        int rrc = reset_derived(s);
+        return rc == CAIRN_ENOMEM ? rc : rrc;
+    }
+    *start = h.nchanges;
+    s->ckpt_n = h.nchanges;
+    s->ckpt_compacted = h.compacted;
+    return 0;
+}
+
+static int recover(cairn_store *s, int use_checkpoint)
+{
+    char *v;
+    size_t vl;
+    int rc = meta_get(s, "actor", &v, &vl);
     if (rc)
         return rc;
-    if (want == 0)
-        return corrupt("no genesis change");
+    if (!v || vl != CAIRN_ACTOR_LEN) {
+        leveldb_free(v);
+        return corrupt("actor id");
+    }
+    memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
+    leveldb_free(v);
+    uint64_t c;
+    if ((rc = get_meta_u64(s, "member", &s->member_id, 1)) ||
+        (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
+        (rc = get_meta_u64(s, "compact", &c, 0)))
+        return rc;
+    char *cv;
+    size_t cvl;
+    if ((rc = meta_get(s, "compact", &cv, &cvl)))
+        return rc;
+    int have_c = cv != NULL;
+    leveldb_free(cv);
+    rc = new_doc(s);
+    if (rc)
+        return rc;
+    uint64_t start = 0;
+    if (use_checkpoint && (rc = load_checkpoint(s, &start, have_c ? (int64_t)c : -1)))
+        return rc;
+    rc = replay(s, start);
+    if (rc && start && rc != CAIRN_ENOMEM) {
+        /* the tail did not replay onto the memo: trust only the changes */
+        fprintf(stderr, "cairn store: replay after the checkpoint failed (%s); replaying every "
+                        "stored change\n", cairn_strerror(rc));
+        s->ckpt_n = 0;
+        rc = reset_derived(s);
+        if (!rc)
+            rc = replay(s, 0);
+    }
+    if (rc)
+        return rc;
     s->compacted = have_c ? (int64_t)c : -1;
     if (have_c && c) {
         uint64_t nd = 0;
         rc = compact_index(s, (int64_t)c, NULL, &nd);
     }
+    return rc;
+}
+
+/* Writes the checkpoint of the store as it is (close: nothing else runs).
+ * Skipped when it would be the one already on disk. */
+static int write_checkpoint(cairn_store *s)
+{
+    const cairn_dag *dag = cairn_doc_dag(s->doc);
+    uint64_t n = cairn_dag_count(dag);
+    if (n == 0 || (n == s->ckpt_n && s->compacted == s->ckpt_compacted))
+        return 0;
+    cairn_ckpt_head h;
+    memset(&h, 0, sizeof h);
+    h.actor = s->actor;
+    h.member_id = s->member_id;
+    h.cluster_id = s->cluster_id;
+    h.nchanges = n;
+    h.last = *cairn_dag_hash_at(dag, n - 1);
+    h.rev = s->rev;
+    h.compacted = s->compacted;
+    uint8_t *doc = NULL;
+    size_t dl = 0;
+    store_buf st = {0};
+    int rc = cairn_doc_checkpoint(&doc, &dl, s->doc);
+    if (!rc)
+        rc = cairn_ckpt_encode_state(&st, &s->idx, &s->rm);
+    if (!rc)
+        rc = cairn_ckpt_write(s->datadir, &h, doc, dl, st.p ? st.p : (const uint8_t *)"", st.len);
+    free(doc);
+    cairn_store_buf_free(&st);
+    if (rc)
+        fprintf(stderr, "cairn store: cannot write the checkpoint in %s: %s\n", s->datadir,
+                cairn_strerror(rc));
     return rc;
 }
 
@@ -1455,6 +1702,13 @@ static int renew_restored_actor(cairn_store *s, const char *dir, int exists)
         fprintf(stderr, "cairn store: %s was restored from a snapshot: actor %s replaced by %s\n",
                 dir, was, now);
     }
+    /* Snapshots hold db/ only, but a copied data dir may bring a checkpoint
+     * of the old actor: it goes before the marker, so the next open either
+     * sees the marker again or no checkpoint (the actor check would refuse
+     * it anyway). */
+    int crc = cairn_ckpt_remove(dir);
+    if (crc)
+        return crc;
     if (unlink(path) != 0 && errno != ENOENT)
         return CAIRN_EIO;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1518,7 +1772,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         goto fail;
     s->batch = leveldb_writebatch_create();
     s->dir = malloc(strlen(o->dir) + 4);
-    if (!s->dir)
+    s->datadir = strdup(o->dir);
+    if (!s->dir || !s->datadir)
         goto fail;
     rc = mkdir_p(o->dir);
     if (rc) {
@@ -1568,9 +1823,11 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
             fvl == 4 ? (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3] : 0;
         leveldb_free(fv);
         if (ver == FORMAT_VERSION) {
-            rc = recover(s);
+            rc = recover(s, 1);
         } else if (ver == FORMAT_V1) {
-            rc = recover(s);
+            /* no build that wrote format 1 wrote checkpoints: one here is
+             * not trusted (the next clean close writes a format-2 one) */
+            rc = recover(s, 0);
             if (!rc)
                 rc = upgrade_v1(s);
         } else {
@@ -1601,6 +1858,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     rc = cairn_store_lease_thread_start(s, o->lease_tick_ms);
     if (rc)
         goto fail;
+    s->opened = 1;
     *out = s;
     return 0;
 fail:
@@ -1627,6 +1885,10 @@ void cairn_store_close(cairn_store *s)
     }
     ev_clear(s);
     free(s->cur_ev);
+    /* nothing runs any more and every applied change is durable (unless
+     * the store failed): memoise the state for the next open */
+    if (s->opened && !atomic_load(&s->failed))
+        write_checkpoint(s);
     if (s->db)
         leveldb_close(s->db);
     if (s->batch)
@@ -1653,6 +1915,7 @@ void cairn_store_close(cairn_store *s)
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->dcv);
     free(s->dir);
+    free(s->datadir);
     free(s);
 }
 

@@ -97,10 +97,57 @@
  * through cairn_doc_receive; the observer re-derives the index and must
  * re-derive the same revision that 'O' recorded (CAIRN_ECORRUPT otherwise).
  * A reader thread scans and decodes 'O' while the opening thread replays.
+ * With a checkpoint (below) only the records after it, and change N-1, are
+ * read at open: a damaged older record is found when something reads it
+ * (block checksum, body hash, CAIRN_ECORRUPT), never served, but no longer
+ * at open.
  * Compaction deletes the 'K' records it no longer needs; change bodies stay
- * (peers and replay need them: the document has no snapshot format yet), so
+ * (peers, and replay when no checkpoint applies, need them), so
  * a compacted revision's values still read from them. A 'K' record that
  * names an op which did not set its key is CAIRN_ECORRUPT.
+ *
+ * CHECKPOINT (format 1 of the file <data dir>/checkpoint, next to db/;
+ * checkpoint.c). A memo of everything replay derives after the first N
+ * changes of the apply order, written by cairn_store_close, so that open
+ * loads it and replays only 'O' records N.. (the tail written after it, e.g.
+ * before a crash). It is a cache: the 'O' records stay the truth. Integers
+ * are big-endian; varints LEB128 as in 'K'.
+ *
+ *   offset  size  field
+ *   0       8     magic "cairnCKP"
+ *   8       4     u32 file format version (1)
+ *   12      8     u64 payload length P (the file is 52 + P bytes)
+ *   20      32    BLAKE2b-256 (crypto_generichash, unkeyed) of the payload
+ *   52      P     payload:
+ *     +0    16    actor id          } must equal the 'M' records
+ *     +16   8     member id         }
+ *     +24   8     cluster id        }
+ *     +32   8     N, changes covered (apply indexes 0..N-1), >= 1
+ *     +40   32    hash of change N-1: the stored 'O' record N-1 must hash to it
+ *     +72   8     revision after change N-1 (i64, >= 1)
+ *     +80   8     compacted revision (i64; -1 = never): must equal 'M' "compact"
+ *     +88   8     D, length of the document part
+ *     +96   D     cairn_doc_checkpoint bytes (crdt/doc.h: document and DAG)
+ *     +96+D ...   state section, varints:
+ *                   nruns, then per run: first rev, its apply index (the
+ *                   revision map); last revision added (0 if no runs)
+ *                   nkeys, then per key in key order: shared prefix length
+ *                   with the previous key, suffix length, suffix bytes,
+ *                   create_rev, version, lease (i64 as u64), nhist, then
+ *                   nhist x ((rev - previous rev) << 1 | deleted)
+ *
+ * Leases are not in it: open re-derives the lease table from the loaded
+ * document and key index through the observer's own code. Open uses a
+ * checkpoint only in a format-2 dir, when the checksum, identity, N and the
+ * hash of change N-1, the compacted revision, the document (its DAG must end
+ * at change N-1) and the state section all check out and the document and
+ * the index agree on the number of live keys; anything else, or a tail that
+ * does not replay onto it (a revision that differs from the stored one),
+ * is a full replay with one line on stderr saying why. Open never writes
+ * or removes the file, except: a new data dir and a restored one (the
+ * RESTORED marker; snapshots hold db/ only) remove it. Close writes it
+ * (temp file, fsync, rename, dir fsync) unless the store failed or the one
+ * on disk already covers every change at the same compaction.
  *
  * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
  * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),
@@ -385,19 +432,24 @@ typedef struct cairn_store_options {
 void cairn_store_options_init(cairn_store_options *o);
 
 /* Opens (creating or recovering) the store in o->dir. The options are
- * borrowed for the call. Recovery replays every stored change: time linear
- * in the history. Fails with CAIRN_EIO (cannot open / lock the database),
+ * borrowed for the call. Recovery loads the checkpoint (CHECKPOINT above)
+ * and replays the changes after it, or replays every stored change: time
+ * linear in the checkpoint's size plus the tail, or in the history. Fails with CAIRN_EIO (cannot open / lock the database),
  * CAIRN_ECORRUPT (a record fails its checksum, hash or replay check), or
  * CAIRN_EINVAL (|name| not in the initial cluster). */
 int cairn_store_open(cairn_store **out, const cairn_store_options *o);
 
 /* A file of this name in the data dir (next to db/) says the dir was
  * restored from a snapshot: the open that finds it gives the dir a new
- * random actor id (written with sync before anything else), then removes
- * the file. Keys, revisions, leases, member and cluster id are kept. */
+ * random actor id (written with sync before anything else), removes any
+ * checkpoint (it is the old actor's: the open replays every change), then
+ * removes the file. Keys, revisions, leases, member and cluster id are
+ * kept. */
 #define CAIRN_STORE_RESTORE_MARKER "RESTORED"
 
-/* Waits for pending writes to complete, stops the committer, closes. */
+/* Waits for pending writes to complete, stops the committer, writes the
+ * checkpoint (unless the store failed or nothing changed since the one on
+ * disk; a write error is a line on stderr, the next open replays), closes. */
 void cairn_store_close(cairn_store *s);
 
 /* ---- reads --------------------------------------------------------------- */

@@ -110,6 +110,9 @@ kentry *cairn_kindex_upsert(kindex *x, const uint8_t *key, size_t len);
 /* Frees every entry whose history is empty (after compaction). */
 void cairn_kindex_sweep(kindex *x);
 int cairn_kindex_push(kentry *e, uint64_t h);
+/* Bulk load: appends |e| (key greater than every key in |x|; history set),
+ * filling chunks fully. Takes ownership of |e| on success. */
+int cairn_kindex_append(kindex *x, kentry *e);
 /* The history entry in effect at |rev| (0 if none), and its position. */
 uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
 
@@ -160,6 +163,11 @@ int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p);
 int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t to);
 /* End of a change: re-reads every touched lease from the document. */
 int cairn_store_lease_settle(cairn_store *s);
+/* After a checkpoint load: builds the table from the document's leases map
+ * and the live keys with a lease (|leased|, every one of them), through the
+ * same hooks and settle as the observer, so it is the table a full replay
+ * leaves. The table must be empty. */
+int cairn_store_lease_rebuild(cairn_store *s, kentry *const *leased, size_t nleased);
 /* After recovery: etcd's restart rule (see lease.c). */
 void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms);
 int cairn_store_lease_thread_start(cairn_store *s, uint32_t tick_ms);
@@ -201,6 +209,71 @@ int cairn_revmap_add(revmap *m, int64_t rev, uint64_t index);
 /* The index of the change that made |rev|; CAIRN_ENOTFOUND if none did. */
 int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev);
 
+/* ---- the checkpoint file (checkpoint.c; layout in store.h) ----------------- */
+
+#define CAIRN_CKPT_FILE "checkpoint"
+#define CAIRN_CKPT_VERSION 1u
+#define CAIRN_CKPT_HDR 52   /* magic, version, payload length, checksum */
+#define CAIRN_CKPT_FIXED 96 /* the payload's fixed fields, before the doc */
+/* Decoded key bytes may be at most this many times the state section's
+ * size (+1 MiB): front coding would otherwise let a few bytes name huge
+ * keys. A real index beyond it is only a checkpoint refused. */
+#define CAIRN_CKPT_KEY_RATIO 256
+
+/* A parsed checkpoint; the pointers are views into the file's bytes. */
+typedef struct cairn_ckpt_head {
+    uint8_t sum[CAIRN_HASH_LEN];
+    const uint8_t *payload;
+    size_t payload_len;
+    cairn_actor actor;
+    uint64_t member_id, cluster_id;
+    uint64_t nchanges; /* N: apply indexes 0..N-1 are covered */
+    cairn_hash last;   /* hash of change N-1 */
+    int64_t rev;       /* the revision after change N-1 */
+    int64_t compacted; /* -1: never compacted */
+    const uint8_t *doc, *state;
+    size_t doc_len, state_len;
+} cairn_ckpt_head;
+
+/* Appends the revision map and the key index (store.h, CHECKPOINT). The
+ * caller keeps both from changing. */
+int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m);
+/* What the loader needs besides the index, gathered while decoding it (the
+ * entries are in cache then; a second pass over a million would not be). */
+typedef struct cairn_ckpt_live {
+    uint64_t nlive;    /* keys whose newest history entry is not a delete */
+    store_buf leased;  /* kentry *: the live keys with a lease, in key order */
+} cairn_ckpt_live;
+static inline kentry *const *cairn_ckpt_leased(const cairn_ckpt_live *lv, size_t *n)
+{
+    *n = lv->leased.len / sizeof(kentry *);
+    return (kentry *const *)(const void *)lv->leased.p;
+}
+
+/* Decodes a state section into an empty |x| and |m| (left partly filled on
+ * error: the caller destroys them); fills |live| (may be NULL; zero it
+ * first). Errors: CAIRN_ETRUNCATED, ELIMIT, ECORRUPT (out of order, out of
+ * range, trailing bytes), ENOMEM. */
+int cairn_ckpt_decode_state(kindex *x, revmap *m, cairn_ckpt_live *live, const uint8_t *p,
+                            size_t len, uint64_t nchanges, int64_t rev);
+/* Checks the header and the fixed fields of file bytes |p| and fills |h|
+ * (views into |p|); does not check the checksum. Errors: CAIRN_ETRUNCATED,
+ * ECORRUPT, EBADVERSION. */
+int cairn_ckpt_parse(cairn_ckpt_head *h, const uint8_t *p, size_t len);
+/* 0 if the payload hashes to the header's checksum, else CAIRN_EBADHASH. */
+int cairn_ckpt_verify(const cairn_ckpt_head *h);
+/* Writes <dir>/checkpoint atomically (temp file, fsync, rename, dir fsync)
+ * from |h|'s fixed fields, the doc bytes and the state section. */
+int cairn_ckpt_write(const char *dir, const cairn_ckpt_head *h, const uint8_t *doc, size_t doc_len,
+                     const uint8_t *state, size_t state_len);
+/* Maps <dir>/checkpoint read-only (CAIRN_ENOTFOUND if absent); unmap with
+ * cairn_ckpt_unmap. */
+int cairn_ckpt_map(const uint8_t **p, size_t *len, const char *dir);
+void cairn_ckpt_unmap(const uint8_t *p, size_t len);
+/* Removes <dir>/checkpoint (absent is fine; a removal is logged on stderr)
+ * and syncs the dir. */
+int cairn_ckpt_remove(const char *dir);
+
 /* One applied change waiting to become durable (only kept for events_cb). */
 typedef struct pend_change {
     struct pend_change *next;
@@ -228,7 +301,13 @@ struct cairn_store {
     leveldb_filterpolicy_t *bloom;
     leveldb_readoptions_t *ropt;
     leveldb_writeoptions_t *wopt_sync;
-    char *dir;
+    char *dir;     /* <data dir>/db */
+    char *datadir; /* the data dir: the checkpoint file lives here */
+    int opened;    /* open succeeded: close may write a checkpoint */
+    /* The checkpoint on disk matches the state after this many changes
+     * with this compaction (0: none known to match; close writes one). */
+    uint64_t ckpt_n;
+    int64_t ckpt_compacted;
 
     cairn_doc *doc;
     cairn_objid kvs, leases;

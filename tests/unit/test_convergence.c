@@ -7,7 +7,11 @@
  * replica, and one fresh replica fed every change in yet another order, must
  * have byte-identical heads and cairn_doc_dump. Honest changes must never be
  * rejected. cairn_doc_new_at, on another replica, must rebuild exactly the
- * state replica 0 had at a random earlier step.
+ * state replica 0 had at a random earlier step. With checkpoints on, replica
+ * 0 is checkpointed at a random step and restored (for its own actor and for
+ * another), and the restored replicas must then receive, edit and commit
+ * exactly as the replicas they mirror: same dumps, heads, DAG rows, seqs and
+ * change bytes.
  */
 #include <check.h>
 #include <stdint.h>
@@ -15,9 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_test.h"
 #include "crdt/change.h"
 #include "crdt/dag.h"
 #include "crdt/doc.h"
+#include "crdt/doc_int.h"
 #include "crdt/error.h"
 
 #define MAX_REPLICAS 6
@@ -50,6 +56,9 @@ struct net {
     /* per replica: indices into |all| still to deliver (with repeats) */
     size_t *inbox[MAX_REPLICAS];
     size_t nin[MAX_REPLICAS], capin[MAX_REPLICAS];
+    /* what replica 0 was delivered, in order (indices into |all|) */
+    size_t *hist0;
+    size_t nhist0, caphist0;
 };
 
 static void inbox_push(struct net *net, int r, size_t m)
@@ -89,16 +98,26 @@ static void deliver_msg(cairn_doc *d, const struct msg *m)
 }
 
 /* Delivers one random message of replica |r|'s inbox; sometimes keeps it
- * there to be delivered again later (a duplicate). */
-static void deliver_one(struct net *net, cairn_doc *d, int r)
+ * there to be delivered again later (a duplicate). Returns the message, or
+ * NULL if the inbox was empty. */
+static const struct msg *deliver_one(struct net *net, cairn_doc *d, int r)
 {
     if (!net->nin[r])
-        return;
+        return NULL;
     size_t i = below((uint32_t)net->nin[r]);
     size_t m = net->inbox[r][i];
     deliver_msg(d, &net->all[m]);
+    if (r == 0) {
+        if (net->nhist0 == net->caphist0) {
+            net->caphist0 = net->caphist0 ? net->caphist0 * 2 : 64;
+            net->hist0 = realloc(net->hist0, net->caphist0 * sizeof *net->hist0);
+            ck_assert_ptr_nonnull(net->hist0);
+        }
+        net->hist0[net->nhist0++] = m;
+    }
     if (below(8) != 0)
         net->inbox[r][i] = net->inbox[r][--net->nin[r]];
+    return &net->all[m];
 }
 
 static const uint8_t *key_of(int i, size_t *len)
@@ -244,12 +263,171 @@ static void assert_same(const cairn_doc *a, const cairn_doc *b)
     size_t na = cairn_dag_heads(cairn_doc_dag(a), &ha);
     size_t nb = cairn_dag_heads(cairn_doc_dag(b), &hb);
     ck_assert_uint_eq(na, nb);
-    ck_assert_mem_eq(ha, hb, na * sizeof *ha);
+    if (na) /* none: both NULL */
+        ck_assert_mem_eq(ha, hb, na * sizeof *ha);
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), cairn_dag_count(cairn_doc_dag(b)));
 }
 
-/* One simulated run; returns the number of changes made. */
-static size_t run_once(uint64_t seed, int nrep, int steps)
+/* One local edit step: begin at |t|, 1-4 random ops, then (mostly) commit.
+ * Returns the committed change (borrowed from |d|) or NULL. */
+static const cairn_change *local_step(cairn_doc *d, uint64_t t)
+{
+    ck_assert_int_eq(cairn_doc_begin(d, t), 0);
+    for (int k = (int)below(4) + 1; k > 0; k--)
+        random_op(d);
+    if (below(10) == 0) {
+        cairn_doc_rollback(d);
+        return NULL;
+    }
+    const cairn_change *c;
+    ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+    return c;
+}
+
+static void assert_same_change(const cairn_change *a, const cairn_change *b)
+{
+    ck_assert_int_eq(a == NULL, b == NULL);
+    if (!a)
+        return;
+    ck_assert_uint_eq(a->len, b->len);
+    ck_assert_mem_eq(a->bytes, b->bytes, a->len);
+}
+
+/* Everything a replica shows of its DAG and state, compared. */
+static void assert_twin(const cairn_doc *a, const cairn_doc *b, const cairn_actor *actors,
+                        int nactors)
+{
+    assert_same(a, b);
+    const cairn_dag *da = cairn_doc_dag(a), *db = cairn_doc_dag(b);
+    for (uint64_t i = 0; i < cairn_dag_count(da); i++) {
+        ck_assert_mem_eq(cairn_dag_hash_at(da, i), cairn_dag_hash_at(db, i), sizeof(cairn_hash));
+        uint64_t pa[CAIRN_CHANGE_MAX_DEPS], pb[CAIRN_CHANGE_MAX_DEPS];
+        size_t na = cairn_dag_deps_at(pa, CAIRN_CHANGE_MAX_DEPS, da, i);
+        ck_assert_uint_eq(na, cairn_dag_deps_at(pb, CAIRN_CHANGE_MAX_DEPS, db, i));
+        ck_assert_mem_eq(pa, pb, na * sizeof *pa);
+        uint64_t ix;
+        ck_assert_int_eq(cairn_dag_find(db, cairn_dag_hash_at(da, i), &ix), 0);
+        ck_assert_uint_eq(ix, i);
+    }
+    for (int i = 0; i < nactors; i++)
+        ck_assert_uint_eq(cairn_dag_actor_seq(da, &actors[i]), cairn_dag_actor_seq(db, &actors[i]));
+    ck_assert_int_eq(cairn_doc_check_(a), 0);
+    ck_assert_int_eq(cairn_doc_check_(b), 0);
+}
+
+/* Replicas that must behave exactly like another from a checkpoint on:
+ * |ck|, restored from replica 0's checkpoint for replica 0's actor, mirrors
+ * replica 0; |ck2|, restored from it for another actor, mirrors |full|, a
+ * replica of that actor that replayed every change. Both pairs receive what
+ * replica 0 receives and make the edits replica 0 makes (the same random
+ * choices), and must produce byte-identical changes. */
+struct twins {
+    cairn_doc *ck, *full, *ck2;
+    int edits2; /* 0 when ck2's actor is another replica's: its edits would fork */
+    uint64_t nck;
+    cairn_actor actors[MAX_REPLICAS + 1];
+    int nactors;
+};
+
+static void twins_deliver(struct twins *tw, const struct msg *m);
+
+static void twins_make(struct twins *tw, const struct net *net, cairn_doc **docs, int nrep)
+{
+    memset(tw, 0, sizeof *tw);
+    const cairn_dag *dag = cairn_doc_dag(docs[0]);
+    tw->ck = ckpt_restore(docs[0], cairn_doc_actor(docs[0]));
+    cairn_actor a2;
+    tw->edits2 = below(2);
+    if (tw->edits2)
+        for (size_t i = 0; i < sizeof a2.b; i++)
+            a2.b[i] = (uint8_t)rnd();
+    else
+        a2 = *cairn_doc_actor(docs[1 + below((uint32_t)nrep - 1)]);
+    ck_assert_int_eq(cairn_doc_new(&tw->full, &a2), 0);
+    tw->nck = cairn_dag_count(dag);
+    for (uint64_t i = 0; i < tw->nck; i++) {
+        cairn_change *c;
+        ck_assert_int_eq(cairn_dag_load(&c, dag, i), 0);
+        ck_assert_int_eq(cairn_doc_receive(tw->full, c, NULL), 0);
+    }
+    tw->ck2 = ckpt_restore(docs[0], &a2);
+    for (int r = 0; r < nrep; r++)
+        tw->actors[tw->nactors++] = *cairn_doc_actor(docs[r]);
+    tw->actors[tw->nactors++] = a2;
+    assert_twin(docs[0], tw->ck, tw->actors, tw->nactors);
+    assert_twin(tw->full, tw->ck2, tw->actors, tw->nactors);
+    /* No loader and no bodies: what the checkpoint held has no body here. */
+    uint8_t *body;
+    size_t blen;
+    if (tw->nck)
+        ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(tw->ck), 0),
+                         CAIRN_ENOTFOUND);
+    /* A checkpoint leaves out the changes replica 0 holds pending: hand them
+     * over as a peer would resend them, in the order replica 0 got them (the
+     * order in which they become ready depends on it). */
+    for (size_t i = 0; i < net->nhist0; i++)
+        if (cairn_dag_has(dag, &net->all[net->hist0[i]].hash) == 2)
+            twins_deliver(tw, &net->all[net->hist0[i]]);
+}
+
+static void twins_deliver(struct twins *tw, const struct msg *m)
+{
+    if (!tw->ck || !m)
+        return;
+    deliver_msg(tw->ck, m);
+    deliver_msg(tw->full, m);
+    deliver_msg(tw->ck2, m);
+}
+
+/* Replays replica 0's edit step (|c0|, made from rng state |saved|) on the
+ * twins. */
+static void twins_edit(struct twins *tw, uint64_t saved, uint64_t t, const cairn_change *c0)
+{
+    if (!tw->ck)
+        return;
+    uint64_t after = rng_state;
+    rng_state = saved;
+    assert_same_change(c0, local_step(tw->ck, t));
+    ck_assert_uint_eq(rng_state, after); /* the same choices were made */
+    if (tw->edits2) {
+        rng_state = saved;
+        const cairn_change *cf = local_step(tw->full, t);
+        rng_state = saved;
+        assert_same_change(cf, local_step(tw->ck2, t));
+    }
+    rng_state = after;
+}
+
+static void twins_end(struct twins *tw, const cairn_doc *d0)
+{
+    if (!tw->ck)
+        return;
+    assert_twin(d0, tw->ck, tw->actors, tw->nactors);
+    assert_twin(tw->full, tw->ck2, tw->actors, tw->nactors);
+    /* Bodies ordered after the checkpoint are kept as usual. */
+    const cairn_dag *dag = cairn_doc_dag(tw->ck);
+    for (uint64_t i = tw->nck; i < cairn_dag_count(dag); i++) {
+        uint8_t *x, *y;
+        size_t nx, ny;
+        ck_assert_int_eq(cairn_dag_load_bytes(&x, &nx, dag, i), 0);
+        ck_assert_int_eq(cairn_dag_load_bytes(&y, &ny, cairn_doc_dag(d0), i), 0);
+        ck_assert_uint_eq(nx, ny);
+        ck_assert_mem_eq(x, y, nx);
+        free(x);
+        free(y);
+    }
+    /* A checkpoint of a restored replica restores the same replica. */
+    cairn_doc *again = ckpt_restore(tw->ck, cairn_doc_actor(d0));
+    assert_twin(d0, again, tw->actors, tw->nactors);
+    cairn_doc_free(again);
+    cairn_doc_free(tw->ck);
+    cairn_doc_free(tw->full);
+    cairn_doc_free(tw->ck2);
+}
+
+/* One simulated run; returns the number of changes made. With |ckpt|,
+ * replica 0 is checkpointed at a random step and twins follow it. */
+static size_t run_once(uint64_t seed, int nrep, int steps, int ckpt)
 {
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
     cairn_doc *docs[MAX_REPLICAS];
@@ -264,12 +442,16 @@ static size_t run_once(uint64_t seed, int nrep, int steps)
         skew[r] = (int64_t)below(40) - 20;
     }
     uint64_t now = 1000;
+    struct twins tw = {0};
+    int ck_step = ckpt ? (int)below((uint32_t)steps + 1) : -1;
     /* replica 0's state at one step, to be rebuilt with new_at at the end */
     int snap_step = (int)below((uint32_t)steps);
     uint8_t *snap_dump = NULL;
     size_t snap_len = 0, snap_nheads = 0;
     cairn_hash *snap_heads = NULL;
     for (int s = 0; s < steps; s++) {
+        if (s == ck_step)
+            twins_make(&tw, &net, docs, nrep);
         if (s == snap_step) {
             const cairn_hash *h;
             snap_nheads = cairn_dag_heads(cairn_doc_dag(docs[0]), &h);
@@ -282,31 +464,35 @@ static size_t run_once(uint64_t seed, int nrep, int steps)
         now += below(4);
         int r = (int)below((uint32_t)nrep);
         if (below(5) < 2) {
-            for (int k = (int)below(3) + 1; k > 0; k--)
-                deliver_one(&net, docs[r], r);
+            for (int k = (int)below(3) + 1; k > 0; k--) {
+                const struct msg *m = deliver_one(&net, docs[r], r);
+                if (r == 0)
+                    twins_deliver(&tw, m);
+            }
             continue;
         }
         uint64_t t = below(10) == 0 ? 0 : (uint64_t)((int64_t)now + skew[r]);
-        ck_assert_int_eq(cairn_doc_begin(docs[r], t), 0);
-        for (int k = (int)below(4) + 1; k > 0; k--)
-            random_op(docs[r]);
-        if (below(10) == 0) {
-            cairn_doc_rollback(docs[r]);
-            continue;
-        }
-        const cairn_change *c;
-        ck_assert_int_eq(cairn_doc_commit(docs[r], &c, NULL), 0);
+        uint64_t saved = rng_state;
+        const cairn_change *c = local_step(docs[r], t);
+        if (r == 0)
+            twins_edit(&tw, saved, t, c);
         if (c)
             broadcast(&net, r, nrep, c);
     }
+    if (ck_step == steps)
+        twins_make(&tw, &net, docs, nrep);
     /* full delivery: every replica gets every message, random order */
     for (int r = 0; r < nrep; r++) {
-        while (net.nin[r])
-            deliver_one(&net, docs[r], r);
+        while (net.nin[r]) {
+            const struct msg *m = deliver_one(&net, docs[r], r);
+            if (r == 0)
+                twins_deliver(&tw, m);
+        }
         ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(docs[r])), net.n);
     }
     for (int r = 1; r < nrep; r++)
         assert_same(docs[0], docs[r]);
+    twins_end(&tw, docs[0]);
     /* a fresh replica fed everything backwards (worst case for pending) */
     cairn_doc *fresh;
     cairn_actor fa;
@@ -338,6 +524,7 @@ static size_t run_once(uint64_t seed, int nrep, int steps)
     for (size_t i = 0; i < net.n; i++)
         free(net.all[i].bytes);
     free(net.all);
+    free(net.hist0);
     for (int r = 0; r < nrep; r++) {
         free(net.inbox[r]);
         cairn_doc_free(docs[r]);
@@ -349,7 +536,18 @@ START_TEST(random_replicas_converge)
 {
     size_t total = 0;
     for (uint64_t seed = 1; seed <= 500; seed++)
-        total += run_once(seed, 2 + (int)(seed % 4), 150);
+        total += run_once(seed, 2 + (int)(seed % 4), 150, 0);
+    ck_assert_uint_gt(total, 1000);
+}
+END_TEST
+
+/* Checkpoint at a random step: the restored replicas (same actor, another
+ * actor) then behave exactly like the replicas they were taken from. */
+START_TEST(checkpoint_twins_match)
+{
+    size_t total = 0;
+    for (uint64_t seed = 1; seed <= 300; seed++)
+        total += run_once(seed * 7 + 3, 2 + (int)(seed % 4), 120, 1);
     ck_assert_uint_gt(total, 1000);
 }
 END_TEST
@@ -357,7 +555,7 @@ END_TEST
 START_TEST(long_histories_converge)
 {
     for (uint64_t seed = 1000; seed < 1006; seed++)
-        run_once(seed, 3 + (int)(seed % 3), 1500);
+        run_once(seed, 3 + (int)(seed % 3), 1500, seed % 2);
 }
 END_TEST
 
@@ -368,6 +566,7 @@ static Suite *convergence_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, random_replicas_converge);
     tcase_add_test(tc, long_histories_converge);
+    tcase_add_test(tc, checkpoint_twins_match);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -4,7 +4,10 @@
  * concurrent sets, nested objects, RGA lists, counters, exact rollback, reads
  * at past heads, the exact patch sequence an observer sees, hostile
  * changes (built with cairn_change_new) rejected with nothing applied, and
- * injected allocation failures in every edit and in commit.
+ * injected allocation failures in every edit and in commit; checkpoints:
+ * restored for any actor they behave as the original, damaged ones (cut at
+ * every byte, flipped bytes, absurd counts) are rejected with a named error
+ * or decode to a sound document, and the empty one is pinned byte by byte.
  * Changes travel between replicas as bytes (encode -> decode).
  */
 #include <check.h>
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_test.h"
 #include "crdt/change.h"
 #include "crdt/dag.h"
 #include "crdt/doc.h"
@@ -1473,6 +1477,514 @@ START_TEST(state_bytes_per_key_bounded)
 }
 END_TEST
 
+/* ---- checkpoints ---------------------------------------------------------------- */
+
+/* base_doc plus every value type, a list tombstone, an orphaned map, a bytes
+ * conflict (several visible values) and an empty value, merged both ways. */
+static cairn_doc *rich_doc(cairn_doc **peer)
+{
+    cairn_objid m, l, made;
+    cairn_doc *d = base_doc(peer, &m, &l);
+    cairn_value vb = int_v(1, CAIRN_V_BOOL), vn = int_v(0, CAIRN_V_NULL),
+                vu = int_v(-5, CAIRN_V_UINT), vf = {.type = CAIRN_V_F64, .v.f = 2.5},
+                ve = {.type = CAIRN_V_BYTES}, vi = int_v(-7, CAIRN_V_INT), v = str_v("x");
+    ck_assert_int_eq(cairn_doc_begin(d, 20), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"b", 1, &vb), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"n", 1, &vn), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"u", 1, &vu), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"f", 1, &vf), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"", 0, &ve), 0);
+    ck_assert_int_eq(cairn_doc_put(d, m, (const uint8_t *)"i", 1, &vi), 0);
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 1, &v), 0);
+    ck_assert_int_eq(cairn_doc_list_insert(d, l, 0, &vi), 0);
+    ck_assert_int_eq(cairn_doc_list_delete(d, l, 1), 0);
+    ck_assert_int_eq(cairn_doc_list_insert_object(d, &made, l, 2, CAIRN_OBJ_MAP), 0);
+    put_s(d, made, "deep", "er");
+    ck_assert_int_eq(cairn_doc_increment(d, CAIRN_ROOT, (const uint8_t *)"cnt", 3, 4), 0);
+    commit(d);
+    ck_assert_int_eq(cairn_doc_begin(d, 30), 0);
+    ck_assert_int_eq(
+        cairn_doc_put_object(d, &made, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP),
+        0); /* the old "m" stays, orphaned */
+    put_s(d, CAIRN_ROOT, "x", "a value of more than thirty-two bytes, from d");
+    commit(d);
+    ck_assert_int_eq(cairn_doc_begin(*peer, 30), 0);
+    put_s(*peer, CAIRN_ROOT, "x", "the peer's concurrent value");
+    commit(*peer);
+    exchange(d, *peer);
+    return d;
+}
+
+/* One change that sets root key |k|. */
+static void put_commit(cairn_doc *d, uint64_t t, const char *k, const char *v)
+{
+    ck_assert_int_eq(cairn_doc_begin(d, t), 0);
+    put_s(d, CAIRN_ROOT, k, v);
+    commit(d);
+}
+
+/* The same edit on |a| and |b| gives byte-identical changes. */
+static void assert_same_commit(cairn_doc *a, cairn_doc *b)
+{
+    const cairn_change *ca, *cb;
+    cairn_doc *ab[2] = {a, b};
+    const cairn_change **out[2] = {&ca, &cb};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(cairn_doc_begin(ab[i], 5), 0);
+        put_s(ab[i], CAIRN_ROOT, "x", "after");
+        ck_assert_int_eq(cairn_doc_increment(ab[i], CAIRN_ROOT, (const uint8_t *)"cnt", 3, 1), 0);
+        ck_assert_int_eq(cairn_doc_commit(ab[i], out[i], NULL), 0);
+    }
+    ck_assert_uint_eq(ca->len, cb->len);
+    ck_assert_mem_eq(ca->bytes, cb->bytes, ca->len);
+    assert_same(a, b);
+}
+
+START_TEST(checkpoint_roundtrip_any_actor)
+{
+    cairn_doc *peer, *d = rich_doc(&peer);
+    /* the writer's own actor, another author's, and a stranger's */
+    cairn_actor stranger = actor_n(9);
+    cairn_doc *same = ckpt_restore(d, cairn_doc_actor(d));
+    cairn_doc *other = ckpt_restore(d, cairn_doc_actor(peer));
+    cairn_doc *fresh = new_doc(9), *strange = ckpt_restore(d, &stranger), *fresh2 = new_doc(2);
+    /* replicas of the other actors that replayed d's changes in d's order */
+    deliver(fresh, d);
+    deliver(fresh2, d);
+    const cairn_doc *orig[3] = {d, fresh2, fresh};
+    cairn_doc *got[3] = {same, other, strange};
+    for (int k = 0; k < 3; k++) {
+        const cairn_dag *x = cairn_doc_dag(orig[k]), *y = cairn_doc_dag(got[k]);
+        assert_same(orig[k], got[k]);
+        ck_assert_uint_eq(cairn_dag_count(x), cairn_dag_count(y));
+        for (uint64_t i = 0; i < cairn_dag_count(x); i++) {
+            uint64_t px[8], py[8];
+            ck_assert_mem_eq(cairn_dag_hash_at(x, i), cairn_dag_hash_at(y, i), sizeof(cairn_hash));
+            size_t nx = cairn_dag_deps_at(px, 8, x, i);
+            ck_assert_uint_eq(nx, cairn_dag_deps_at(py, 8, y, i));
+            ck_assert_mem_eq(px, py, nx * sizeof *px);
+        }
+        const cairn_actor *as[3] = {cairn_doc_actor(d), cairn_doc_actor(peer), &stranger};
+        for (int a = 0; a < 3; a++)
+            ck_assert_uint_eq(cairn_dag_actor_seq(x, as[a]), cairn_dag_actor_seq(y, as[a]));
+        ck_assert_mem_eq(cairn_doc_actor(got[k]), cairn_doc_actor(orig[k]), sizeof(cairn_actor));
+        /* the orphaned map is still addressable, with its keys */
+        size_t n;
+        ck_assert_int_eq(cairn_doc_length(got[k], &n, (cairn_objid){11, 0}) == 0 ||
+                             cairn_doc_length(got[k], &n, (cairn_objid){11, 1}) == 0,
+                         1);
+    }
+    for (int k = 0; k < 3; k++)
+        assert_same_commit((cairn_doc *)orig[k], got[k]);
+    /* and they still merge: what one made reaches the others alike */
+    deliver(same, other);
+    deliver(d, fresh2);
+    assert_same(d, same);
+    ck_assert_int_eq(cairn_doc_check_(same), 0);
+    for (int k = 0; k < 3; k++)
+        cairn_doc_free(got[k]);
+    cairn_doc_free(fresh);
+    cairn_doc_free(fresh2);
+    cairn_doc_free(peer);
+    cairn_doc_free(d);
+}
+END_TEST
+
+static int loads;
+
+static int test_loader(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
+{
+    loads++;
+    return cairn_dag_load_bytes(bytes, len, cairn_doc_dag(arg), index);
+}
+
+START_TEST(checkpoint_loader_pending_and_state)
+{
+    cairn_doc *peer, *d = rich_doc(&peer);
+    uint8_t *b, *body;
+    size_t n, blen;
+    /* never during an edit */
+    ck_assert_int_eq(cairn_doc_begin(d, 40), 0);
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), CAIRN_ESTATE);
+    ck_assert_ptr_null(b);
+    cairn_doc_rollback(d);
+    /* a change whose dep d lacks stays out of the checkpoint */
+    cairn_doc *p2 = new_doc(2);
+    deliver(p2, peer);
+    put_commit(peer, 40, "p", "1");
+    put_commit(peer, 41, "p", "2");
+    const cairn_dag *pd = cairn_doc_dag(peer);
+    uint64_t last = cairn_dag_count(pd) - 1;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_dag_load(&c, pd, last), 0);
+    ck_assert_int_eq(cairn_doc_receive(d, c, NULL), 0);
+    ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(d), cairn_dag_hash_at(pd, last)), 2);
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
+    ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(r), cairn_dag_hash_at(pd, last)), 0);
+    /* no loader: restored bodies are not here */
+    ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 0), CAIRN_ENOTFOUND);
+    cairn_doc_free(r);
+    /* a loader can be set on a restored replica, and serves its bodies */
+    r = ckpt_restore(d, cairn_doc_actor(d));
+    ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), 0);
+    loads = 0;
+    ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), 1), 0);
+    ck_assert_int_eq(loads, 1);
+    free(body);
+    deliver(d, peer);
+    deliver(r, peer);
+    assert_same(d, r);
+    ck_assert_int_eq(cairn_doc_set_loader(r, test_loader, d), CAIRN_ESTATE);
+    cairn_doc_free(r);
+    /* without a loader, changes ordered after the restore keep their bodies */
+    r = ckpt_restore(d, cairn_doc_actor(d));
+    uint64_t before = cairn_dag_count(cairn_doc_dag(r));
+    cairn_doc *q = new_doc(2);
+    deliver(q, peer);
+    put_commit(q, 50, "q", "1");
+    deliver(r, q);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(r)), before + 1);
+    ck_assert_int_eq(cairn_dag_load_bytes(&body, &blen, cairn_doc_dag(r), before), 0);
+    free(body);
+    cairn_doc_free(q);
+    cairn_doc_free(r);
+    cairn_doc_free(p2);
+    cairn_doc_free(peer);
+    cairn_doc_free(d);
+}
+END_TEST
+
+static void assert_named_error(int rc)
+{
+    ck_assert_int_lt(rc, 0);
+    ck_assert_str_ne(cairn_error_name(rc), "EUNKNOWN");
+}
+
+START_TEST(checkpoint_truncated_at_every_byte)
+{
+    cairn_doc *peer, *d = rich_doc(&peer), *r;
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    for (size_t i = 0; i < n; i++) {
+        /* a copy of exactly i bytes, so ASan sees any read past the end */
+        uint8_t *cut = malloc(i ? i : 1);
+        memcpy(cut, b, i);
+        r = (cairn_doc *)1;
+        int rc = cairn_doc_from_checkpoint(&r, cut, i, cairn_doc_actor(d));
+        assert_named_error(rc);
+        ck_assert_ptr_null(r);
+        free(cut);
+    }
+    /* one byte more is trailing garbage */
+    uint8_t *more = malloc(n + 1);
+    memcpy(more, b, n);
+    more[n] = 0;
+    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, more, n + 1, cairn_doc_actor(d)),
+                     CAIRN_ENONCANON);
+    free(more);
+    free(b);
+    cairn_doc_free(peer);
+    cairn_doc_free(d);
+}
+END_TEST
+
+/* Whatever a damaged checkpoint decodes to must be a sound document. */
+START_TEST(checkpoint_flipped_bytes_rejected_or_sound)
+{
+    cairn_doc *peer, *d = rich_doc(&peer);
+    uint8_t *b;
+    size_t n;
+    int accepted = 0, rejected = 0;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    static const uint8_t flips[] = {0x01, 0x80, 0xFF, 0x10};
+    for (size_t i = 0; i < n; i++) {
+        for (size_t f = 0; f < sizeof flips; f++) {
+            cairn_doc *r;
+            b[i] ^= flips[f];
+            int rc = cairn_doc_from_checkpoint(&r, b, n, cairn_doc_actor(d));
+            b[i] ^= flips[f];
+            if (rc) {
+                assert_named_error(rc);
+                ck_assert_ptr_null(r);
+                rejected++;
+                continue;
+            }
+            accepted++;
+            ck_assert_int_eq(cairn_doc_check_(r), 0);
+            uint8_t *dump;
+            size_t dl;
+            ck_assert_int_eq(cairn_doc_dump(&dump, &dl, r), 0);
+            free(dump);
+            /* it takes edits and changes without breaking */
+            if (cairn_doc_begin(r, 5) == 0) {
+                put_s(r, CAIRN_ROOT, "x", "after");
+                cairn_doc_commit(r, NULL, NULL);
+            }
+            const cairn_dag *pd = cairn_doc_dag(peer);
+            for (uint64_t j = 0; j < cairn_dag_count(pd); j++) {
+                cairn_change *copy;
+                ck_assert_int_eq(cairn_dag_load(&copy, pd, j), 0);
+                int rr = cairn_doc_receive(r, copy, NULL); /* may be refused */
+                if (rr)
+                    assert_named_error(rr);
+            }
+            ck_assert_int_eq(cairn_doc_check_(r), 0);
+            cairn_doc_free(r);
+        }
+    }
+    ck_assert_int_gt(rejected, 0);
+    ck_assert_int_gt(accepted, 0); /* value bytes, op counters: still well-formed */
+    free(b);
+    cairn_doc_free(peer);
+    cairn_doc_free(d);
+}
+END_TEST
+
+/* A hand-written checkpoint. */
+struct ckb {
+    uint8_t b[512];
+    size_t n;
+};
+
+static void ckb_uv(struct ckb *k, uint64_t v)
+{
+    while (v >= 0x80) {
+        k->b[k->n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    k->b[k->n++] = (uint8_t)v;
+}
+
+static void ckb_raw(struct ckb *k, const void *p, size_t n)
+{
+    memcpy(k->b + k->n, p, n);
+    k->n += n;
+}
+
+/* The empty replica of actor 1 (whose clock is |clock|) up to its root
+ * map's key count. */
+static void ckb_head_at(struct ckb *k, uint64_t clock)
+{
+    cairn_actor a = actor_n(1);
+    k->n = 0;
+    ckb_raw(k, "CKPT\x01", 5);
+    ckb_uv(k, 0); /* no changes */
+    ckb_uv(k, 0); /* no dep bytes */
+    ckb_uv(k, 0); /* no authors */
+    ckb_uv(k, 1); /* one actor */
+    ckb_raw(k, a.b, sizeof a.b);
+    ckb_uv(k, clock); /* its clock */
+    ckb_uv(k, clock); /* max counter */
+}
+
+static void ckb_head(struct ckb *k)
+{
+    ckb_head_at(k, 0);
+}
+
+/* Root key |key| holding one null op (counter, actor 0). */
+static void ckb_key(struct ckb *k, const char *key, uint64_t counter)
+{
+    ckb_uv(k, strlen(key));
+    ckb_raw(k, key, strlen(key));
+    ckb_uv(k, 1);
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x01\x00", 2); /* scalar null */
+}
+
+static int ckb_load(const struct ckb *k)
+{
+    cairn_doc *r;
+    cairn_actor a = actor_n(1);
+    int rc = cairn_doc_from_checkpoint(&r, k->b, k->n, &a);
+    cairn_doc_free(r);
+    return rc;
+}
+
+START_TEST(checkpoint_format_and_absurd_counts)
+{
+    struct ckb k;
+    /* the format, pinned: an empty replica */
+    ckb_head(&k);
+    ckb_uv(&k, 0); /* root: no keys */
+    ckb_uv(&k, 0); /* no objects */
+    cairn_doc *d = new_doc(1);
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    ck_assert_uint_eq(n, k.n);
+    ck_assert_mem_eq(b, k.b, n);
+    free(b);
+    cairn_doc_free(d);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    /* magic and version */
+    k.b[4] = 2;
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EBADVERSION);
+    k.b[4] = 1;
+    k.b[0] = 'X';
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EBADVERSION);
+    /* absurd counts fail before anything is allocated for them */
+    k.n = 0;
+    ckb_raw(&k, "CKPT\x01", 5);
+    ckb_uv(&k, UINT64_C(1) << 39); /* changes */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    k.n = 5;
+    ckb_raw(&k, "\x80\x00", 2); /* an overlong zero */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ENONCANON);
+    k.n = 5;
+    ckb_uv(&k, 0);
+    ckb_uv(&k, UINT64_C(1) << 62); /* dep bytes */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ETRUNCATED);
+    k.n = 5;
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, UINT32_MAX); /* actors */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    ckb_head(&k);
+    ckb_uv(&k, UINT64_C(1) << 40); /* root keys */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    ckb_head(&k);
+    ckb_uv(&k, 1);
+    ckb_uv(&k, 1);
+    ckb_raw(&k, "k", 1);
+    ckb_uv(&k, UINT64_C(1) << 31); /* ops in one key */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    ckb_head(&k);
+    ckb_uv(&k, 1);
+    ckb_uv(&k, UINT64_C(1) << 40); /* key length */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    ckb_head(&k);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, UINT64_C(1) << 33); /* objects */
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
+    /* one key whose op its author never made (clock 0) */
+    ckb_head(&k);
+    ckb_uv(&k, 1);
+    ckb_key(&k, "k", 1);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* with the clock at 9 it is fine, twice it is a duplicate key */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_key(&k, "k", 1);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 2);
+    ckb_key(&k, "k", 1);
+    ckb_key(&k, "k", 2);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EDUPLICATE);
+}
+END_TEST
+
+/* Key |key| holding the map made by op (counter, actor 0). */
+static void ckb_mapref(struct ckb *k, const char *key, uint64_t counter)
+{
+    ckb_uv(k, strlen(key));
+    ckb_raw(k, key, strlen(key));
+    ckb_uv(k, 1);
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x02", 1); /* a map */
+}
+
+/* Map object (counter, actor 0) holding the maps |refs| (0: none) at "x". */
+static void ckb_mapobj(struct ckb *k, uint64_t counter, uint64_t ref)
+{
+    ckb_uv(k, counter);
+    ckb_uv(k, 0);
+    ckb_raw(k, "\x01", 1);
+    ckb_uv(k, ref != 0);
+    if (ref)
+        ckb_mapref(k, "x", ref);
+}
+
+START_TEST(checkpoint_objects_form_trees)
+{
+    struct ckb k;
+    /* root.a = map 5 (empty), map 6 orphaned: fine */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 5);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 0);
+    ckb_mapobj(&k, 6, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+    /* a reference to a map that is not there */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 7);
+    ckb_uv(&k, 0);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* map 5 inside itself too: two parents */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 1);
+    ckb_mapref(&k, "a", 5);
+    ckb_uv(&k, 1);
+    ckb_mapobj(&k, 5, 5);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* maps 5 and 6 inside each other, away from the root: a loop */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 6);
+    ckb_mapobj(&k, 6, 5);
+    ck_assert_int_eq(ckb_load(&k), CAIRN_ECORRUPT);
+    /* a chain 5 -> 6 under an orphan: fine */
+    ckb_head_at(&k, 9);
+    ckb_uv(&k, 0);
+    ckb_uv(&k, 2);
+    ckb_mapobj(&k, 5, 6);
+    ckb_mapobj(&k, 6, 0);
+    ck_assert_int_eq(ckb_load(&k), 0);
+}
+END_TEST
+
+/* A map bigger than the loader's lookahead: every key found again, and a
+ * duplicate far from its twin refused. */
+START_TEST(checkpoint_big_map)
+{
+    cairn_doc *d = new_doc(1);
+    ck_assert_int_eq(cairn_doc_begin(d, 10), 0);
+    for (int i = 0; i < 5000; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        put_s(d, CAIRN_ROOT, key, i % 3 ? "v" : "");
+    }
+    commit(d);
+    cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
+    assert_same(d, r);
+    for (int i = 0; i < 5000; i += 7) {
+        char key[32];
+        snprintf(key, sizeof key, "/registry/k%07d", i);
+        ck_assert_str_eq(get_s(r, CAIRN_ROOT, key), i % 3 ? "v" : "");
+    }
+    cairn_doc_free(r);
+    /* the same checkpoint with its last key's bytes made those of the first */
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(cairn_doc_checkpoint(&b, &n, d), 0);
+    uint8_t *first = NULL, *last = NULL;
+    for (size_t i = 0; i + 18 <= n; i++)
+        if (memcmp(b + i, "/registry/k", 11) == 0) {
+            if (!first)
+                first = b + i;
+            last = b + i;
+        }
+    ck_assert_ptr_nonnull(first);
+    ck_assert_ptr_ne(first, last);
+    memcpy(last, first, 18);
+    ck_assert_int_eq(cairn_doc_from_checkpoint(&r, b, n, cairn_doc_actor(d)), CAIRN_EDUPLICATE);
+    ck_assert_ptr_null(r);
+    free(b);
+    cairn_doc_free(d);
+}
+END_TEST
+
 static Suite *doc_suite(void)
 {
     Suite *s = suite_create("doc");
@@ -1498,6 +2010,16 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, state_bytes_per_key_bounded);
     tcase_add_test(tc, overwritten_key_keeps_one_allocation);
     tcase_add_test(tc, settled_values_of_any_size);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("checkpoint");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, checkpoint_roundtrip_any_actor);
+    tcase_add_test(tc, checkpoint_loader_pending_and_state);
+    tcase_add_test(tc, checkpoint_truncated_at_every_byte);
+    tcase_add_test(tc, checkpoint_flipped_bytes_rejected_or_sound);
+    tcase_add_test(tc, checkpoint_format_and_absurd_counts);
+    tcase_add_test(tc, checkpoint_big_map);
+    tcase_add_test(tc, checkpoint_objects_form_trees);
     suite_add_tcase(s, tc);
     return s;
 }

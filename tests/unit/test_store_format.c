@@ -370,6 +370,9 @@ START_TEST(format_1_opens_and_upgrades)
     ck_assert_uint_eq(raw_format(d), 1);
 
     s = open_store(d);
+    /* the format-2 close left a valid checkpoint; a format-1 dir never
+     * trusts one (store.h: CHECKPOINT) */
+    ck_assert_uint_eq(s->ckpt_n, 0);
     ck_assert_int_eq(cur_rev(s), 21);
     char got[32];
     ck_assert_int_eq(value_at(s, "k7", 9, got, sizeof got), 0);
@@ -379,6 +382,13 @@ START_TEST(format_1_opens_and_upgrades)
     hist_log l;
     ck_assert_int_eq(history_text(s, 20, &l), 0);
     ck_assert_str_eq(l.text, "20+k18=v18 21+k19=v19 22+k7=new ");
+    uint64_t n = cairn_dag_count(cairn_doc_dag(s->doc));
+    cairn_store_close(s);
+    /* upgraded: the checkpoint of that close is used */
+    s = open_store(d);
+    ck_assert_uint_eq(s->ckpt_n, n);
+    ck_assert_int_eq(value_at(s, "k7", 0, got, sizeof got), 0);
+    ck_assert_str_eq(got, "new");
     cairn_store_close(s);
     ck_assert_uint_eq(count_tag(d, 'R'), 0);
     ck_assert_uint_eq(count_tag(d, 'C'), 0);

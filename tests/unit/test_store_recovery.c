@@ -404,6 +404,19 @@ static void corrupt_files(const char *dir)
     ck_assert_int_eq(system(cmd), 0);
 }
 
+static int drain_history(void *arg, int64_t rev, const cairn_event *ev, size_t nev)
+{
+    (void)arg;
+    (void)rev;
+    (void)ev;
+    (void)nev;
+    return 0;
+}
+
+/* Without a checkpoint the replay reads every record: the open fails. With
+ * one (store.h: CHECKPOINT) the open reads only the newest change and may
+ * succeed, but the damaged records are still never served: reading the
+ * history through them fails. */
 START_TEST(corruption_is_detected)
 {
     char *dir = make_tmpdir();
@@ -417,12 +430,23 @@ START_TEST(corruption_is_detected)
     ck_assert_int_eq(cairn_store_compact(s, &h, 2, 1), 0);
     cairn_store_close(s);
     corrupt_files(dir);
+    if (_i == 0) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -f '%s/checkpoint'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+    }
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.dir = dir;
     o.clock_ms = test_clock_ms;
     int rc = cairn_store_open(&s, &o);
-    ck_assert_msg(rc == CAIRN_ECORRUPT || rc == CAIRN_EIO, "open of a corrupt store: %s",
+    if (_i == 1 && rc == 0) {
+        rc = cairn_store_history(s, NULL, 3, (const uint8_t *)"\0", 1, (const uint8_t *)"\0", 1,
+                                 drain_history, NULL);
+        cairn_store_close(s);
+        s = NULL;
+    }
+    ck_assert_msg(rc == CAIRN_ECORRUPT || rc == CAIRN_EIO, "read of a corrupt store: %s",
                   cairn_strerror(rc));
     ck_assert_ptr_null(s);
     rm_rf(dir);
@@ -443,7 +467,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, reopen_same_state);
     tcase_add_test(tc, disk_full_is_an_error);
-    tcase_add_test(tc, corruption_is_detected);
+    tcase_add_loop_test(tc, corruption_is_detected, 0, 2);
     tcase_add_test(tc, crash_keeps_every_acknowledged_write);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
