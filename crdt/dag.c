@@ -1488,6 +1488,18 @@ int cairn_dag_restore_(cairn_dag **out, wire_rd *r)
     wire_rd b = {blob, blob + blen};
     if ((rc = deps_restore(d, &b, n, isdep)) || (rc = authors_restore(d, r, n)))
         goto fail;
+    /* The blob also held the counts: give back what the deltas do not use,
+     * down to the capacity ordering them one by one would have reached. */
+    size_t dcap = 16;
+    while (dcap < d->ndep_bytes)
+        dcap *= 2;
+    if (dcap < d->capdep_bytes) {
+        uint8_t *np = realloc(d->dep_bytes, dcap);
+        if (np) {
+            d->dep_bytes = np;
+            d->capdep_bytes = dcap;
+        }
+    }
     size_t nh = 0;
     for (uint64_t i = 0; i < n; i++)
         nh += !BIT(isdep, i);
