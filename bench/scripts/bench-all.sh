@@ -18,7 +18,9 @@
 #   4. a 1,000,000-key load into a second pair of fresh servers: load time,
 #      resident memory (VmRSS) after the load, bytes on disk (du of the data
 #      dir), and restart time (SIGTERM, start again, first answered Range),
-#      then RSS after the restart and the key count (checked against the load).
+#      then RSS, the key count (checked against the load) and the data dir's
+#      bytes after the restarts (cairn's then include the checkpoint its clean
+#      stops wrote).
 # It writes, under bench/results/<UTC time>/: results.md (the table: medians
 # and the cairn/etcd ratio of every figure, targets marked), summary.csv,
 # raw.tsv (every measurement), loadgen.csv (every loadgen row), CDF files,
@@ -351,7 +353,9 @@ for s in "${SYSTEMS[@]}"; do
     --limit 1 -w json 2>"$WORK/count.txt" || true; } | sed -n 's/.*"count":\([0-9]*\).*/\1/p')
   [ -n "$n" ] || { say "  $s: counting the keys failed: $(head -c 300 "$WORK/count.txt")"; n=nan; }
   rec big.keys_after_restart "$s" 1 "${n:-nan}"
-  say "  $s after restarts: VmRSS $(rss_mib "${PID[$s]}") MiB, $n keys"
+  rec big.disk_restart_mib "$s" 1 "$(disk_mib "$WORK/$s.data")"
+  say "  $s after restarts: VmRSS $(rss_mib "${PID[$s]}") MiB, $n keys, data dir $(disk_mib "$WORK/$s.data") MiB"
+  du -ab "$WORK/$s.data" | sort -n | tail -n 6 | sed 's/^/    /'
 done
 for s in "${SYSTEMS[@]}"; do stop_pid "${PID[$s]}"; done
 if [ -n "$KEEP" ]; then

@@ -116,6 +116,7 @@ def main():
     add(sec, "on-disk bytes (du of the data dir)", "big.disk_mib", "MiB", "lower", "<= 0.5")
     add(sec, "restart: exec to first answered Range", "restart.seconds", "s", "lower", "<= 0.25")
     add(sec, "resident memory after the restarts", "big.rss_restart_mib", "MiB", "lower")
+    add(sec, "on-disk bytes after the restarts (cairn: with its checkpoint)", "big.disk_restart_mib", "MiB", "lower")
     add(sec, "keys counted after the restarts", "big.keys_after_restart", "keys", "same")
 
     env = open(os.path.join(a.dir, "env.txt")).read() if os.path.exists(os.path.join(a.dir, "env.txt")) else ""
