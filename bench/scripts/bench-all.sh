@@ -46,7 +46,7 @@
 #   --quick   smoke run of a few minutes: 1 repetition, 2 s runs, 2 rates,
 #             20,000 keys for the load/restart part. Not a measurement.
 #   default   3 repetitions of 5 s runs, rates 250..12000, 1,000,000 keys:
-#             about 25 minutes on a 2-core machine.
+#             about 11 minutes on a 2-core machine (2026-11-30).
 # Needs: <build>/cairn and <build>/cairn-loadgen (cmake --build build
 #        --target cairn cairn-loadgen), etcd and etcdctl 3.4 on PATH, protoc,
 #        /usr/bin/python3 with python3-grpcio and python3-protobuf; gnuplot
