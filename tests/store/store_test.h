@@ -57,19 +57,26 @@ static inline cairn_store *open_store(const char *dir)
 
 #define B(s) (const uint8_t *)(s), strlen(s)
 
-static inline int64_t put_kv(cairn_store *s, const char *k, const char *v)
+/* A Put that must succeed, attached to |lease| (0: none); its revision. */
+static inline int64_t put_leased(cairn_store *s, const char *k, const char *v, int64_t lease)
 {
     cairn_put_req r = {0};
     r.key = (const uint8_t *)k;
     r.key_len = strlen(k);
     r.value = (const uint8_t *)v;
     r.value_len = strlen(v);
+    r.lease = lease;
     cairn_put_resp resp;
     int rc = cairn_store_put(s, &resp, &r);
     ck_assert_msg(rc == 0, "put %s: %s", k, cairn_strerror(rc));
     int64_t rev = resp.header.revision;
     cairn_put_resp_destroy(&resp);
     return rev;
+}
+
+static inline int64_t put_kv(cairn_store *s, const char *k, const char *v)
+{
+    return put_leased(s, k, v, 0);
 }
 
 static inline int64_t del_range(cairn_store *s, const char *k, const char *end, int64_t *rev)

@@ -196,19 +196,6 @@ static void same_text(const char *a, const char *b, const char *what)
 
 /* ---- workload -------------------------------------------------------------- */
 
-static void put_lease(cairn_store *s, const char *k, const char *v, int64_t lease)
-{
-    cairn_put_req r = {0};
-    r.key = (const uint8_t *)k;
-    r.key_len = strlen(k);
-    r.value = (const uint8_t *)v;
-    r.value_len = strlen(v);
-    r.lease = lease;
-    cairn_put_resp resp;
-    ck_assert_int_eq(cairn_store_put(s, &resp, &r), 0);
-    cairn_put_resp_destroy(&resp);
-}
-
 static void txn_puts(cairn_store *s, const char *k1, const char *k2, const char *v)
 {
     cairn_request_op ops[2];
@@ -279,12 +266,12 @@ static void workload(cairn_store *s, int round, int compact)
     ck_assert_int_eq(cairn_store_lease_grant(s, l1, 600), 0);
     ck_assert_int_eq(cairn_store_lease_grant(s, l2, 30), 0);
     snprintf(k, sizeof k, "leased-%d-a", round);
-    put_lease(s, k, "la", l1);
+    put_leased(s, k, "la", l1);
     snprintf(k, sizeof k, "leased-%d-b", round);
-    put_lease(s, k, "lb", l1);
+    put_leased(s, k, "lb", l1);
     snprintf(k, sizeof k, "short-%d", round);
-    put_lease(s, k, "s", l2);
-    put_lease(s, "k020", "moved-to-lease", l2);
+    put_leased(s, k, "s", l2);
+    put_leased(s, "k020", "moved-to-lease", l2);
     cairn_header h;
     ck_assert_int_eq(cairn_store_lease_revoke(s, &h, l2), 0);
     merge_peer(s, round);

@@ -116,15 +116,7 @@ START_TEST(restored_copy_gets_a_new_actor)
         snprintf(v, sizeof v, "v%d", i);
         put_kv(s, k, v);
     }
-    cairn_put_req lr = {0};
-    lr.key = (const uint8_t *)"leased";
-    lr.key_len = 6;
-    lr.value = (const uint8_t *)"x";
-    lr.value_len = 1;
-    lr.lease = 7;
-    cairn_put_resp lp;
-    ck_assert_int_eq(cairn_store_put(s, &lp, &lr), 0);
-    cairn_put_resp_destroy(&lp);
+    put_leased(s, "leased", "x", 7);
     ck_assert_int_eq(del_range(s, "k05", "k08", NULL), 3);
     cairn_range_resp before;
     get_all(s, &before);
