@@ -3,17 +3,11 @@
 (store/store.c) writes them, in the target's input layout (see the header of
 fuzz/fuzz_krec_decode.c). Run from the repository root."""
 import os
+import sys
 
-def varint(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "integration"))
+from wire import varint  # noqa: E402  LEB128, as the store writes it
 
 def rec(flags, sub, cr, ver, lease, pos=None, val=b""):
     r = bytes([flags]) + varint(sub) + varint(cr) + varint(ver) + varint(lease)
