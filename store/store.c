@@ -1065,16 +1065,20 @@ static int create_fresh(cairn_store *s, const cairn_store_options *o)
     return rc;
 }
 
-static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int required)
+/* Reads the 'M' record |name| as a u64. With |present| NULL the record must
+ * exist; otherwise *present says whether it does (and *out is 0 if not). */
+static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int *present)
 {
     char *v;
     size_t vl;
     int rc = meta_get(s, name, &v, &vl);
     if (rc)
         return rc;
+    if (present)
+        *present = v != NULL;
     if (!v) {
         *out = 0;
-        return required ? corrupt(name) : 0;
+        return present ? 0 : corrupt(name);
     }
     if (vl != 8) {
         leveldb_free(v);
@@ -1538,16 +1542,11 @@ static int recover(cairn_store *s, int use_checkpoint)
     memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
     leveldb_free(v);
     uint64_t c;
-    if ((rc = get_meta_u64(s, "member", &s->member_id, 1)) ||
-        (rc = get_meta_u64(s, "cluster", &s->cluster_id, 1)) ||
-        (rc = get_meta_u64(s, "compact", &c, 0)))
+    int have_c;
+    if ((rc = get_meta_u64(s, "member", &s->member_id, NULL)) ||
+        (rc = get_meta_u64(s, "cluster", &s->cluster_id, NULL)) ||
+        (rc = get_meta_u64(s, "compact", &c, &have_c)))
         return rc;
-    char *cv;
-    size_t cvl;
-    if ((rc = meta_get(s, "compact", &cv, &cvl)))
-        return rc;
-    int have_c = cv != NULL;
-    leveldb_free(cv);
     rc = new_doc(s);
     if (rc)
         return rc;
