@@ -49,8 +49,10 @@ static cairn_doc *new_doc(uint8_t id)
 
 static uint64_t test_clock = 1000;
 
-/* |n| local changes on |d|, each one Put of a ~40-byte value. */
-static void edit(cairn_doc *d, const char *tag, int n, size_t *bytes)
+/* |n| local changes on |d|, each one Put of a ~40-byte value, reported to
+ * |obs| (may be NULL); their encoded bytes are added to *bytes (may be NULL). */
+static void edit_seen(cairn_doc *d, const char *tag, int n, size_t *bytes,
+                      const cairn_doc_observer *obs)
 {
     for (int i = 0; i < n; i++) {
         char key[64], val[64];
@@ -62,11 +64,16 @@ static void edit(cairn_doc *d, const char *tag, int n, size_t *bytes)
         ck_assert_int_eq(cairn_doc_begin(d, ++test_clock), 0);
         ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)key, (size_t)kl, &v), 0);
         const cairn_change *c = NULL;
-        ck_assert_int_eq(cairn_doc_commit(d, &c, NULL), 0);
+        ck_assert_int_eq(cairn_doc_commit(d, &c, obs), 0);
         ck_assert_ptr_nonnull(c);
         if (bytes)
             *bytes += c->len;
     }
+}
+
+static void edit(cairn_doc *d, const char *tag, int n, size_t *bytes)
+{
+    edit_seen(d, tag, n, bytes, NULL);
 }
 
 /* Copies every change of |from| into |to| directly (a common base). */
@@ -1113,31 +1120,15 @@ static cairn_doc *loader_doc(uint8_t id, struct body_store *bs, cairn_doc_observ
     return d;
 }
 
-/* |n| local Puts on |d|, reported to |obs|. */
-static void edit_obs(cairn_doc *d, const char *tag, int n, const cairn_doc_observer *obs)
-{
-    for (int i = 0; i < n; i++) {
-        char key[64], val[64];
-        int kl = snprintf(key, sizeof key, "%s/%d", tag, i);
-        int vl = snprintf(val, sizeof val, "value of %s number %d", tag, i);
-        cairn_value v = {.type = CAIRN_V_BYTES};
-        v.v.bytes.ptr = (const uint8_t *)val;
-        v.v.bytes.len = (size_t)vl;
-        ck_assert_int_eq(cairn_doc_begin(d, ++test_clock), 0);
-        ck_assert_int_eq(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)key, (size_t)kl, &v), 0);
-        ck_assert_int_eq(cairn_doc_commit(d, NULL, obs), 0);
-    }
-}
-
 START_TEST(loader_sync_converges)
 {
     struct body_store ba, bb;
     cairn_doc_observer oa, ob;
     cairn_doc *a = loader_doc(1, &ba, &oa), *b = loader_doc(2, &bb, &ob);
-    edit_obs(a, "a", 30, &oa);
+    edit_seen(a, "a", 30, NULL, &oa);
     /* only before the first change */
     ck_assert_int_eq(cairn_doc_set_loader(a, bs_load, &ba), CAIRN_ESTATE);
-    edit_obs(b, "b", 20, &ob);
+    edit_seen(b, "b", 20, NULL, &ob);
     cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
     uint64_t rng = 77;
     struct stats st;
@@ -1148,8 +1139,8 @@ START_TEST(loader_sync_converges)
     ck_assert_uint_ge(ba.loads, 30);
     ck_assert_uint_ge(bb.loads, 20);
     /* more edits on both sides, and again */
-    edit_obs(a, "a2", 7, &oa);
-    edit_obs(b, "b2", 9, &ob);
+    edit_seen(a, "a2", 7, NULL, &oa);
+    edit_seen(b, "b2", 9, NULL, &ob);
     ck_assert_int_eq(sync_pair_obs(a, &oa, sa, b, &ob, sb, &rng, 10, &st), 0);
     assert_same_state(a, b);
     /* a state rebuilt from loaded bodies equals the live one */
@@ -1173,7 +1164,7 @@ START_TEST(loader_corrupt_body)
     struct body_store ba, bb;
     cairn_doc_observer oa, ob;
     cairn_doc *a = loader_doc(1, &ba, &oa), *b = loader_doc(2, &bb, &ob);
-    edit_obs(a, "a", 6, &oa);
+    edit_seen(a, "a", 6, NULL, &oa);
     const cairn_dag *da = cairn_doc_dag(a);
     cairn_hash bad = *cairn_dag_hash_at(da, 2);
     ba.corrupt_at = 2;
