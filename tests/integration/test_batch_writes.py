@@ -20,15 +20,8 @@ import subprocess
 import sys
 import time
 
-try:
-    import grpc
-except ImportError:  # a pyenv python without Debian's python3-grpcio
-    if not os.environ.get("CAIRN_IT_REEXEC") and os.path.exists("/usr/bin/python3"):
-        os.environ["CAIRN_IT_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    raise
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
 from verdict import check, failures  # noqa: E402
 from wire import field_bytes, field_int  # noqa: E402
