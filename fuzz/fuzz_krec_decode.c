@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the store's 'K' record decoder (cairn_store_krec_parse)
+ * libFuzzer target for the store's history record decoder (cairn_store_krec_parse)
  * and the check of a body reference against a change body
  * (cairn_store_krec_body_value). Both read bytes from disk, so a damaged
  * record must be CAIRN_ECORRUPT, never a crash or a read outside the record.

@@ -7,8 +7,8 @@
  * position of the history entry in effect), which gives etcd's count (every
  * live key in the range, whatever the limit and the min/max filters). Only
  * the references that can be returned are then materialised: the current
- * value comes from the document, an older one from its 'K' record on disk
- * (and, for most, from the body of the change its 'K' record names).
+ * value comes from the document, an older one from its history record on disk
+ * (and, for most, from the body of the change its history record names).
  * Plain readers read at the visible (durable) revision under the rwlock's
  * read side.
  *

@@ -63,10 +63,10 @@ out:
     return rc;
 }
 
-int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev)
+/* The index of the change that made |rev|, which must be in [rev[0], last];
+ * the caller holds m->mu. */
+static uint64_t index_of(const revmap *m, int64_t rev)
 {
-    *index = 0;
-    pthread_mutex_lock(&m->mu);
     size_t lo = 0, hi = m->n; /* first run with rev > |rev| */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -75,9 +75,29 @@ int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev)
         else
             hi = mid;
     }
+    return m->idx[lo - 1] + (uint64_t)(rev - m->rev[lo - 1]);
+}
+
+int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev)
+{
+    *index = 0;
+    pthread_mutex_lock(&m->mu);
     int rc = CAIRN_ENOTFOUND;
-    if (lo > 0 && rev <= m->last) {
-        *index = m->idx[lo - 1] + (uint64_t)(rev - m->rev[lo - 1]);
+    if (m->n && rev >= m->rev[0] && rev <= m->last) {
+        *index = index_of(m, rev);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+int cairn_revmap_find_from(revmap *m, uint64_t *index, int64_t rev)
+{
+    *index = 0;
+    pthread_mutex_lock(&m->mu);
+    int rc = CAIRN_ENOTFOUND;
+    if (m->n && rev <= m->last) {
+        *index = index_of(m, rev < m->rev[0] ? m->rev[0] : rev);
         rc = 0;
     }
     pthread_mutex_unlock(&m->mu);

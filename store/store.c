@@ -10,7 +10,7 @@
  * three the doc reports the change to the observer below, which decides the
  * revision (the next one iff a key's visible value changed), updates the key
  * index and appends the change's records to the pending WriteBatch: its
- * body and one 'K' record per event, which names the op in the body that
+ * body and one history record per event, which names the op in the body that
  * set the value instead of copying it (store.h: ON-DISK LAYOUT). Because
  * recovery runs the same code over the same order, it re-derives the same
  * revisions (and the revision -> change map); it checks them against the
@@ -43,10 +43,21 @@
 #include "crdt/error.h"
 #include "store/store_int.h"
 
-#define FORMAT_VERSION 2u
-#define FORMAT_V1 1u /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
-#define KREC_TOMB 1  /* 'K' record flag: the key was deleted at this revision */
-#define KREC_BODY 2  /* 'K' record flag: the value is op |pos| of the change's body */
+#define FORMAT_VERSION 3u
+#define FORMAT_V1 1u    /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
+#define FORMAT_V2 2u    /* older: history records under 'K' rev (opens; see open) */
+#define KREC_TOMB 1     /* history record flag: the key was deleted at this revision */
+#define KREC_BODY 2     /* history record flag: the value is op |pos| of the change's body */
+#define KREC_KEY_HDR 10 /* a history record's key: 'O' index u64 BE 'K', then the key */
+
+/* Writes the first KREC_KEY_HDR bytes of the history record key of change
+ * |index| (store.h: ON-DISK LAYOUT). */
+static void krec_key_hdr(uint8_t *k, uint64_t index)
+{
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
+    k[9] = 'K';
+}
 
 static const char GENESIS_SALT[] = "cairn-genesis";
 
@@ -403,17 +414,19 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value)
 {
+    uint64_t index;
+    if (cairn_revmap_find(&s->rm, &index, rev))
+        return corrupt("no change made a revision with history");
     uint8_t stackk[256];
-    uint8_t *k = key_len + 9 <= sizeof stackk ? stackk : malloc(key_len + 9);
+    uint8_t *k = key_len + KREC_KEY_HDR <= sizeof stackk ? stackk : malloc(key_len + KREC_KEY_HDR);
     if (!k)
         return CAIRN_ENOMEM;
-    k[0] = 'K';
-    cairn_store_be64(k + 1, (uint64_t)rev);
+    krec_key_hdr(k, index);
     if (key_len)
-        memcpy(k + 9, key, key_len);
+        memcpy(k + KREC_KEY_HDR, key, key_len);
     char *err = NULL;
     size_t vl = 0;
-    char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + 9, &vl, &err);
+    char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + KREC_KEY_HDR, &vl, &err);
     if (k != stackk)
         free(k);
     int rc = db_err(err);
@@ -655,7 +668,7 @@ static int apply_events(cairn_store *s, int64_t rev)
 }
 
 /* Appends the change's records to the shared batch (caller holds qmu): its
- * body under 'O' and one 'K' record per event. */
+ * body under 'O' and one history record per event. */
 static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev)
 {
     leveldb_writebatch_t *b = s->batch;
@@ -688,16 +701,15 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
             hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->oppos);
         /* key and value side by side: on the stack unless large */
         uint8_t stackr[512];
-        size_t kl = 9 + e->key_len, need = kl + hl + inl;
+        size_t kl = KREC_KEY_HDR + e->key_len, need = kl + hl + inl;
         uint8_t *r = need <= sizeof stackr ? stackr : malloc(need);
         if (!r) {
             rc = CAIRN_ENOMEM;
             break;
         }
-        r[0] = 'K';
-        cairn_store_be64(r + 1, (uint64_t)rev);
+        krec_key_hdr(r, index);
         if (e->key_len)
-            memcpy(r + 9, e->key, e->key_len);
+            memcpy(r + KREC_KEY_HDR, e->key, e->key_len);
         memcpy(r + kl, hdr, hl);
         if (inl)
             memcpy(r + kl + hl, e->value, inl);
@@ -1090,7 +1102,7 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int *pr
 }
 
 /* Applies compaction at |c| to the index; when |b| is not NULL, adds the
- * deletes of the 'K' records it no longer needs. */
+ * deletes of the history records it no longer needs. */
 static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uint64_t *ndel)
 {
     store_buf kb = {0};
@@ -1106,11 +1118,15 @@ static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uin
          * compaction revision does not see a delete made at it) */
         uint32_t drop = (h & CAIRN_IDX_TOMB) ? pos + 1 : pos;
         for (uint32_t i = 0; i < drop && b; i++) {
-            uint8_t k[9];
-            k[0] = 'K';
-            cairn_store_be64(k + 1, e->hist[i] & ~CAIRN_IDX_TOMB);
+            uint64_t index;
+            if (cairn_revmap_find(&s->rm, &index, (int64_t)(e->hist[i] & ~CAIRN_IDX_TOMB))) {
+                rc = corrupt("no change made a revision with history");
+                goto out;
+            }
+            uint8_t k[KREC_KEY_HDR];
+            krec_key_hdr(k, index);
             kb.len = 0;
-            rc = cairn_store_buf_put(&kb, k, 9);
+            rc = cairn_store_buf_put(&kb, k, KREC_KEY_HDR);
             if (!rc)
                 rc = cairn_store_buf_put(&kb, kentry_key(e), e->key_len);
             if (rc)
@@ -1220,6 +1236,8 @@ static void *rec_reader_main(void *arg)
         const char *k = leveldb_iter_key(it, &kl);
         if (kl < 1 || k[0] != 'O')
             break;
+        if (kl >= KREC_KEY_HDR && k[9] == 'K')
+            continue; /* a history record of the change before */
         const uint8_t *d = (const uint8_t *)leveldb_iter_value(it, &dl);
         if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
             char *err = NULL;
@@ -1606,33 +1624,71 @@ static int write_checkpoint(cairn_store *s)
     return rc;
 }
 
-/* Format 1 -> 2, after a successful replay: its 'K' records read as they
- * are (flags 0 = value inline), the 'O' records are unchanged, and the 'C'
- * (hash -> index) and 'R' (rev -> hash) records are no longer read (the DAG
- * and the revision map rebuild both at replay), so they are deleted, a
- * bounded batch at a time, and the format marker goes last. A crash part-way
- * leaves format 1 with fewer dead records: the next open redoes it. */
-static int upgrade_v1(cairn_store *s)
+/* Formats 1 and 2 -> 3, after a successful replay (which reads only the
+ * bodies, wherever the history records are). Format 2 kept history records
+ * under 'K' rev ++ key: two streams of ascending keys in one database, so
+ * every LevelDB compaction of new tables rewrote all the older records of
+ * the other stream in level 1. Format 1 also had 'C' (hash -> index) and
+ * 'R' (rev -> hash) records, no longer read (the DAG and the revision map
+ * rebuild both at replay), and values inline in 'K' (flags 0), which read
+ * as they are. The marker goes first, synced: from then on an older build
+ * refuses the dir (CAIRN_EBADVERSION) instead of misreading it. */
+static int upgrade_format(cairn_store *s)
+{
+    leveldb_writebatch_t *b = leveldb_writebatch_create();
+    uint8_t fv[4] = {0, 0, 0, FORMAT_VERSION};
+    meta_put(b, "format", fv, 4);
+    char *err = NULL;
+    leveldb_write(s->db, s->wopt_sync, b, &err);
+    leveldb_writebatch_destroy(b);
+    return db_err(err);
+}
+
+/* Then the records move: each 'K' rev ++ key to 'O' index 'K' key (the
+ * revision map gives the index; the value is unchanged), and 'C' and 'R'
+ * go, a bounded batch at a time. Every open of a format-3 dir does this
+ * (one seek per tag when there is nothing left), so a crash part-way is
+ * finished by the next open. */
+static int move_old_records(cairn_store *s)
 {
     leveldb_readoptions_t *ro = leveldb_readoptions_create();
     leveldb_readoptions_set_fill_cache(ro, 0);
-    leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
     leveldb_writebatch_t *b = leveldb_writebatch_create();
+    store_buf nk = {0};
     int rc = 0;
-    static const char tags[2] = {'C', 'R'};
-    for (int t = 0; t < 2 && !rc; t++) {
+    static const char tags[3] = {'C', 'K', 'R'};
+    for (int t = 0; t < 3 && !rc; t++) {
         leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
         size_t n = 0;
         for (leveldb_iter_seek(it, &tags[t], 1); leveldb_iter_valid(it) && !rc;
              leveldb_iter_next(it)) {
-            size_t kl;
+            size_t kl, vl;
             const char *k = leveldb_iter_key(it, &kl);
             if (kl < 1 || k[0] != tags[t])
                 break;
+            if (tags[t] == 'K') {
+                uint64_t index;
+                if (kl < 9 ||
+                    cairn_revmap_find(&s->rm, &index,
+                                      (int64_t)cairn_store_get_be64((const uint8_t *)k + 1))) {
+                    rc = corrupt("a history record of a revision no change made");
+                    break;
+                }
+                uint8_t h[KREC_KEY_HDR];
+                krec_key_hdr(h, index);
+                nk.len = 0;
+                rc = cairn_store_buf_put(&nk, h, KREC_KEY_HDR);
+                if (!rc)
+                    rc = cairn_store_buf_put(&nk, k + 9, kl - 9);
+                if (rc)
+                    break;
+                const char *v = leveldb_iter_value(it, &vl);
+                leveldb_writebatch_put(b, (const char *)nk.p, nk.len, v, vl);
+            }
             leveldb_writebatch_delete(b, k, kl);
             if (++n % 4096 == 0) {
                 char *err = NULL;
-                leveldb_write(s->db, wo, b, &err);
+                leveldb_write(s->db, s->wopt_sync, b, &err);
                 rc = db_err(err);
                 leveldb_writebatch_clear(b);
             }
@@ -1642,17 +1698,16 @@ static int upgrade_v1(cairn_store *s)
             leveldb_iter_get_error(it, &err);
             rc = db_err(err);
         }
+        if (!rc && n % 4096) {
+            char *err = NULL;
+            leveldb_write(s->db, s->wopt_sync, b, &err);
+            rc = db_err(err);
+            leveldb_writebatch_clear(b);
+        }
         leveldb_iter_destroy(it);
     }
-    if (!rc) {
-        uint8_t fv[4] = {0, 0, 0, FORMAT_VERSION};
-        meta_put(b, "format", fv, 4);
-        char *err = NULL;
-        leveldb_write(s->db, s->wopt_sync, b, &err);
-        rc = db_err(err);
-    }
+    cairn_store_buf_free(&nk);
     leveldb_writebatch_destroy(b);
-    leveldb_writeoptions_destroy(wo);
     leveldb_readoptions_destroy(ro);
     return rc;
 }
@@ -1821,19 +1876,23 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         uint32_t ver =
             fvl == 4 ? (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3] : 0;
         leveldb_free(fv);
-        if (ver == FORMAT_VERSION) {
+        if (ver == FORMAT_VERSION || ver == FORMAT_V2) {
+            /* format 2's checkpoints hold nothing that depends on where
+             * history records are */
             rc = recover(s, 1);
         } else if (ver == FORMAT_V1) {
             /* no build that wrote format 1 wrote checkpoints: one here is
-             * not trusted (the next clean close writes a format-2 one) */
+             * not trusted (the next clean close writes a new one) */
             rc = recover(s, 0);
-            if (!rc)
-                rc = upgrade_v1(s);
         } else {
-            fprintf(stderr, "cairn store: %s has data format %u; this build reads 1 and %u\n",
+            fprintf(stderr, "cairn store: %s has data format %u; this build reads 1 to %u\n",
                     s->dir, ver, FORMAT_VERSION);
             rc = CAIRN_EBADVERSION;
         }
+        if (!rc && ver != FORMAT_VERSION)
+            rc = upgrade_format(s);
+        if (!rc)
+            rc = move_old_records(s);
     }
     if (!rc && replayed)
         rc = reopen_db(s);
@@ -2018,11 +2077,13 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
     rc = cairn_store_sync_wait_for(&w);
     if (rc)
         return rc;
-    if (physical) {
+    uint64_t last;
+    if (physical && cairn_revmap_find(&s->rm, &last, revision) == 0) {
+        /* every record of the changes up to the one that made |revision| */
         uint8_t lo[9], hi[9];
-        lo[0] = hi[0] = 'K';
+        lo[0] = hi[0] = 'O';
         cairn_store_be64(lo + 1, 0);
-        cairn_store_be64(hi + 1, (uint64_t)revision);
+        cairn_store_be64(hi + 1, last + 1);
         leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
     }
     cairn_store_fill_header(s, h, cur);
@@ -2097,32 +2158,52 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     leveldb_readoptions_set_fill_cache(ro, 0);
     leveldb_readoptions_set_snapshot(ro, snap);
     leveldb_iterator_t *it = leveldb_create_iterator(s->db, ro);
+    /* the changes in apply order from the one that made |from| (or the
+     * first revision after it): each body record heads its history
+     * records and says which revision they belong to */
+    uint64_t first;
+    int any = cairn_revmap_find_from(&s->rm, &first, from) == 0;
     uint8_t start[9];
-    start[0] = 'K';
-    cairn_store_be64(start + 1, (uint64_t)from);
+    start[0] = 'O';
+    cairn_store_be64(start + 1, first);
     hist_ev *v = NULL;
     size_t n = 0, cap = 0;
     store_arena a = {0};
     body_cache bc = {0, NULL};
     int64_t cur = 0;
-    for (leveldb_iter_seek(it, (const char *)start, 9); leveldb_iter_valid(it) && !rc;
-         leveldb_iter_next(it)) {
+    uint64_t cur_index = 0;
+    if (any)
+        leveldb_iter_seek(it, (const char *)start, 9);
+    for (; any && leveldb_iter_valid(it) && !rc; leveldb_iter_next(it)) {
         size_t kl, vl;
         const uint8_t *k = (const uint8_t *)leveldb_iter_key(it, &kl);
-        if (kl < 9 || k[0] != 'K')
+        if (kl < 9 || k[0] != 'O')
             break;
-        int64_t rev = (int64_t)cairn_store_get_be64(k + 1);
-        if (rev > upto)
-            break;
-        if (rev != cur) {
+        uint64_t index = cairn_store_get_be64(k + 1);
+        if (kl == 9) {
             rc = hist_flush(v, n, cur, cb, arg);
             n = 0;
             cairn_store_arena_free(&a);
-            cur = rev;
             if (rc)
                 break;
+            const uint8_t *bv = (const uint8_t *)leveldb_iter_value(it, &vl);
+            if (vl < 8) {
+                rc = corrupt("short change record");
+                break;
+            }
+            cur = (int64_t)cairn_store_get_be64(bv);
+            cur_index = index;
+            if (cur > upto)
+                break;
+            continue;
         }
-        if (!in_range(k + 9, kl - 9, key, key_len, range_end, range_end_len))
+        if (kl < KREC_KEY_HDR || k[9] != 'K' || index != cur_index || cur == 0) {
+            rc = corrupt("a history record without the change that made it");
+            break;
+        }
+        const uint8_t *hk = k + KREC_KEY_HDR;
+        size_t hkl = kl - KREC_KEY_HDR;
+        if (!in_range(hk, hkl, key, key_len, range_end, range_end_len))
             continue;
         cairn_store_krec r;
         const uint8_t *rv = (const uint8_t *)leveldb_iter_value(it, &vl);
@@ -2132,7 +2213,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         int del = r.del;
         const uint8_t *val = r.val;
         size_t val_len = r.val_len;
-        if (r.body && (rc = body_value(s, ro, &bc, rev, r.pos, k + 9, kl - 9, &val, &val_len)))
+        if (r.body && (rc = body_value(s, ro, &bc, cur, r.pos, hk, hkl, &val, &val_len)))
             break;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
@@ -2148,9 +2229,9 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         memset(h, 0, sizeof *h);
         h->sub = r.sub;
         h->ev.type = del ? CAIRN_EVENT_DELETE : CAIRN_EVENT_PUT;
-        h->ev.kv.key = cairn_store_arena_dup(&a, k + 9, kl - 9);
-        h->ev.kv.key_len = kl - 9;
-        h->ev.kv.mod_revision = rev;
+        h->ev.kv.key = cairn_store_arena_dup(&a, hk, hkl);
+        h->ev.kv.key_len = hkl;
+        h->ev.kv.mod_revision = cur;
         if (!del) {
             h->ev.kv.create_revision = (int64_t)r.cr;
             h->ev.kv.version = (int64_t)r.ver;

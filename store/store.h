@@ -42,14 +42,19 @@
  * memory already holds the unwritten changes). A record that fails its
  * checksum or hash gives CAIRN_ECORRUPT; corrupted data is never served.
  *
- * ON-DISK LAYOUT, format 2 (one LevelDB database in <dir>/db; keys start
+ * ON-DISK LAYOUT, format 3 (one LevelDB database in <dir>/db; keys start
  * with a tag byte; integers in keys are big-endian so that LevelDB order =
- * numeric). Per change: one 'O' record and one 'K' record per event — about
- * 125-130 bytes a key on disk for one-Put changes of 18-byte keys and 32-byte
- * values (store_bench load: the change body is ~100 of them).
+ * numeric). Per change: its body and one history record per event, all
+ * under 'O' and its apply index, so every record a group commit writes
+ * sorts after every record written before: LevelDB's tables never overlap
+ * and its compactions move them down without rewriting them (format 2 kept
+ * history under 'K' rev, a second ascending stream, and its compactions
+ * rewrote level 1 over and over: 15% of the server's CPU under put load).
+ * About 125-130 bytes a key on disk for one-Put changes of 18-byte keys and
+ * 32-byte values (store_bench load: the change body is ~100 of them).
  *
  *   key                               value
- *   'M' "format"                      u32 BE format version (2)
+ *   'M' "format"                      u32 BE format version (3)
  *   'M' "actor"                       16 bytes: this node's actor id (random,
  *                                     made once per data dir, and anew when
  *                                     a restored copy first opens)
@@ -61,7 +66,8 @@
  *                                     the change's canonical bytes: the local
  *                                     apply order (genesis = index 0), read
  *                                     sequentially at reopen
- *   'K' rev u64 BE ++ key bytes       the key's state made by that revision:
+ *   'O' index u64 BE 'K' key bytes    history record: the key's state made
+ *                                     by the revision of change |index|:
  *                                     u8 flags ++ varint sub (position among
  *                                     the change's events) ++ varint
  *                                     create_rev ++ varint version ++ varint
@@ -74,22 +80,26 @@
  *                                          create_rev, version, lease are 0)
  *                                       2  varint op position: the value is
  *                                          that op's (a SET of kvs[key]) in
- *                                          the body of the change that made
- *                                          rev, read from 'O'
- *                                     A scan of 'K' in order is the event
- *                                     history.
+ *                                          the body of the same change
+ *                                     A scan of 'O' in order is the event
+ *                                     history: each body says the revision
+ *                                     of the history records after it.
  *
  * Which change made a revision is not stored: replay rebuilds a run-length
  * map rev -> apply index in memory (store_int.h, revmap), and the change's
  * hash (cairn_store_rev_hash) is BLAKE2b of its 'O' body. The DAG rebuilds
  * hash -> index from the bodies at replay.
  *
- * Format 1 also had 'C' hash[32] -> index and 'R' rev -> hash[32], and kept
- * every value inline in 'K' (flags 0 or 1 only). A format-1 dir opens: its
- * records read as they are, and after the replay its 'C' and 'R' records are
- * deleted and the format marker set to 2 (an older build then refuses the
- * dir with CAIRN_EBADVERSION). Any other format: CAIRN_EBADVERSION, with a
- * line on stderr naming the format found.
+ * Format 2 kept history records under 'K' rev u64 BE ++ key. Format 1 also
+ * had 'C' hash[32] -> index and 'R' rev -> hash[32], and kept every value
+ * inline in history records (flags 0 or 1 only). A format-1 or -2 dir
+ * opens: after the replay (which reads only bodies) the format marker is
+ * set to 3 (an older build then refuses the dir with CAIRN_EBADVERSION),
+ * then each 'K' record moves under its change (the revision map gives the
+ * index; the value is unchanged) and 'C' and 'R' records are deleted. Every
+ * open does that last step, so a crash part-way is finished by the next.
+ * Any other format: CAIRN_EBADVERSION, with a line on stderr naming the
+ * format found.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
@@ -101,9 +111,9 @@
  * read at open: a damaged older record is found when something reads it
  * (block checksum, body hash, CAIRN_ECORRUPT), never served, but no longer
  * at open.
- * Compaction deletes the 'K' records it no longer needs; change bodies stay
- * (peers, and replay when no checkpoint applies, need them), so
- * a compacted revision's values still read from them. A 'K' record that
+ * Compaction deletes the history records it no longer needs; change bodies
+ * stay (peers, and replay when no checkpoint applies, need them), so
+ * a compacted revision's values still read from them. A history record that
  * names an op which did not set its key is CAIRN_ECORRUPT.
  *
  * CHECKPOINT (format 1 of the file <data dir>/checkpoint, next to db/;
@@ -111,7 +121,7 @@
  * changes of the apply order, written by cairn_store_close, so that open
  * loads it and replays only 'O' records N.. (the tail written after it, e.g.
  * before a crash). It is a cache: the 'O' records stay the truth. Integers
- * are big-endian; varints LEB128 as in 'K'.
+ * are big-endian; varints LEB128 as in history records.
  *
  *   offset  size  field
  *   0       8     magic "cairnCKP"
@@ -138,16 +148,16 @@
  *
  * Leases are not in it: open re-derives the lease table from the loaded
  * document and key index through the observer's own code. Open uses a
- * checkpoint only in a format-2 dir, when the checksum, identity, N and the
- * hash of change N-1, the compacted revision, the document (its DAG must end
- * at change N-1) and the state section all check out and the document and
- * the index agree on the number of live keys; anything else, or a tail that
- * does not replay onto it (a revision that differs from the stored one),
- * is a full replay with one line on stderr saying why. Open never writes
- * or removes the file, except: a new data dir and a restored one (the
- * RESTORED marker; snapshots hold db/ only) remove it. Close writes it
- * (temp file, fsync, rename, dir fsync) unless the store failed or the one
- * on disk already covers every change at the same compaction.
+ * checkpoint only in a format-2 or -3 dir, when the checksum, identity, N
+ * and the hash of change N-1, the compacted revision, the document (its DAG
+ * must end at change N-1) and the state section all check out and the
+ * document and the index agree on the number of live keys; anything else,
+ * or a tail that does not replay onto it (a revision that differs from the
+ * stored one), is a full replay with one line on stderr saying why. Open
+ * never writes or removes the file, except: a new data dir and a restored
+ * one (the RESTORED marker; snapshots hold db/ only) remove it. Close
+ * writes it (temp file, fsync, rename, dir fsync) unless the store failed
+ * or the one on disk already covers every change at the same compaction.
  *
  * DOCUMENT LAYOUT. A genesis change, byte-identical on every node of a
  * cluster: actor = first 16 bytes of BLAKE2b-256("cairn-genesis" || token),

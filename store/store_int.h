@@ -48,7 +48,7 @@ void cairn_store_buf_free(store_buf *b);
  * Each entry holds the key's current metadata and its revision history:
  * ascending revisions, TOMB set on the ones that deleted the key. Values are
  * not here: the current value is read from the document, older ones from
- * the 'K' records on disk. */
+ * the history records on disk. */
 
 #define CAIRN_IDX_TOMB (1ull << 63)
 #define CAIRN_IDX_CHUNK 128
@@ -208,6 +208,9 @@ void cairn_revmap_destroy(revmap *m);
 int cairn_revmap_add(revmap *m, int64_t rev, uint64_t index);
 /* The index of the change that made |rev|; CAIRN_ENOTFOUND if none did. */
 int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev);
+/* The index of the change that made the first revision >= |rev|;
+ * CAIRN_ENOTFOUND if none did. */
+int cairn_revmap_find_from(revmap *m, uint64_t *index, int64_t rev);
 
 /* ---- the checkpoint file (checkpoint.c; layout in store.h) ----------------- */
 
@@ -384,7 +387,7 @@ uint64_t cairn_store_now_ms(cairn_store *s);
  * lease 0 and the raw bytes as value (deterministic on every node). */
 void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
                               size_t *val_len);
-/* A 'K' record's value (layout: store.h): u8 flags, varint sub, create_rev,
+/* A history record's value (layout: store.h): u8 flags, varint sub, create_rev,
  * version, lease, then for a body reference varint op position, else (live
  * key) the value bytes. |val| points into the parsed bytes (borrowed). */
 typedef struct cairn_store_krec {
@@ -402,7 +405,7 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len);
 int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
                                 const uint8_t *key, size_t key_len, const uint8_t **val,
                                 size_t *vl);
-/* Reads the 'K' record of (rev, key). */
+/* Reads the history record of (rev, key). */
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value);
 extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o);

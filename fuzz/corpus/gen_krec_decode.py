@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of fuzz_krec_decode: 'K' records as batch_change
+"""Writes the seed corpus of fuzz_krec_decode: history records as batch_change
 (store/store.c) writes them, in the target's input layout (see the header of
 fuzz/fuzz_krec_decode.c). Run from the repository root."""
 import os

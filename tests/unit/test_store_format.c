@@ -1,19 +1,24 @@
 /*
  * The on-disk format (store.h: ON-DISK LAYOUT), checked on the raw LevelDB
  * records as well as through the API:
- * - format 2 writes 'O' and 'K' only; a 'K' record of a local Put names the
- *   op in the change body and holds no copy of the value, and history
- *   (cairn_store_history, reads at an old revision) gets the value back
- *   from the body, before and after a reopen;
+ * - format 3 writes only records under 'O' index: the change body, then a
+ *   history record per event ('O' index 'K' key), so every record of a
+ *   change sorts after every record of the changes before it; a history
+ *   record of a local Put names the op in the change body and holds no copy
+ *   of the value, and history (cairn_store_history, reads at an old
+ *   revision) gets the value back from the body, before and after a reopen;
  * - a value that comes from an older change (a remote delete uncovering a
- *   concurrent write) is kept inline in its 'K' record;
+ *   concurrent write) is kept inline in its history record;
  * - revision -> change hash survives without 'R' records;
  * - a format-1 data dir opens, reads its inline values, loses its 'C' and
- *   'R' records and is marked format 2; an unknown format is refused;
- * - compaction deletes the 'K' records it no longer needs, and old values
- *   still read from the bodies that stay;
- * - a 'K' record that names an op that did not set its key is corruption,
- *   and so is an 'O' record whose stored revision replay does not re-derive.
+ *   'R' records and is marked format 3; a format-2 dir (history under 'K'
+ *   rev ++ key) opens from its checkpoint and has its records moved; an open
+ *   finishes a move a crash cut short; an unknown format is refused;
+ * - compaction deletes the history records it no longer needs, and old
+ *   values still read from the bodies that stay;
+ * - a history record that names an op that did not set its key is
+ *   corruption, and so is an 'O' record whose stored revision replay does
+ *   not re-derive.
  */
 
 #include <leveldb/c.h>
@@ -49,19 +54,26 @@ static void raw_put(leveldb_t *db, const void *k, size_t kl, const void *v, size
     ck_assert_ptr_null(err);
 }
 
-/* Calls |cb| for each record whose key starts with |tag|; counts them. */
+/* Calls |cb| for each record whose key starts with |tag|; counts them.
+ * BODY and HIST are the two kinds under 'O': a change body ('O' index) and
+ * a history record ('O' index 'K' key). */
 typedef void (*rec_cb)(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl);
+#define BODY 1
+#define HIST 2
 
 static size_t raw_scan(leveldb_t *db, char tag, rec_cb cb, void *arg)
 {
+    char t = tag == BODY || tag == HIST ? 'O' : tag;
     leveldb_readoptions_t *ro = leveldb_readoptions_create();
     leveldb_iterator_t *it = leveldb_create_iterator(db, ro);
     size_t n = 0;
-    for (leveldb_iter_seek(it, &tag, 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
+    for (leveldb_iter_seek(it, &t, 1); leveldb_iter_valid(it); leveldb_iter_next(it)) {
         size_t kl, vl;
         const uint8_t *k = (const uint8_t *)leveldb_iter_key(it, &kl);
-        if (!kl || k[0] != (uint8_t)tag)
+        if (!kl || k[0] != (uint8_t)t)
             break;
+        if ((tag == BODY && kl != 9) || (tag == HIST && (kl < 10 || k[9] != 'K')))
+            continue;
         const uint8_t *v = (const uint8_t *)leveldb_iter_value(it, &vl);
         if (cb)
             cb(arg, k, kl, v, vl);
@@ -78,6 +90,50 @@ static size_t count_tag(const char *dir, char tag)
     size_t n = raw_scan(db, tag, NULL, NULL);
     raw_close(db);
     return n;
+}
+
+/* Format 3's order: every history record follows the body of its change,
+ * and that change made a revision. */
+typedef struct order_check {
+    uint64_t body;
+    int64_t rev;
+    size_t nbody, nhist;
+} order_check;
+
+static uint64_t be64_at(const uint8_t *p)
+{
+    uint64_t x = 0;
+    for (int i = 0; i < 8; i++)
+        x = x << 8 | p[i];
+    return x;
+}
+
+static void order_cb(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
+{
+    order_check *o = arg;
+    if (kl == 9) {
+        ck_assert_uint_ge(vl, 8);
+        ck_assert(o->nbody == 0 || be64_at(k + 1) == o->body + 1);
+        o->body = be64_at(k + 1);
+        o->rev = (int64_t)be64_at(v);
+        o->nbody++;
+        return;
+    }
+    ck_assert_uint_ge(kl, 10);
+    ck_assert_int_eq(k[9], 'K');
+    ck_assert_uint_eq(be64_at(k + 1), o->body);
+    ck_assert_int_gt(o->rev, 0);
+    o->nhist++;
+}
+
+static order_check raw_order(const char *dir)
+{
+    order_check o;
+    memset(&o, 0, sizeof o);
+    leveldb_t *db = raw_open(dir);
+    raw_scan(db, 'O', order_cb, &o);
+    raw_close(db);
+    return o;
 }
 
 static uint32_t raw_format(const char *dir)
@@ -156,7 +212,7 @@ static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *ca
     return open_store_opts(dir, &o);
 }
 
-/* ---- 'K' record inspection ------------------------------------------------------ */
+/* ---- history record inspection -------------------------------------------------- */
 
 typedef struct kstat {
     size_t n, body, inl, tomb;
@@ -192,7 +248,7 @@ static kstat k_records(const char *dir, const char *needle)
     memset(&st, 0, sizeof st);
     st.needle = needle;
     leveldb_t *db = raw_open(dir);
-    raw_scan(db, 'K', kstat_cb, &st);
+    raw_scan(db, HIST, kstat_cb, &st);
     raw_close(db);
     return st;
 }
@@ -201,7 +257,7 @@ static kstat k_records(const char *dir, const char *needle)
 
 static const char LONGV[] = "a-value-long-enough-to-spot-in-a-record";
 
-START_TEST(records_of_format_2)
+START_TEST(records_of_format_3)
 {
     char *d = make_tmpdir();
     captured cap = {0};
@@ -232,10 +288,15 @@ START_TEST(records_of_format_2)
         ck_assert_int_eq(cairn_store_rev_hash(s, &h, 1), CAIRN_ENOTFOUND);
         ck_assert_int_eq(cairn_store_rev_hash(s, &h, 6), CAIRN_EFUTUREREV);
         cairn_store_close(s);
-        /* the raw records: 'O' per change (genesis + 4), 'K' per event, no
-         * 'C' or 'R'; Puts point into the body and hold no value */
-        ck_assert_uint_eq(count_tag(d, 'O'), 5);
+        /* the raw records: a body per change (genesis + 4), a history
+         * record per event after the body of its change, nothing under
+         * 'C', 'K' or 'R'; Puts point into the body and hold no value */
+        ck_assert_uint_eq(count_tag(d, BODY), 5);
+        order_check o = raw_order(d);
+        ck_assert_uint_eq(o.nbody, 5);
+        ck_assert_uint_eq(o.nhist, 4);
         ck_assert_uint_eq(count_tag(d, 'C'), 0);
+        ck_assert_uint_eq(count_tag(d, 'K'), 0);
         ck_assert_uint_eq(count_tag(d, 'R'), 0);
         kstat st = k_records(d, LONGV);
         ck_assert_uint_eq(st.n, 4);
@@ -244,7 +305,7 @@ START_TEST(records_of_format_2)
         ck_assert_uint_eq(st.inl, 0);
         ck_assert_int_eq(st.saw_value, 0);
         ck_assert_uint_le(st.max_len, 1 + 5 * 10);
-        ck_assert_uint_eq(raw_format(d), 2);
+        ck_assert_uint_eq(raw_format(d), 3);
         s = open_actor(d, 0x11, NULL);
     }
     cairn_store_close(s);
@@ -310,36 +371,75 @@ START_TEST(value_from_an_older_change)
 }
 END_TEST
 
-/* Rewrites a format-2 dir as format 1 wrote it: values inline in 'K'
- * (flags 0, no op position), 'C' and 'R' records, format 1. The values of
- * this test's puts are known: key kI has value vI. */
-typedef struct v1ctx {
+/* Moves a format-3 dir's history records back under 'K' rev ++ key, as
+ * formats 1 and 2 kept them (the revision comes from the body before them),
+ * the first |limit| of them, and sets the format marker to |format|. With
+ * |v1| they are also as format 1 wrote them: values inline (flags 0, no op
+ * position; the values of that test's puts are known: key kI has value
+ * vI), with 'C' and 'R' records. */
+typedef struct old_ctx {
     leveldb_writebatch_t *b;
-} v1ctx;
+    int v1;
+    size_t limit, n;
+    uint64_t rev; /* of the body seen last */
+} old_ctx;
 
-static void to_v1_cb(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
+static void to_old_cb(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
 {
-    v1ctx *x = arg;
-    if (v[0] != 2)
+    old_ctx *x = arg;
+    if (kl == 9) {
+        x->rev = be64_at(v);
         return;
+    }
+    if (x->n == x->limit)
+        return;
+    x->n++;
+    uint8_t ok[64];
+    ck_assert_uint_lt(kl, sizeof ok);
+    ok[0] = 'K';
+    for (int i = 0; i < 8; i++)
+        ok[1 + i] = (uint8_t)(x->rev >> (56 - 8 * i));
+    memcpy(ok + 9, k + 10, kl - 10);
+    size_t okl = kl - 1;
+    leveldb_writebatch_delete(x->b, (const char *)k, kl);
+    if (!x->v1 || v[0] != 2) {
+        leveldb_writebatch_put(x->b, (const char *)ok, okl, (const char *)v, vl);
+        return;
+    }
     uint8_t nv[128];
     ck_assert_uint_lt(vl, 64);
     memcpy(nv, v, vl - 1); /* the op position is one byte here */
     nv[0] = 0;
     char val[32];
-    snprintf(val, sizeof val, "v%.*s", (int)(kl - 10), (const char *)k + 10);
+    snprintf(val, sizeof val, "v%.*s", (int)(okl - 10), (const char *)ok + 10);
     memcpy(nv + vl - 1, val, strlen(val));
-    leveldb_writebatch_put(x->b, (const char *)k, kl, (const char *)nv, vl - 1 + strlen(val));
+    leveldb_writebatch_put(x->b, (const char *)ok, okl, (const char *)nv, vl - 1 + strlen(val));
     /* 'R' rev -> some hash, 'C' hash -> index: contents are not read */
     uint8_t rk[9] = {'R'};
-    memcpy(rk + 1, k + 1, 8);
+    memcpy(rk + 1, ok + 1, 8);
     uint8_t h[32];
     memset(h, 0x5a, sizeof h);
     leveldb_writebatch_put(x->b, (const char *)rk, 9, (const char *)h, 32);
     uint8_t ck[33] = {'C'};
     memcpy(ck + 1, h, 32);
-    ck[32] = k[8];
-    leveldb_writebatch_put(x->b, (const char *)ck, 33, (const char *)k + 1, 8);
+    ck[32] = ok[8];
+    leveldb_writebatch_put(x->b, (const char *)ck, 33, (const char *)ok + 1, 8);
+}
+
+static void to_old_format(const char *dir, uint8_t format, int v1, size_t limit)
+{
+    leveldb_t *db = raw_open(dir);
+    old_ctx x = {leveldb_writebatch_create(), v1, limit, 0, 0};
+    raw_scan(db, 'O', to_old_cb, &x);
+    uint8_t f[4] = {0, 0, 0, format};
+    leveldb_writebatch_put(x.b, "Mformat", 7, (const char *)f, 4);
+    leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
+    char *err = NULL;
+    leveldb_write(db, wo, x.b, &err);
+    ck_assert_ptr_null(err);
+    leveldb_writeoptions_destroy(wo);
+    leveldb_writebatch_destroy(x.b);
+    raw_close(db);
 }
 
 START_TEST(format_1_opens_and_upgrades)
@@ -353,31 +453,21 @@ START_TEST(format_1_opens_and_upgrades)
         put_kv(s, k, v);
     }
     cairn_store_close(s);
-    leveldb_t *db = raw_open(d);
-    v1ctx x = {leveldb_writebatch_create()};
-    raw_scan(db, 'K', to_v1_cb, &x);
-    uint8_t f1[4] = {0, 0, 0, 1};
-    leveldb_writebatch_put(x.b, "Mformat", 7, (const char *)f1, 4);
-    leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
-    char *err = NULL;
-    leveldb_write(db, wo, x.b, &err);
-    ck_assert_ptr_null(err);
-    leveldb_writeoptions_destroy(wo);
-    leveldb_writebatch_destroy(x.b);
-    raw_close(db);
-    ck_assert_uint_eq(k_records(d, NULL).inl, 20);
+    to_old_format(d, 1, 1, SIZE_MAX);
+    ck_assert_uint_eq(count_tag(d, 'K'), 20);
+    ck_assert_uint_eq(count_tag(d, HIST), 0);
     ck_assert_uint_eq(count_tag(d, 'R'), 20);
     ck_assert_uint_eq(raw_format(d), 1);
 
     s = open_store(d);
-    /* the format-2 close left a valid checkpoint; a format-1 dir never
+    /* the format-3 close left a valid checkpoint; a format-1 dir never
      * trusts one (store.h: CHECKPOINT) */
     ck_assert_uint_eq(s->ckpt_n, 0);
     ck_assert_int_eq(cur_rev(s), 21);
     char got[32];
     ck_assert_int_eq(value_at(s, "k7", 9, got, sizeof got), 0);
     ck_assert_str_eq(got, "v7");
-    /* new writes use format 2 beside the old records */
+    /* the records moved at the open; new writes land after them */
     ck_assert_int_eq(put_kv(s, "k7", "new"), 22);
     hist_log l;
     ck_assert_int_eq(history_text(s, 20, &l), 0);
@@ -392,12 +482,62 @@ START_TEST(format_1_opens_and_upgrades)
     cairn_store_close(s);
     ck_assert_uint_eq(count_tag(d, 'R'), 0);
     ck_assert_uint_eq(count_tag(d, 'C'), 0);
-    ck_assert_uint_eq(raw_format(d), 2);
+    ck_assert_uint_eq(count_tag(d, 'K'), 0);
+    ck_assert_uint_eq(raw_format(d), 3);
     kstat st = k_records(d, NULL);
     ck_assert_uint_eq(st.inl, 20);
     ck_assert_uint_eq(st.body, 1);
+    ck_assert_uint_eq(raw_order(d).nhist, 21);
     rm_rf(d);
     free(d);
+}
+END_TEST
+
+/* A format-2 dir (history under 'K' rev ++ key) opens from its checkpoint,
+ * reads the same history, and leaves format 3 with every record moved; so
+ * does a dir whose move a crash cut short (marker 3, some records still
+ * under 'K'). */
+START_TEST(format_2_opens_and_moves_its_records)
+{
+    for (int crash = 0; crash < 2; crash++) {
+        char *d = make_tmpdir();
+        cairn_store *s = open_store(d);
+        char k[16], v[16];
+        for (int i = 0; i < 20; i++) {
+            snprintf(k, sizeof k, "k%d", i);
+            snprintf(v, sizeof v, "v%d", i);
+            put_kv(s, k, v);
+        }
+        ck_assert_int_eq(del_range(s, "k3", NULL, NULL), 1);
+        hist_log before, after;
+        ck_assert_int_eq(history_text(s, 1, &before), 0);
+        uint64_t n = cairn_dag_count(cairn_doc_dag(s->doc));
+        cairn_store_close(s);
+        to_old_format(d, crash ? 3 : 2, 0, crash ? 8 : SIZE_MAX);
+        ck_assert_uint_eq(count_tag(d, 'K'), crash ? 8 : 21);
+        ck_assert_uint_eq(count_tag(d, HIST), crash ? 13 : 0);
+
+        s = open_store(d);
+        ck_assert_uint_eq(s->ckpt_n, n); /* nothing in it depends on the layout */
+        ck_assert_int_eq(history_text(s, 1, &after), 0);
+        ck_assert_str_eq(after.text, before.text);
+        char got[32];
+        ck_assert_int_eq(value_at(s, "k7", 9, got, sizeof got), 0);
+        ck_assert_str_eq(got, "v7");
+        ck_assert_int_eq(value_at(s, "k3", 21, got, sizeof got), 0);
+        ck_assert_str_eq(got, "v3");
+        ck_assert_int_eq(value_at(s, "k3", 22, got, sizeof got), 0);
+        ck_assert_str_eq(got, "");
+        ck_assert_int_eq(put_kv(s, "k7", "new"), 23);
+        cairn_store_close(s);
+        ck_assert_uint_eq(raw_format(d), 3);
+        ck_assert_uint_eq(count_tag(d, 'K'), 0);
+        order_check o = raw_order(d);
+        ck_assert_uint_eq(o.nbody, 23);
+        ck_assert_uint_eq(o.nhist, 22);
+        rm_rf(d);
+        free(d);
+    }
 }
 END_TEST
 
@@ -407,7 +547,7 @@ START_TEST(unknown_format_is_refused)
     cairn_store *s = open_store(d);
     put_kv(s, "a", "1");
     cairn_store_close(s);
-    static const uint8_t bad[2][5] = {{0, 0, 0, 3}, {0, 0, 2}};
+    static const uint8_t bad[2][5] = {{0, 0, 0, 4}, {0, 0, 3}};
     static const size_t badlen[2] = {4, 3};
     for (int i = 0; i < 2; i++) {
         leveldb_t *db = raw_open(d);
@@ -453,7 +593,7 @@ START_TEST(compaction_deletes_history_records)
     cairn_store_close(s);
     ck_assert_uint_eq(k_records(d, NULL).n, 301 - 248 + 1);
     /* the bodies stay: peers and replay need them */
-    ck_assert_uint_eq(count_tag(d, 'O'), 301);
+    ck_assert_uint_eq(count_tag(d, BODY), 301);
     s = open_store(d);
     ck_assert_int_eq(value_at(s, "y", 250, got, sizeof got), 0);
     ck_assert_str_eq(got, "value-247");
@@ -484,7 +624,7 @@ START_TEST(bad_reference_is_corruption)
     cairn_store_close(s);
     leveldb_t *db = raw_open(d);
     leveldb_writebatch_t *b = leveldb_writebatch_create();
-    raw_scan(db, 'K', bad_pos_cb, b);
+    raw_scan(db, HIST, bad_pos_cb, b);
     leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
     char *err = NULL;
     leveldb_write(db, wo, b, &err);
@@ -492,7 +632,7 @@ START_TEST(bad_reference_is_corruption)
     leveldb_writeoptions_destroy(wo);
     leveldb_writebatch_destroy(b);
     raw_close(db);
-    s = open_store(d); /* replay does not read 'K' */
+    s = open_store(d); /* replay does not read history records */
     char got[16];
     ck_assert_int_eq(value_at(s, "a", 2, got, sizeof got), CAIRN_ECORRUPT);
     hist_log l;
@@ -560,9 +700,10 @@ int main(void)
     Suite *su = suite_create("store_format");
     TCase *tc = tcase_create("format");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, records_of_format_2);
+    tcase_add_test(tc, records_of_format_3);
     tcase_add_test(tc, value_from_an_older_change);
     tcase_add_test(tc, format_1_opens_and_upgrades);
+    tcase_add_test(tc, format_2_opens_and_moves_its_records);
     tcase_add_test(tc, unknown_format_is_refused);
     tcase_add_test(tc, compaction_deletes_history_records);
     tcase_add_test(tc, bad_reference_is_corruption);
