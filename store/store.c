@@ -1646,9 +1646,9 @@ static int upgrade_format(cairn_store *s)
 
 /* Then the records move: each 'K' rev ++ key to 'O' index 'K' key (the
  * revision map gives the index; the value is unchanged), and 'C' and 'R'
- * go, a bounded batch at a time. Every open of a format-3 dir does this
- * (one seek per tag when there is nothing left), so a crash part-way is
- * finished by the next open. */
+ * go, a bounded batch at a time, and LevelDB compacts each emptied range.
+ * Every open of a format-3 dir does this (one seek per tag when there is
+ * nothing left), so a crash part-way is finished by the next open. */
 static int move_old_records(cairn_store *s)
 {
     leveldb_readoptions_t *ro = leveldb_readoptions_create();
@@ -1705,6 +1705,12 @@ static int move_old_records(cairn_store *s)
             leveldb_writebatch_clear(b);
         }
         leveldb_iter_destroy(it);
+        if (!rc && n) {
+            /* drop the deletes now: until LevelDB compacts them, every
+             * later open's seek to the tag would step over all of them */
+            char hi = (char)(tags[t] + 1);
+            leveldb_compact_range(s->db, &tags[t], 1, &hi, 1);
+        }
     }
     cairn_store_buf_free(&nk);
     leveldb_writebatch_destroy(b);
