@@ -24,8 +24,8 @@
 # It writes, under bench/results/<UTC time>/: results.md (the table: medians
 # and the cairn/etcd ratio of every figure, targets marked), summary.csv,
 # raw.tsv (every measurement), loadgen.csv (every loadgen row), CDF files,
-# PNG plots (when gnuplot is installed), command.txt and run.log; and points
-# bench/results/LATEST.md at it.
+# PNG plots (when gnuplot is installed), command.txt and run.log; and a full
+# run adds an entry at the top of bench/results/LATEST.md's list.
 #
 # CPU placement: with 2+ cores every server runs on CPU 0 and every client
 # (cairn-loadgen, probe.py) on CPU 1 (taskset), so that client and server do
@@ -376,8 +376,12 @@ fi
 echo "bench/scripts/bench-all.sh ${ARGS[*]}" >"$OUTDIR/command.txt"
 REL=${OUTDIR#"$REPO/"}
 if [ "$QUICK" = 0 ] && [ "$PARTS" = "peak ycsb watch big" ] && [ "${REL#bench/results/}" != "$REL" ]; then
-  printf '# Latest benchmark results\n\n[%s](%s/results.md)\n' "${REL#bench/results/}" "${REL#bench/results/}" \
-    >bench/results/LATEST.md
+  # a new entry at the top of the curated list (after the marker line)
+  L=bench/results/LATEST.md
+  MARK='<!-- newest runs below; bench-all.sh adds full runs here -->'
+  grep -qxF "$MARK" "$L" 2>/dev/null || printf '# Latest benchmark results\n\n%s\n' "$MARK" >"$L"
+  ENTRY="- Full run, commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown): [${REL#bench/results/}/results.md](${REL#bench/results/}/results.md)"
+  awk -v m="$MARK" -v e="$ENTRY" '{ print } $0 == m { print ""; print e }' "$L" >"$L.tmp" && mv "$L.tmp" "$L"
 fi
 say "results: $OUTDIR/results.md"
 cat "$OUTDIR/results.md"
