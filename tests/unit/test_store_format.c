@@ -100,28 +100,20 @@ typedef struct order_check {
     size_t nbody, nhist;
 } order_check;
 
-static uint64_t be64_at(const uint8_t *p)
-{
-    uint64_t x = 0;
-    for (int i = 0; i < 8; i++)
-        x = x << 8 | p[i];
-    return x;
-}
-
 static void order_cb(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
 {
     order_check *o = arg;
     if (kl == 9) {
         ck_assert_uint_ge(vl, 8);
-        ck_assert(o->nbody == 0 || be64_at(k + 1) == o->body + 1);
-        o->body = be64_at(k + 1);
-        o->rev = (int64_t)be64_at(v);
+        ck_assert(o->nbody == 0 || cairn_store_get_be64(k + 1) == o->body + 1);
+        o->body = cairn_store_get_be64(k + 1);
+        o->rev = (int64_t)cairn_store_get_be64(v);
         o->nbody++;
         return;
     }
     ck_assert_uint_ge(kl, 10);
     ck_assert_int_eq(k[9], 'K');
-    ck_assert_uint_eq(be64_at(k + 1), o->body);
+    ck_assert_uint_eq(cairn_store_get_be64(k + 1), o->body);
     ck_assert_int_gt(o->rev, 0);
     o->nhist++;
 }
@@ -388,7 +380,7 @@ static void to_old_cb(void *arg, const uint8_t *k, size_t kl, const uint8_t *v, 
 {
     old_ctx *x = arg;
     if (kl == 9) {
-        x->rev = be64_at(v);
+        x->rev = cairn_store_get_be64(v);
         return;
     }
     if (x->n == x->limit)
@@ -442,16 +434,23 @@ static void to_old_format(const char *dir, uint8_t format, int v1, size_t limit)
     raw_close(db);
 }
 
-START_TEST(format_1_opens_and_upgrades)
+/* Opens the store in |dir| and puts kI = vI for I < 20 (revisions 2..21). */
+static cairn_store *open_with_20_puts(const char *dir)
 {
-    char *d = make_tmpdir();
-    cairn_store *s = open_store(d);
+    cairn_store *s = open_store(dir);
     char k[16], v[16];
     for (int i = 0; i < 20; i++) {
         snprintf(k, sizeof k, "k%d", i);
         snprintf(v, sizeof v, "v%d", i);
-        put_kv(s, k, v);
+        ck_assert_int_eq(put_kv(s, k, v), i + 2);
     }
+    return s;
+}
+
+START_TEST(format_1_opens_and_upgrades)
+{
+    char *d = make_tmpdir();
+    cairn_store *s = open_with_20_puts(d);
     cairn_store_close(s);
     to_old_format(d, 1, 1, SIZE_MAX);
     ck_assert_uint_eq(count_tag(d, 'K'), 20);
@@ -501,13 +500,7 @@ START_TEST(format_2_opens_and_moves_its_records)
 {
     for (int crash = 0; crash < 2; crash++) {
         char *d = make_tmpdir();
-        cairn_store *s = open_store(d);
-        char k[16], v[16];
-        for (int i = 0; i < 20; i++) {
-            snprintf(k, sizeof k, "k%d", i);
-            snprintf(v, sizeof v, "v%d", i);
-            put_kv(s, k, v);
-        }
+        cairn_store *s = open_with_20_puts(d);
         ck_assert_int_eq(del_range(s, "k3", NULL, NULL), 1);
         hist_log before, after;
         ck_assert_int_eq(history_text(s, 1, &before), 0);
