@@ -639,6 +639,45 @@ START_TEST(bad_reference_is_corruption)
 }
 END_TEST
 
+/* With a checkpoint, open reads no older body; a body that went missing is
+ * found by the reads that need it: the history scan meets that change's
+ * history records with no body before them, and a read at its revision
+ * finds no change to take the value from. */
+START_TEST(history_without_its_body_is_corruption)
+{
+    char *d = make_tmpdir();
+    cairn_store *s = open_store(d);
+    put_kv(s, "a", "1"); /* change 1, revision 2 */
+    put_kv(s, "b", "2"); /* change 2, revision 3 */
+    put_kv(s, "c", "3"); /* change 3, revision 4 */
+    put_kv(s, "b", "4"); /* change 4, revision 5: b at 3 is history now */
+    uint64_t n = cairn_dag_count(cairn_doc_dag(s->doc));
+    cairn_store_close(s);
+    leveldb_t *db = raw_open(d);
+    uint8_t k[9] = {'O', 0, 0, 0, 0, 0, 0, 0, 2};
+    leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
+    char *err = NULL;
+    leveldb_delete(db, wo, (const char *)k, 9, &err);
+    ck_assert_ptr_null(err);
+    leveldb_writeoptions_destroy(wo);
+    raw_close(db);
+    s = open_store(d);
+    ck_assert_uint_eq(s->ckpt_n, n);
+    hist_log l;
+    ck_assert_int_eq(history_text(s, 1, &l), CAIRN_ECORRUPT);
+    char got[16];
+    ck_assert_int_eq(value_at(s, "b", 3, got, sizeof got), CAIRN_ECORRUPT);
+    /* the changes around it still read */
+    ck_assert_int_eq(history_text(s, 4, &l), 0);
+    ck_assert_str_eq(l.text, "4+c=3 5+b=4 ");
+    ck_assert_int_eq(value_at(s, "a", 2, got, sizeof got), 0);
+    ck_assert_str_eq(got, "1");
+    cairn_store_close(s);
+    rm_rf(d);
+    free(d);
+}
+END_TEST
+
 /* Replay re-derives every revision and checks it against the one its 'O'
  * record stored: a rewritten stored revision fails the open. */
 static void set_stored_rev(const char *dir, uint64_t index, uint64_t rev)
@@ -700,6 +739,7 @@ int main(void)
     tcase_add_test(tc, unknown_format_is_refused);
     tcase_add_test(tc, compaction_deletes_history_records);
     tcase_add_test(tc, bad_reference_is_corruption);
+    tcase_add_test(tc, history_without_its_body_is_corruption);
     tcase_add_test(tc, stored_revision_mismatch_is_corruption);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
