@@ -338,21 +338,18 @@ static void body_cache_free(body_cache *bc)
     bc->c = NULL;
 }
 
-/* Reads the body of change |index| ('O'), which must have made |rev|. */
-static int read_body(cairn_store *s, const leveldb_readoptions_t *ro, cairn_change **out,
-                     uint64_t index, int64_t rev)
+/* Makes |bc| hold change |index|, decoded from its 'O' value |v| (rev u64
+ * BE ++ canonical bytes; |vl| >= 8). */
+static int body_cache_load(body_cache *bc, uint64_t index, const uint8_t *v, size_t vl)
 {
-    *out = NULL;
-    char *v;
-    size_t vl;
-    int rc = get_orec_of_rev(s, ro, index, rev, &v, &vl);
-    if (rc)
-        return rc;
-    rc = cairn_change_decode(out, (const uint8_t *)v + 8, vl - 8, NULL);
-    leveldb_free(v);
-    if (rc && rc != CAIRN_ENOMEM)
-        rc = corrupt("a stored change does not decode");
-    return rc;
+    body_cache_free(bc);
+    int rc = cairn_change_decode(&bc->c, v + 8, vl - 8, NULL);
+    if (rc) {
+        bc->c = NULL;
+        return rc == CAIRN_ENOMEM ? rc : corrupt("a stored change does not decode");
+    }
+    bc->index = index;
+    return 0;
 }
 
 int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
@@ -371,21 +368,23 @@ int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uin
     return 0;
 }
 
-/* The value of |key| written by op |pos| of the change that made |rev|: a
- * view into bc's change, valid until |bc| changes. */
-static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc, int64_t rev,
-                      uint64_t pos, const uint8_t *key, size_t key_len, const uint8_t **val,
-                      size_t *vl)
+/* The value of |key| written by op |pos| of change |index|, which made
+ * |rev|: a view into bc's change, valid until |bc| changes. The body is read
+ * from 'O' unless |bc| holds it already. */
+static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cache *bc,
+                      uint64_t index, int64_t rev, uint64_t pos, const uint8_t *key,
+                      size_t key_len, const uint8_t **val, size_t *vl)
 {
-    uint64_t index;
-    if (cairn_revmap_find(&s->rm, &index, rev))
-        return corrupt("no change made a revision with history");
     if (!bc->c || bc->index != index) {
-        body_cache_free(bc);
-        int rc = read_body(s, ro, &bc->c, index, rev);
+        char *v;
+        size_t n;
+        int rc = get_orec_of_rev(s, ro, index, rev, &v, &n);
+        if (!rc) {
+            rc = body_cache_load(bc, index, (const uint8_t *)v, n);
+            leveldb_free(v);
+        }
         if (rc)
             return rc;
-        bc->index = index;
     }
     return cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl);
 }
@@ -452,7 +451,8 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     if (want_value) {
         const uint8_t *val = r.val;
         size_t len = r.val_len;
-        if (r.body && (rc = body_value(s, s->ropt, &bc, rev, r.pos, key, key_len, &val, &len)))
+        if (r.body &&
+            (rc = body_value(s, s->ropt, &bc, index, rev, r.pos, key, key_len, &val, &len)))
             goto out;
         out->value_len = len;
         out->value = cairn_store_arena_dup(a, val, len);
@@ -2176,6 +2176,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     size_t n = 0, cap = 0;
     store_arena a = {0};
     body_cache bc = {0, NULL};
+    store_buf cur_body = {0}; /* the 'O' value of the change being read */
     int64_t cur = 0;
     uint64_t cur_index = 0;
     if (any)
@@ -2201,6 +2202,9 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
             cur_index = index;
             if (cur > upto)
                 break;
+            /* kept for its history records: they may name its ops */
+            cur_body.len = 0;
+            rc = cairn_store_buf_put(&cur_body, bv, vl);
             continue;
         }
         if (kl < KREC_KEY_HDR || k[9] != 'K' || index != cur_index || cur == 0) {
@@ -2219,8 +2223,15 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
         int del = r.del;
         const uint8_t *val = r.val;
         size_t val_len = r.val_len;
-        if (r.body && (rc = body_value(s, ro, &bc, cur, r.pos, hk, hkl, &val, &val_len)))
-            break;
+        if (r.body) { /* the body is the one this scan just passed */
+            if (!bc.c || bc.index != cur_index)
+                rc = body_cache_load(&bc, cur_index, cur_body.p, cur_body.len);
+            if (!rc)
+                rc = cairn_store_krec_body_value(bc.c, s->kvs.counter, r.pos, hk, hkl, &val,
+                                                 &val_len);
+            if (rc)
+                break;
+        }
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
             hist_ev *nv = realloc(v, nc * sizeof *nv);
@@ -2260,6 +2271,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     }
     free(v);
     body_cache_free(&bc);
+    cairn_store_buf_free(&cur_body);
     cairn_store_arena_free(&a);
     leveldb_iter_destroy(it);
     leveldb_readoptions_destroy(ro);
