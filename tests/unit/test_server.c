@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 #include "server/server.h"
 
 static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
@@ -184,9 +184,9 @@ END_TEST
 START_TEST(crc32c_vectors)
 {
     /* The standard check value of CRC-32C, and chaining. */
-    ck_assert_uint_eq(rpc_crc32c(0, "123456789", 9), 0xE3069283u);
-    ck_assert_uint_eq(rpc_crc32c(rpc_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
-    ck_assert_uint_eq(rpc_crc32c(0, "", 0), 0);
+    ck_assert_uint_eq(etcd_crc32c(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(etcd_crc32c(etcd_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+    ck_assert_uint_eq(etcd_crc32c(0, "", 0), 0);
 }
 END_TEST
 
@@ -217,9 +217,9 @@ START_TEST(header_only_matches_protobuf_c)
         Etcdserverpb__PutResponse r;
         etcdserverpb__put_response__init(&r);
         r.header = &h;
-        uint8_t want[128], got[RPC_HEADER_ONLY_MAX];
+        uint8_t want[128], got[ETCD_HEADER_ONLY_MAX];
         size_t wn = protobuf_c_message_pack(&r.base, want);
-        size_t gn = rpc_pack_header_only(got, &h);
+        size_t gn = etcd_pack_header_only(got, &h);
         ck_assert_uint_eq(gn, wn);
         ck_assert_mem_eq(got, want, wn);
     }

@@ -7,7 +7,7 @@
  * table files (*.ldb, *.sst) never change once written, so they are hard
  * linked into a private working dir; CURRENT, the MANIFEST and the write-ahead
  * logs grow, so they are copied. While this happens writes are frozen (the
- * write gate in grpc.c: new writes wait, and the freeze starts once every
+ * write gate in node.c: new writes wait, and the freeze starts once every
  * write in flight is durable), so the logs hold exactly the acknowledged
  * writes. LevelDB may still finish a background compaction meanwhile; it
  * records every change of files in the MANIFEST before it deletes anything,
@@ -39,7 +39,7 @@
  * the stored ones. The restored node can replace the original, and with its
  * new actor it can also run beside it without forking the document.
  */
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
 #include "store/store.h"
@@ -70,6 +70,8 @@ struct snap_file {
 };
 
 enum { PH_MARK = 0, PH_DIR, PH_HEADER, PH_DATA, PH_PAD, PH_TRAILER, PH_SHA, PH_DONE };
+
+typedef struct snapshot_stream snapshot_stream;
 
 struct snapshot_stream {
     char *dir; /* the working dir, removed by snapshot_stream_free */
@@ -126,7 +128,7 @@ void snapshot_cleanup_dir(const char *data_dir)
     closedir(d);
 }
 
-void snapshot_stream_free(snapshot_stream *s)
+static void snapshot_stream_free(snapshot_stream *s)
 {
     if (!s)
         return;
@@ -497,9 +499,14 @@ static ssize_t fill(snapshot_stream *s, uint8_t *out, size_t cap)
 
 /* ---- the RPC ------------------------------------------------------------- */
 
+static void snap_ctx_free(rpc_call *c)
+{
+    snapshot_stream_free(c->ctx);
+}
+
 static void snap_next(rpc_call *c, int ok)
 {
-    snapshot_stream *s = c->snap;
+    snapshot_stream *s = c->ctx;
     if (!ok) {
         rpc_fail(c, CAIRN_ESTOPPED, "cairn: snapshot stream closed before it was sent");
         return;
@@ -538,10 +545,13 @@ void maint_snapshot(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__snapshot_request__descriptor, req, len))
         return;
-    int rc = snapshot_open(&c->snap, c->srv);
+    snapshot_stream *s;
+    int rc = snapshot_open(&s, etcd_node(c));
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
+    c->ctx = s;
+    c->ctx_free = snap_ctx_free;
     snap_next(c, 1);
 }

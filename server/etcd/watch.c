@@ -56,7 +56,7 @@
  * again once caught up. It is cancelled only where etcd cancels it: when
  * next_rev falls below the compaction floor.
  */
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
 
@@ -219,7 +219,7 @@ static void header_at(cairn_server *srv, Etcdserverpb__ResponseHeader *ph, int64
     cairn_header h;
     cairn_store_header(srv->store, &h);
     h.revision = rev;
-    rpc_header(srv, ph, &h);
+    etcd_header(srv, ph, &h);
 }
 
 /* Queues a control response (created, canceled, progress). Hub locked. */
@@ -625,7 +625,7 @@ static void pump(cairn_server *srv, wstream *ws);
 
 static void stream_cleanup(rpc_call *c)
 {
-    wstream *ws = c->scratch;
+    wstream *ws = c->ctx;
     if (!ws)
         return;
     while (ws->watchers)
@@ -639,7 +639,7 @@ static void stream_cleanup(rpc_call *c)
     if (ws->sending_bb)
         grpc_byte_buffer_destroy(ws->sending_bb);
     free(ws);
-    c->scratch = NULL;
+    c->ctx = NULL;
 }
 
 /* Ends the call once nothing is in flight. Hub locked; returns 1 if the
@@ -859,7 +859,7 @@ static void pump_release(cairn_server *srv, wstream *ws)
 static void on_sent(void *arg, int ok)
 {
     wstream *ws = arg;
-    cairn_server *srv = ws->c->srv;
+    cairn_server *srv = etcd_node(ws->c);
     pthread_mutex_lock(&srv->watch->mu);
     ws->sending = 0;
     grpc_byte_buffer_destroy(ws->sending_bb);
@@ -981,7 +981,7 @@ static void on_recv(void *arg, int ok)
 {
     wstream *ws = arg;
     rpc_call *c = ws->c;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     struct watch_hub *h = srv->watch;
     Etcdserverpb__WatchRequest *req = NULL;
     int closed = !ok || !c->payload;
@@ -1035,11 +1035,11 @@ static void on_recv(void *arg, int ok)
     pump_release(srv, ws);
 }
 
-void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
+static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 {
     (void)req;
     (void)len;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     wstream *ws = calloc(1, sizeof *ws);
     if (!ws) {
         rpc_fail(c, CAIRN_ENOMEM, NULL);
@@ -1047,8 +1047,8 @@ void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
     }
     ws->c = c;
     ws->ctl_tail = &ws->ctl_head;
-    c->scratch = ws;
-    c->cleanup = stream_cleanup;
+    c->ctx = ws;
+    c->ctx_free = stream_cleanup;
     struct watch_hub *h = srv->watch;
     pthread_mutex_lock(&h->mu);
     if (h->stop) {
@@ -1227,8 +1227,9 @@ void watch_hub_ready(cairn_server *srv)
     pthread_mutex_unlock(&h->mu);
 }
 
-void watch_hub_cancel_all(cairn_server *srv)
+void watch_hub_cancel_all(void *arg)
 {
+    cairn_server *srv = arg;
     struct watch_hub *h = srv->watch;
     if (!h)
         return;
@@ -1260,3 +1261,10 @@ void watch_hub_free(cairn_server *srv)
     free(h);
     srv->watch = NULL;
 }
+
+static const rpc_method watch_methods[] = {
+    {"/etcdserverpb.Watch/Watch", RPC_BIDI, watch_stream, 2},
+};
+
+const rpc_service etcd_watch_service = {"etcdserverpb.Watch", watch_methods, 1,
+                                        watch_hub_cancel_all};

@@ -12,28 +12,10 @@
  * request could otherwise nest half a million levels and overflow the
  * stack.
  *
- * BATCHING (benchmarks only, --experimental-batch-writes N). The issue asks
- * what one change per client write costs against a build that coalesces
- * writes, so this file can be that build: a plain Put (no lease, prev_kv,
- * ignore_value or ignore_lease) that arrives while an earlier batch is
- * still being written joins the open batch instead of becoming a change of
- * its own; when the batch in flight completes, the open one goes to the
- * store as one Txn of up to N puts (one change, one revision) and each Put
- * is answered with that Txn's header. A Put arriving with nothing in flight
- * goes at once, alone, so a lone client sees no added latency. It is off by
- * default and not etcd's behaviour: N Puts share one revision.
- *
- * Why it is safe: the batcher's lock is held only to move calls between
- * the open batch and a local list, never across a store call; batches are
- * submitted from a worker (the first Put, or a full batch) or from the
- * completion callback on the store's committer thread, which may call the
- * async writes (store.h). Every open batch has a batch in flight ahead of
- * it (inflight > 0), and that batch's completion submits it, so no Put is
- * stranded; shutdown waits for every live call, hence for both. Two Puts to
- * one key cannot share a Txn (etcd: duplicate key), so a repeated key
- * closes the open batch and starts the next.
+ * The benchmark-only Put batcher (--experimental-batch-writes) is in
+ * kv_batch.c.
  */
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
 
@@ -42,6 +24,20 @@
 #include <string.h>
 
 #define TXN_MAX_DEPTH 64
+
+/* A write's response from the store, kept in the call until it is
+ * answered. */
+union kv_resp {
+    cairn_put_resp put;
+    cairn_delete_resp del;
+    cairn_txn_resp txn;
+};
+_Static_assert(sizeof(union kv_resp) <= RPC_CALL_SCRATCH, "a KV response fits in the call");
+
+static union kv_resp *resp_of(rpc_call *c)
+{
+    return (union kv_resp *)(void *)c->scratch;
+}
 
 /* Allocations that live as long as the call: a chain of blocks. */
 struct arena {
@@ -600,7 +596,7 @@ static void reply_kv(rpc_call *c, int rc, ProtobufCMessage *out,
 {
     Etcdserverpb__ResponseHeader h;
     if (rc == 0) {
-        rpc_header(c->srv, &h, sh);
+        etcd_header(etcd_node(c), &h, sh);
         *hdr_slot = &h;
         rpc_reply(c, out);
     } else {
@@ -609,7 +605,7 @@ static void reply_kv(rpc_call *c, int rc, ProtobufCMessage *out,
     arena_free(a);
 }
 
-void kv_range(rpc_call *c, const uint8_t *req, size_t len)
+static void kv_range(rpc_call *c, const uint8_t *req, size_t len)
 {
     Etcdserverpb__RangeRequest *m = (Etcdserverpb__RangeRequest *)rpc_unpack(
         c, &etcdserverpb__range_request__descriptor, req, len);
@@ -619,7 +615,7 @@ void kv_range(rpc_call *c, const uint8_t *req, size_t len)
     range_from_pb(&r, m);
     cairn_range_resp resp;
     memset(&resp, 0, sizeof resp);
-    int rc = cairn_store_range(c->srv->store, &resp, &r);
+    int rc = cairn_store_range(etcd_node(c)->store, &resp, &r);
     if (rc != 0) {
         cairn_range_resp_destroy(&resp);
         rpc_fail(c, rc, NULL);
@@ -634,198 +630,31 @@ void kv_range(rpc_call *c, const uint8_t *req, size_t len)
 
 static void put_cleanup(rpc_call *c)
 {
-    cairn_put_resp_destroy(&c->resp.put);
+    cairn_put_resp_destroy(&resp_of(c)->put);
 }
 
 static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
-    if (rc == 0 && !c->resp.put.prev_kv) {
+    node_write_end(etcd_node(c));
+    if (rc == 0 && !resp_of(c)->put.prev_kv) {
         /* The common Put: the answer is the header alone. */
         Etcdserverpb__ResponseHeader h;
-        rpc_header(c->srv, &h, &c->resp.put.header);
-        rpc_reply_header_only(c, &h);
+        etcd_header(etcd_node(c), &h, &resp_of(c)->put.header);
+        etcd_reply_header_only(c, &h);
         return;
     }
     struct arena *a = NULL;
     Etcdserverpb__PutResponse out;
     if (rc == 0)
-        rc = put_resp_to_pb(&a, &out, &c->resp.put);
-    reply_kv(c, rc, &out.base, &out.header, &c->resp.put.header, a);
+        rc = put_resp_to_pb(&a, &out, &resp_of(c)->put);
+    reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->put.header, a);
 }
 
-/* ---- Put batching (--experimental-batch-writes; see the top) ------------- */
-
-struct kv_batch {
-    cairn_server *srv;
-    size_t n;
-    rpc_call **calls;      /* [cap] */
-    cairn_request_op *ops; /* [cap]: Puts borrowed from each call's req_msg */
-    cairn_txn_req req;
-    cairn_txn_resp resp;
-};
-
-struct kv_batcher {
-    pthread_mutex_t mu;
-    size_t cap;
-    int inflight;           /* batches submitted and not yet completed */
-    struct kv_batch *open;  /* Puts waiting for the batch in flight */
-    uint64_t puts, changes; /* since start, for the log line at exit */
-};
-
-int kv_batcher_new(cairn_server *srv)
+static void kv_put(rpc_call *c, const uint8_t *req, size_t len)
 {
-    srv->batcher = NULL;
-    if (srv->cfg->batch_writes == 0)
-        return 0;
-    struct kv_batcher *b = calloc(1, sizeof *b);
-    if (!b)
-        return CAIRN_ENOMEM;
-    pthread_mutex_init(&b->mu, NULL);
-    b->cap = srv->cfg->batch_writes;
-    srv->batcher = b;
-    cairn_log(CAIRN_LOG_WARN,
-              "--experimental-batch-writes %zu: up to %zu Puts share one change and one "
-              "revision (benchmarks only; not etcd's numbering)",
-              b->cap, b->cap);
-    return 0;
-}
-
-void kv_batcher_free(cairn_server *srv)
-{
-    struct kv_batcher *b = srv->batcher;
-    if (!b)
+    if (etcd_entry_too_large(c, len))
         return;
-    cairn_log(CAIRN_LOG_INFO,
-              "experimental-batch-writes: %" PRIu64 " puts in %" PRIu64
-              " changes (%.2f per change)",
-              b->puts, b->changes, b->changes ? (double)b->puts / (double)b->changes : 0.0);
-    pthread_mutex_destroy(&b->mu);
-    free(b);
-    srv->batcher = NULL;
-}
-
-static struct kv_batch *batch_new(cairn_server *srv, size_t cap)
-{
-    struct kv_batch *k = calloc(1, sizeof *k);
-    if (!k)
-        return NULL;
-    k->srv = srv;
-    k->calls = calloc(cap, sizeof *k->calls);
-    k->ops = calloc(cap, sizeof *k->ops);
-    if (!k->calls || !k->ops) {
-        free(k->calls);
-        free(k->ops);
-        free(k);
-        return NULL;
-    }
-    return k;
-}
-
-static void batch_free(struct kv_batch *k)
-{
-    cairn_txn_resp_destroy(&k->resp);
-    free(k->calls);
-    free(k->ops);
-    free(k);
-}
-
-static int batch_has_key(const struct kv_batch *k, const cairn_put_req *p)
-{
-    for (size_t i = 0; i < k->n; i++) {
-        const cairn_put_req *q = &k->ops[i].u.put;
-        if (q->key_len == p->key_len && memcmp(q->key, p->key, p->key_len) == 0)
-            return 1;
-    }
-    return 0;
-}
-
-static void batch_submit(struct kv_batch *k);
-
-/* Committer thread (or the submitting thread when the store refused the
- * batch): answers every Put of |k|, then sends the open batch, if any, now
- * that nothing is ahead of it. */
-static void batch_done(void *arg, int rc)
-{
-    struct kv_batch *k = arg;
-    struct kv_batcher *b = k->srv->batcher;
-    for (size_t i = 0; i < k->n; i++) {
-        rpc_call *c = k->calls[i];
-        rpc_write_end(c);
-        Etcdserverpb__PutResponse out;
-        etcdserverpb__put_response__init(&out);
-        reply_kv(c, rc, &out.base, &out.header, &k->resp.header, NULL);
-    }
-    batch_free(k);
-    struct kv_batch *next = NULL;
-    pthread_mutex_lock(&b->mu);
-    b->inflight--;
-    if (b->inflight == 0 && b->open) {
-        next = b->open;
-        b->open = NULL;
-        b->inflight++;
-    }
-    pthread_mutex_unlock(&b->mu);
-    if (next)
-        batch_submit(next);
-}
-
-/* |k| is counted in b->inflight by the caller. */
-static void batch_submit(struct kv_batch *k)
-{
-    struct kv_batcher *b = k->srv->batcher;
-    pthread_mutex_lock(&b->mu);
-    b->puts += k->n;
-    b->changes++;
-    pthread_mutex_unlock(&b->mu);
-    memset(&k->req, 0, sizeof k->req);
-    k->req.success = k->ops;
-    k->req.nsuccess = k->n;
-    int rc = cairn_store_txn_async(k->srv->store, &k->resp, &k->req, batch_done, k);
-    if (rc != 0) /* batch_done was not called: answer the batch with |rc| */
-        batch_done(k, rc);
-}
-
-/* Takes over |c| (already counted in the write gate): it is answered by
- * batch_done. */
-static void batch_put(rpc_call *c, const Etcdserverpb__PutRequest *m)
-{
-    struct kv_batcher *b = c->srv->batcher;
-    struct kv_batch *go[2] = {NULL, NULL};
-    int ngo = 0;
-    cairn_put_req r;
-    put_from_pb(&r, m);
-    pthread_mutex_lock(&b->mu);
-    if (b->open && batch_has_key(b->open, &r)) {
-        go[ngo++] = b->open; /* etcd: a Txn may not put one key twice */
-        b->open = NULL;
-    }
-    if (!b->open)
-        b->open = batch_new(c->srv, b->cap);
-    struct kv_batch *k = b->open;
-    if (k) {
-        k->calls[k->n] = c;
-        k->ops[k->n].type = CAIRN_REQ_PUT;
-        k->ops[k->n].u.put = r;
-        k->n++;
-        if (b->inflight + ngo == 0 || k->n == b->cap) {
-            go[ngo++] = k;
-            b->open = NULL;
-        }
-    }
-    b->inflight += ngo;
-    pthread_mutex_unlock(&b->mu);
-    if (!k) {
-        rpc_write_end(c);
-        rpc_fail(c, CAIRN_ENOMEM, NULL);
-    }
-    for (int i = 0; i < ngo; i++)
-        batch_submit(go[i]);
-}
-
-void kv_put(rpc_call *c, const uint8_t *req, size_t len)
-{
     Etcdserverpb__PutRequest pm, *m = &pm;
     if (put_decode(m, req, len) != 0) {
         rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
@@ -833,89 +662,83 @@ void kv_put(rpc_call *c, const uint8_t *req, size_t len)
     }
     int rc = check_put(m);
     if (rc == 0)
-        rc = rpc_quota_check(c->srv, len);
+        rc = node_quota_check(etcd_node(c), len);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
-    if (c->srv->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease && m->lease == 0) {
-        rpc_write_begin(c);
-        batch_put(c, m);
+    if (etcd_node(c)->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease && m->lease == 0) {
+        cairn_put_req r;
+        put_from_pb(&r, m);
+        node_write_begin(etcd_node(c));
+        kv_batch_put(c, &r);
         return;
     }
     cairn_put_req r;
     put_from_pb(&r, m);
-    c->cleanup = put_cleanup;
-    rpc_write_begin(c);
-    rc = cairn_store_put_async(c->srv->store, &c->resp.put, &r, put_done, c);
+    c->ctx_free = put_cleanup;
+    node_write_begin(etcd_node(c));
+    rc = cairn_store_put_async(etcd_node(c)->store, &resp_of(c)->put, &r, put_done, c);
     if (rc != 0) { /* put_done will not be called; |c| is still ours */
-        rpc_write_end(c);
+        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
 }
 
 static void delete_cleanup(rpc_call *c)
 {
-    cairn_delete_resp_destroy(&c->resp.del);
+    cairn_delete_resp_destroy(&resp_of(c)->del);
 }
 
 static void delete_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
+    node_write_end(etcd_node(c));
     struct arena *a = NULL;
     Etcdserverpb__DeleteRangeResponse out;
     if (rc == 0)
-        rc = delete_resp_to_pb(&a, &out, &c->resp.del);
-    reply_kv(c, rc, &out.base, &out.header, &c->resp.del.header, a);
+        rc = delete_resp_to_pb(&a, &out, &resp_of(c)->del);
+    reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->del.header, a);
 }
 
-void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
+static void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_entry_too_large(c, len))
+        return;
     Etcdserverpb__DeleteRangeRequest *m = (Etcdserverpb__DeleteRangeRequest *)rpc_unpack(
         c, &etcdserverpb__delete_range_request__descriptor, req, len);
     if (!m)
         return;
     cairn_delete_req r;
     delete_from_pb(&r, m);
-    c->cleanup = delete_cleanup;
-    rpc_write_begin(c);
-    int rc = cairn_store_delete_async(c->srv->store, &c->resp.del, &r, delete_done, c);
+    c->ctx_free = delete_cleanup;
+    node_write_begin(etcd_node(c));
+    int rc = cairn_store_delete_async(etcd_node(c)->store, &resp_of(c)->del, &r, delete_done, c);
     if (rc != 0) {
-        rpc_write_end(c);
+        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
 }
 
 static void txn_cleanup(rpc_call *c)
 {
-    cairn_txn_resp_destroy(&c->resp.txn);
-    arena_free(c->scratch);
-    c->scratch = NULL;
+    cairn_txn_resp_destroy(&resp_of(c)->txn);
+    arena_free(c->ctx);
+    c->ctx = NULL;
 }
 
 static void txn_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
+    node_write_end(etcd_node(c));
     struct arena *a = NULL;
     Etcdserverpb__TxnResponse out;
     if (rc == 0)
-        rc = txn_resp_to_pb(&a, &out, &c->resp.txn, 0);
-    reply_kv(c, rc, &out.base, &out.header, &c->resp.txn.header, a);
+        rc = txn_resp_to_pb(&a, &out, &resp_of(c)->txn, 0);
+    reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->txn.header, a);
 }
 
-static int varint_size(uint64_t v)
-{
-    int n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
+static void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (scan_msg(req, len, 0, 1) != 0) {
         rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
@@ -925,7 +748,7 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
         (Etcdserverpb__TxnRequest *)rpc_unpack(c, &etcdserverpb__txn_request__descriptor, req, len);
     if (!m)
         return;
-    int rc = check_txn(m, c->srv->cfg->max_txn_ops);
+    int rc = check_txn(m, etcd_node(c)->cfg->max_txn_ops);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
@@ -934,33 +757,32 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
     cairn_txn_req *t = arena_alloc(&a, sizeof *t);
     struct txn_info info = {0, 0};
     rc = t ? txn_from_pb(&a, t, m, &info) : CAIRN_ENOMEM;
-    c->scratch = a; /* freed by txn_cleanup (not free(): it is a chain) */
-    c->cleanup = txn_cleanup;
+    c->ctx = a; /* freed by txn_cleanup */
+    c->ctx_free = txn_cleanup;
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     /* etcd: only a Txn that writes goes through raft and its size check;
      * a Txn with a Put is refused while NOSPACE is raised. */
-    if (info.writes &&
-        13u + 1u + (uint64_t)varint_size(len) + len > c->srv->cfg->max_request_bytes) {
-        rpc_fail(c, CAIRN_EREQUESTTOOLARGE, NULL);
+    if (info.writes && etcd_entry_too_large(c, len))
         return;
-    }
-    if (info.puts && (rc = rpc_quota_check(c->srv, len)) != 0) {
+    if (info.puts && (rc = node_quota_check(etcd_node(c), len)) != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
-    rpc_write_begin(c);
-    rc = cairn_store_txn_async(c->srv->store, &c->resp.txn, t, txn_done, c);
+    node_write_begin(etcd_node(c));
+    rc = cairn_store_txn_async(etcd_node(c)->store, &resp_of(c)->txn, t, txn_done, c);
     if (rc != 0) {
-        rpc_write_end(c);
+        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
 }
 
-void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
+static void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_entry_too_large(c, len))
+        return;
     Etcdserverpb__CompactionRequest *m = (Etcdserverpb__CompactionRequest *)rpc_unpack(
         c, &etcdserverpb__compaction_request__descriptor, req, len);
     if (!m)
@@ -969,9 +791,9 @@ void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
     memset(&h, 0, sizeof h);
     /* Compaction blocks this worker while LevelDB deletes history; the
      * other workers keep serving. */
-    rpc_write_begin(c);
-    int rc = cairn_store_compact(c->srv->store, &h, m->revision, m->physical);
-    rpc_write_end(c);
+    node_write_begin(etcd_node(c));
+    int rc = cairn_store_compact(etcd_node(c)->store, &h, m->revision, m->physical);
+    node_write_end(etcd_node(c));
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
@@ -979,14 +801,14 @@ void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
     Etcdserverpb__CompactionResponse out;
     Etcdserverpb__ResponseHeader ph;
     etcdserverpb__compaction_response__init(&out);
-    rpc_header(c->srv, &ph, &h);
+    etcd_header(etcd_node(c), &ph, &h);
     out.header = &ph;
     rpc_reply(c, &out.base);
 }
 
 /* ---- fuzzing ------------------------------------------------------------- */
 
-int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_txn_ops)
+int etcd_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_txn_ops)
 {
     /* The same steps as the handlers, without a store: depth scan, unpack,
      * etcd's checks, conversion to the store's structs. */
@@ -1007,7 +829,7 @@ int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_tx
     if (!m) {
         Etcdserverpb__PutRequest hand;
         if (kind == 1 && put_decode(&hand, req, len) == 0)
-            return RPC_DECODE_DISAGREE; /* put_decode took what protobuf-c refused */
+            return ETCD_DECODE_DISAGREE; /* put_decode took what protobuf-c refused */
         return CAIRN_EUNMARSHAL;
     }
     int rc = 0;
@@ -1024,7 +846,7 @@ int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_tx
             (!hand.key.data) != (!pb->key.data) || (!hand.value.data) != (!pb->value.data) ||
             hand.lease != pb->lease || hand.prev_kv != pb->prev_kv ||
             hand.ignore_value != pb->ignore_value || hand.ignore_lease != pb->ignore_lease)
-            rc = RPC_DECODE_DISAGREE;
+            rc = ETCD_DECODE_DISAGREE;
         cairn_put_req r;
         if (rc == 0)
             rc = check_put(pb);
@@ -1046,3 +868,16 @@ int rpc_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_tx
     protobuf_c_message_free_unpacked(m, NULL);
     return rc;
 }
+
+/* ---- the service --------------------------------------------------------- */
+
+static const rpc_method kv_methods[] = {
+    {"/etcdserverpb.KV/Range", RPC_UNARY, kv_range, 8},
+    {"/etcdserverpb.KV/Put", RPC_UNARY, kv_put, 8},
+    {"/etcdserverpb.KV/DeleteRange", RPC_UNARY, kv_delete_range, 4},
+    {"/etcdserverpb.KV/Txn", RPC_UNARY, kv_txn, 8},
+    {"/etcdserverpb.KV/Compact", RPC_UNARY, kv_compact, 1},
+};
+
+const rpc_service etcd_kv_service = {"etcdserverpb.KV", kv_methods,
+                                     sizeof kv_methods / sizeof kv_methods[0], NULL};

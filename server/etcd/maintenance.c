@@ -1,6 +1,6 @@
 /*
- * etcd's Maintenance and Cluster services, and the UNIMPLEMENTED answers for
- * what cairn does not serve yet (Watch, Lease, Auth, membership changes).
+ * etcd's Maintenance service: Status, Alarm, Defragment, Hash, HashKV and
+ * MoveLeader here, Snapshot in snapshot.c.
  *
  * There is no raft: this node is its own leader, raft_term is the store's
  * constant, and the raft indexes report the revision (the count of applied
@@ -10,7 +10,7 @@
  * its value and lease at the revision — and not revisions, which are local
  * to a node (DESIGN: revisions are per node).
  */
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
 
@@ -33,7 +33,7 @@ static void crc_init(void)
     }
 }
 
-uint32_t rpc_crc32c(uint32_t crc, const void *buf, size_t len)
+uint32_t etcd_crc32c(uint32_t crc, const void *buf, size_t len)
 {
     pthread_once(&crc_once, crc_init);
     const uint8_t *p = buf;
@@ -59,20 +59,20 @@ static const char *alarm_name(int type)
     }
 }
 
-void maint_status(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_status(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__status_request__descriptor, req, len))
         return;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     cairn_header h;
     cairn_store_header(srv->store, &h);
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(srv, &ph, &h);
+    etcd_header(srv, &ph, &h);
     Etcdserverpb__StatusResponse out;
     etcdserverpb__status_response__init(&out);
     out.header = &ph;
     out.version = (char *)CAIRN_ETCD_VERSION;
-    uint64_t size = rpc_disk_bytes(srv, 1);
+    uint64_t size = node_disk_bytes(srv, 1);
     out.dbsize = (int64_t)size;
     out.dbsizeinuse = (int64_t)size;
     out.leader = h.member_id; /* no raft: every node leads itself */
@@ -109,23 +109,23 @@ void maint_status(rpc_call *c, const uint8_t *req, size_t len)
 
 static int alarm_cmp(const void *a, const void *b)
 {
-    const rpc_alarm *x = a, *y = b;
+    const node_alarm *x = a, *y = b;
     if (x->member_id != y->member_id)
         return x->member_id < y->member_id ? -1 : 1;
     return x->type - y->type;
 }
 
-void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 {
     Etcdserverpb__AlarmRequest *m =
         (Etcdserverpb__AlarmRequest *)rpc_unpack(c, &etcdserverpb__alarm_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     /* etcd: GET lists every alarm of the type asked (NONE: all); ACTIVATE
      * and DEACTIVATE answer with the alarm they changed (none if nothing
      * changed). The response has no header. */
-    rpc_alarm *list = NULL;
+    node_alarm *list = NULL;
     size_t n = 0;
     int rc = 0;
     if (m->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET) {
@@ -146,7 +146,7 @@ void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
         if (!list)
             rc = CAIRN_ENOMEM;
         else if (m->alarm != ETCDSERVERPB__ALARM_TYPE__NONE &&
-                 rpc_alarm_set(srv, m->memberid, (int)m->alarm, on)) {
+                 node_alarm_set(srv, m->memberid, (int)m->alarm, on)) {
             list[0].member_id = m->memberid;
             list[0].type = (int)m->alarm;
             n = 1;
@@ -188,7 +188,7 @@ void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 
 /* ---- Defragment, MoveLeader ---------------------------------------------- */
 
-void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__defragment_request__descriptor, req, len))
         return;
@@ -201,7 +201,7 @@ void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
     rpc_reply(c, &out.base);
 }
 
-void maint_move_leader(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_move_leader(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__move_leader_request__descriptor, req, len))
         return;
@@ -250,13 +250,13 @@ static int hash_keyspace(cairn_server *srv, uint32_t *out, int64_t rev)
             const cairn_kv *kv = &resp.kvs[i];
             uint8_t n[8];
             put_u64(n, kv->key_len);
-            crc = rpc_crc32c(crc, n, 8);
-            crc = rpc_crc32c(crc, kv->key, kv->key_len);
+            crc = etcd_crc32c(crc, n, 8);
+            crc = etcd_crc32c(crc, kv->key, kv->key_len);
             put_u64(n, kv->value_len);
-            crc = rpc_crc32c(crc, n, 8);
-            crc = rpc_crc32c(crc, kv->value, kv->value_len);
+            crc = etcd_crc32c(crc, n, 8);
+            crc = etcd_crc32c(crc, kv->value, kv->value_len);
             put_u64(n, (uint64_t)kv->lease);
-            crc = rpc_crc32c(crc, n, 8);
+            crc = etcd_crc32c(crc, n, 8);
         }
         int more = resp.more && resp.nkvs > 0;
         if (more) {
@@ -281,13 +281,13 @@ static int hash_keyspace(cairn_server *srv, uint32_t *out, int64_t rev)
     return rc;
 }
 
-void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
 {
     Etcdserverpb__HashKVRequest *m = (Etcdserverpb__HashKVRequest *)rpc_unpack(
         c, &etcdserverpb__hash_kvrequest__descriptor, req, len);
     if (!m)
         return;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     cairn_header h;
     cairn_store_header(srv->store, &h);
     int64_t compacted = cairn_store_compacted_rev(srv->store);
@@ -311,7 +311,7 @@ void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(srv, &ph, &h);
+    etcd_header(srv, &ph, &h);
     Etcdserverpb__HashKVResponse out;
     etcdserverpb__hash_kvresponse__init(&out);
     out.header = &ph;
@@ -321,22 +321,22 @@ void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
     rpc_reply(c, &out.base);
 }
 
-void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
+static void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__hash_request__descriptor, req, len))
         return;
     /* etcd hashes its whole bolt file; cairn's backend files differ from
      * node to node, so Hash is the key-space hash at the current revision. */
     cairn_header h;
-    cairn_store_header(c->srv->store, &h);
+    cairn_store_header(etcd_node(c)->store, &h);
     uint32_t hash;
-    int rc = hash_keyspace(c->srv, &hash, h.revision);
+    int rc = hash_keyspace(etcd_node(c), &hash, h.revision);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, &h);
+    etcd_header(etcd_node(c), &ph, &h);
     Etcdserverpb__HashResponse out;
     etcdserverpb__hash_response__init(&out);
     out.header = &ph;
@@ -344,54 +344,18 @@ void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
     rpc_reply(c, &out.base);
 }
 
-/* ---- Cluster ------------------------------------------------------------- */
+/* ---- the service --------------------------------------------------------- */
 
-void cluster_member_list(rpc_call *c, const uint8_t *req, size_t len)
-{
-    if (!rpc_unpack(c, &etcdserverpb__member_list_request__descriptor, req, len))
-        return;
-    const cairn_config *cfg = c->srv->cfg;
-    /* etcd: the Cluster service's header has no revision. */
-    Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, NULL);
-    ph.revision = 0;
-    Etcdserverpb__Member me;
-    etcdserverpb__member__init(&me);
-    me.id = cairn_store_member_id(c->srv->store);
-    me.name = cfg->name;
-    me.peerurls = cfg->initial_advertise_peer_urls;
-    me.n_peerurls = cfg->ninitial_advertise_peer_urls;
-    me.clienturls = cfg->advertise_client_urls;
-    me.n_clienturls = cfg->nadvertise_client_urls;
-    Etcdserverpb__Member *members[1] = {&me};
-    Etcdserverpb__MemberListResponse out;
-    etcdserverpb__member_list_response__init(&out);
-    out.header = &ph;
-    out.members = members;
-    out.n_members = 1;
-    rpc_reply(c, &out.base);
-}
+static const rpc_method maintenance_methods[] = {
+    {"/etcdserverpb.Maintenance/Alarm", RPC_UNARY, maint_alarm, 2},
+    {"/etcdserverpb.Maintenance/Status", RPC_UNARY, maint_status, 2},
+    {"/etcdserverpb.Maintenance/Defragment", RPC_UNARY, maint_defragment, 1},
+    {"/etcdserverpb.Maintenance/Hash", RPC_UNARY, maint_hash, 1},
+    {"/etcdserverpb.Maintenance/HashKV", RPC_UNARY, maint_hash_kv, 1},
+    {"/etcdserverpb.Maintenance/Snapshot", RPC_SERVER_STREAM, maint_snapshot, 1},
+    {"/etcdserverpb.Maintenance/MoveLeader", RPC_UNARY, maint_move_leader, 1},
+};
 
-/* ---- not served ---------------------------------------------------------- */
-
-void unimplemented(rpc_call *c, const uint8_t *req, size_t len)
-{
-    (void)req;
-    (void)len;
-    const char *path = rpc_methods[c->method].path;
-    const char *svc = path + strlen("/etcdserverpb.");
-    const char *slash = strchr(svc, '/');
-    int svc_len = (int)(slash - svc);
-    const char *method = slash + 1;
-    char detail[256];
-    if (strncmp(svc, "Cluster", 7) == 0)
-        snprintf(detail, sizeof detail,
-                 "cairn: %s is not supported yet: membership changes come with clustering", method);
-    else if (strncmp(svc, "Auth", 4) == 0)
-        snprintf(detail, sizeof detail,
-                 "cairn: %s is not supported: cairn has no authentication (Auth service)", method);
-    else
-        snprintf(detail, sizeof detail, "cairn: %.*s.%s is not implemented yet", svc_len, svc,
-                 method);
-    rpc_fail(c, CAIRN_EUNIMPLEMENTED, detail);
-}
+const rpc_service etcd_maintenance_service = {
+    "etcdserverpb.Maintenance", maintenance_methods,
+    sizeof maintenance_methods / sizeof maintenance_methods[0], NULL};

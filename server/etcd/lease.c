@@ -8,37 +8,39 @@
  * Grant and revoke wait for their change to be durable (the store offers
  * only blocking calls for them); a keepalive never waits for an fsync.
  */
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
+static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_entry_too_large(c, len))
+        return;
     Etcdserverpb__LeaseGrantRequest *m = (Etcdserverpb__LeaseGrantRequest *)rpc_unpack(
         c, &etcdserverpb__lease_grant_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_server *srv = c->srv;
+    cairn_server *srv = etcd_node(c);
     /* etcd: LeaseGrant is refused while NOSPACE is raised. */
-    int rc = rpc_quota_check(srv, len);
+    int rc = node_quota_check(srv, len);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     cairn_lease_grant_resp g;
     memset(&g, 0, sizeof g);
-    rpc_write_begin(c);
+    node_write_begin(etcd_node(c));
     rc = cairn_store_lease_create(srv->store, &g, m->id, m->ttl);
-    rpc_write_end(c);
+    node_write_end(etcd_node(c));
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(srv, &ph, &g.header);
+    etcd_header(srv, &ph, &g.header);
     Etcdserverpb__LeaseGrantResponse out;
     etcdserverpb__lease_grant_response__init(&out);
     out.header = &ph;
@@ -47,29 +49,31 @@ void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
     rpc_reply(c, &out.base);
 }
 
-void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
+static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_entry_too_large(c, len))
+        return;
     Etcdserverpb__LeaseRevokeRequest *m = (Etcdserverpb__LeaseRevokeRequest *)rpc_unpack(
         c, &etcdserverpb__lease_revoke_request__descriptor, req, len);
     if (!m)
         return;
     cairn_header h;
-    rpc_write_begin(c);
-    int rc = cairn_store_lease_revoke(c->srv->store, &h, m->id);
-    rpc_write_end(c);
+    node_write_begin(etcd_node(c));
+    int rc = cairn_store_lease_revoke(etcd_node(c)->store, &h, m->id);
+    node_write_end(etcd_node(c));
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, &h);
+    etcd_header(etcd_node(c), &ph, &h);
     Etcdserverpb__LeaseRevokeResponse out;
     etcdserverpb__lease_revoke_response__init(&out);
     out.header = &ph;
     rpc_reply(c, &out.base);
 }
 
-void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
+static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
 {
     Etcdserverpb__LeaseTimeToLiveRequest *m = (Etcdserverpb__LeaseTimeToLiveRequest *)rpc_unpack(
         c, &etcdserverpb__lease_time_to_live_request__descriptor, req, len);
@@ -77,7 +81,7 @@ void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
         return;
     cairn_lease_ttl_resp t;
     memset(&t, 0, sizeof t);
-    int rc = cairn_store_lease_ttl(c->srv->store, &t, m->id, m->keys);
+    int rc = cairn_store_lease_ttl(etcd_node(c)->store, &t, m->id, m->keys);
     if (rc != 0) {
         cairn_lease_ttl_resp_destroy(&t);
         rpc_fail(c, rc, NULL);
@@ -94,7 +98,7 @@ void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
         keys[i].len = t.keys[i].key_len;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, &t.header);
+    etcd_header(etcd_node(c), &ph, &t.header);
     Etcdserverpb__LeaseTimeToLiveResponse out;
     etcdserverpb__lease_time_to_live_response__init(&out);
     out.header = &ph;
@@ -108,13 +112,13 @@ void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
     cairn_lease_ttl_resp_destroy(&t);
 }
 
-void lease_leases(rpc_call *c, const uint8_t *req, size_t len)
+static void lease_leases(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__lease_leases_request__descriptor, req, len))
         return;
     int64_t *ids = NULL;
     size_t n = 0;
-    int rc = cairn_store_lease_list(c->srv->store, &ids, &n);
+    int rc = cairn_store_lease_list(etcd_node(c)->store, &ids, &n);
     Etcdserverpb__LeaseStatus *st = calloc(n + 1, sizeof *st);
     Etcdserverpb__LeaseStatus **ptrs = calloc(n + 1, sizeof *ptrs);
     if (rc == 0 && (!st || !ptrs))
@@ -132,7 +136,7 @@ void lease_leases(rpc_call *c, const uint8_t *req, size_t len)
         ptrs[i] = &st[i];
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, NULL);
+    etcd_header(etcd_node(c), &ph, NULL);
     Etcdserverpb__LeaseLeasesResponse out;
     etcdserverpb__lease_leases_response__init(&out);
     out.header = &ph;
@@ -178,7 +182,7 @@ static void ka_recv(rpc_call *c, int ok)
         return;
     }
     int64_t ttl = 0;
-    rc = cairn_store_lease_keepalive(c->srv->store, &ttl, m->id);
+    rc = cairn_store_lease_keepalive(etcd_node(c)->store, &ttl, m->id);
     int64_t id = m->id;
     etcdserverpb__lease_keep_alive_request__free_unpacked(m, NULL);
     if (rc == CAIRN_ELEASENOTFOUND) /* etcd: an unknown lease answers TTL 0 */
@@ -188,7 +192,7 @@ static void ka_recv(rpc_call *c, int ok)
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, NULL);
+    etcd_header(etcd_node(c), &ph, NULL);
     Etcdserverpb__LeaseKeepAliveResponse out;
     etcdserverpb__lease_keep_alive_response__init(&out);
     out.header = &ph;
@@ -197,9 +201,20 @@ static void ka_recv(rpc_call *c, int ok)
     rpc_stream_send(c, &out.base, ka_sent);
 }
 
-void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len)
+static void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len)
 {
     (void)req;
     (void)len;
     rpc_stream_recv(c, ka_recv);
 }
+
+static const rpc_method lease_methods[] = {
+    {"/etcdserverpb.Lease/LeaseGrant", RPC_UNARY, lease_grant, 2},
+    {"/etcdserverpb.Lease/LeaseRevoke", RPC_UNARY, lease_revoke, 2},
+    {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, lease_keep_alive, 2},
+    {"/etcdserverpb.Lease/LeaseTimeToLive", RPC_UNARY, lease_time_to_live, 1},
+    {"/etcdserverpb.Lease/LeaseLeases", RPC_UNARY, lease_leases, 1},
+};
+
+const rpc_service etcd_lease_service = {"etcdserverpb.Lease", lease_methods,
+                                        sizeof lease_methods / sizeof lease_methods[0], NULL};
