@@ -8,7 +8,7 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libjansson-dev libjemalloc-dev
   etcd-server etcd-client
-  python3 python3-grpcio python3-protobuf
+  python3 python3-grpcio python3-protobuf python3-h2
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -43,6 +43,11 @@ extern const rpc_service etcd_auth_service;
  * |c| and returns 1 if this |len|-byte request is such a write. */
 int etcd_entry_too_large(rpc_call *c, size_t len);
 
+/* etcd (grpc-go): a malformed message on a stream ends it with INTERNAL and
+ * "grpc: failed to unmarshal the received message <proto's reason>" (a
+ * unary call's says "grpc: error unmarshalling request: ..."). */
+#define ETCD_STREAM_UNMARSHAL "grpc: failed to unmarshal the received message malformed message"
+
 /* Fails |c| UNIMPLEMENTED with "cairn: <Method> is not supported<why>". */
 void etcd_unsupported(rpc_call *c, const char *why);
 

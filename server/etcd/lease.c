@@ -178,7 +178,7 @@ static void ka_recv(rpc_call *c, int ok)
         NULL, len, bytes);
     free(bytes);
     if (!m) {
-        rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
+        rpc_fail(c, CAIRN_EUNMARSHAL, ETCD_STREAM_UNMARSHAL);
         return;
     }
     int64_t ttl = 0;

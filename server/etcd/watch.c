@@ -988,12 +988,16 @@ static void on_recv(void *arg, int ok)
     if (!closed) {
         uint8_t *bytes;
         size_t len;
-        if (rpc_payload_take(c, &bytes, &len) == 0) {
+        int rc = rpc_payload_take(c, &bytes, &len);
+        if (rc == 0) {
             req = etcdserverpb__watch_request__unpack(NULL, len, bytes);
             free(bytes);
+            rc = req ? 0 : CAIRN_EUNMARSHAL;
         }
-        if (!req) /* etcd (grpc-go) fails the stream on a bad message */
+        if (rc != 0) { /* etcd (grpc-go) fails the stream on a bad message */
+            rpc_fail_on_end(c, rc, rc == CAIRN_EUNMARSHAL ? ETCD_STREAM_UNMARSHAL : NULL);
             closed = 1;
+        }
     }
     pthread_mutex_lock(&h->mu);
     ws->recv_pending = 0;

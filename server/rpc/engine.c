@@ -224,7 +224,17 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
 
 void rpc_reply(rpc_call *c, const ProtobufCMessage *msg)
 {
+    if (!msg && c->end_rc) {
+        rpc_fail(c, c->end_rc, c->end_detail);
+        return;
+    }
     finish(c, GRPC_STATUS_OK, NULL, msg ? rpc_pack(msg) : NULL);
+}
+
+void rpc_fail_on_end(rpc_call *c, int rc, const char *detail)
+{
+    c->end_rc = rc;
+    c->end_detail = detail;
 }
 
 void rpc_reply_raw(rpc_call *c, const uint8_t *msg, size_t n)

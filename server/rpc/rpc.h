@@ -86,10 +86,11 @@ struct rpc_call {
     gpr_timespec deadline;
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
-    grpc_call_details details; /* unregistered calls only */
     int cancelled;             /* from RECV_CLOSE_ON_SERVER */
     int sent_initial_md;
     int live; /* counted in the engine's live calls */
+    int end_rc; /* rpc_fail_on_end's */
+    const char *end_detail;
     grpc_slice status_details;
     grpc_byte_buffer *send;
     rpc_next_fn next;
@@ -109,10 +110,14 @@ struct rpc_call {
     size_t unpack_spilled;
 
     /* The service's: |ctx| is handed to |ctx_free| (if set) when the call
-     * ends; |scratch| is zeroed when the call is made. */
+     * ends; |scratch| is zeroed when the call is made. An unregistered
+     * call has no service, and its method's name in |details| instead. */
     void *ctx;
     void (*ctx_free)(rpc_call *c);
-    _Alignas(16) unsigned char scratch[RPC_CALL_SCRATCH];
+    union {
+        _Alignas(16) unsigned char scratch[RPC_CALL_SCRATCH];
+        grpc_call_details details;
+    };
 
     /* Last, and not zeroed when the call is made (see post in engine.c). */
     _Alignas(16) unsigned char unpack_mem[RPC_UNPACK_MEM];
@@ -154,6 +159,10 @@ void rpc_reply_raw(rpc_call *c, const uint8_t *msg, size_t n);
  * CAIRN_ERRORS (|detail|, when not NULL, replaces the message: for texts
  * that carry a value, like grpc-go's size errors) and ends the call. */
 void rpc_fail(rpc_call *c, int rc, const char *detail);
+/* A stream whose end is decided before it can be sent (a message is still
+ * in flight): the rpc_reply(c, NULL) that ends it fails with |rc| and
+ * |detail| (static, or NULL for the CAIRN_ERRORS text) instead. */
+void rpc_fail_on_end(rpc_call *c, int rc, const char *detail);
 /* Streaming: sends one message; |next| follows (see rpc_next_fn). */
 void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next);
 /* Bidi streaming: receives the next message into c->payload (NULL when the
