@@ -18,6 +18,7 @@
 #include "server/etcd/etcd.h"
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -288,57 +289,37 @@ static int check_txn(const Etcdserverpb__TxnRequest *r, int64_t max_ops)
 /* Wire scan of a TxnRequest (fields 2, 3: RequestOp) and RequestOp (field 4:
  * TxnRequest) for nesting depth; every other field is skipped. Returns 0 if
  * well-formed as far as it looks and no deeper than TXN_MAX_DEPTH. */
-static int scan_msg(const uint8_t *p, size_t n, int depth, int is_txn);
-
-static int read_varint(uint64_t *v, const uint8_t **p, const uint8_t *end)
-{
-    uint64_t x = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (*p == end)
-            return -1;
-        uint8_t b = *(*p)++;
-        x |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static int scan_msg(const uint8_t *p, size_t n, int depth, int is_txn)
 {
     if (depth > TXN_MAX_DEPTH)
         return -1;
-    const uint8_t *end = p + n;
-    while (p < end) {
+    wire_rd r = {p, p + n};
+    while (wire_left(&r) > 0) {
         uint64_t tag, v;
-        if (read_varint(&tag, &p, end) != 0)
+        const uint8_t *sub;
+        if (wire_uv_pb(&r, &tag) != 0)
             return -1;
         uint64_t field = tag >> 3;
         switch (tag & 7) {
         case 0:
-            if (read_varint(&v, &p, end) != 0)
+            if (wire_uv_pb(&r, &v) != 0)
                 return -1;
             break;
         case 1:
-            if ((size_t)(end - p) < 8)
+            if (wire_take(&r, &sub, 8) != 0)
                 return -1;
-            p += 8;
             break;
         case 5:
-            if ((size_t)(end - p) < 4)
+            if (wire_take(&r, &sub, 4) != 0)
                 return -1;
-            p += 4;
             break;
         case 2:
-            if (read_varint(&v, &p, end) != 0 || v > (uint64_t)(end - p))
+            if (wire_uv_pb(&r, &v) != 0 || v > wire_left(&r) || wire_take(&r, &sub, (size_t)v) != 0)
                 return -1;
-            if (is_txn && (field == 2 || field == 3) && scan_msg(p, v, depth, 0) != 0)
+            if (is_txn && (field == 2 || field == 3) && scan_msg(sub, (size_t)v, depth, 0) != 0)
                 return -1;
-            if (!is_txn && field == 4 && scan_msg(p, v, depth + 1, 1) != 0)
+            if (!is_txn && field == 4 && scan_msg(sub, (size_t)v, depth + 1, 1) != 0)
                 return -1;
-            p += v;
             break;
         default:
             return -1;
@@ -362,62 +343,40 @@ static int scan_msg(const uint8_t *p, size_t n, int depth, int is_txn)
 static int put_decode(Etcdserverpb__PutRequest *m, const uint8_t *p, size_t n)
 {
     etcdserverpb__put_request__init(m);
-    const uint8_t *end = p + n;
-    while (p < end) {
-        size_t left = (size_t)(end - p), max = left < 5 ? left : 5, i = 0;
-        if ((p[0] & 0xf8) == 0)
+    wire_rd r = {p, p + n};
+    while (wire_left(&r) > 0) {
+        /* protobuf-c: a tag's first byte names a field other than 0 (a
+         * longer form of 0 is an unknown field), and it is at most 5 bytes. */
+        if ((r.p[0] & 0xf8) == 0)
             return -1;
-        uint32_t tag = (p[0] & 0x7f) >> 3;
-        unsigned wire = p[0] & 7, shift = 4;
-        if (p[0] & 0x80) {
-            for (i = 1; i < max && (p[i] & 0x80); i++, shift += 7)
-                tag |= (uint32_t)(p[i] & 0x7f) << shift;
-            if (i == max)
-                return -1;
-            tag |= (uint32_t)p[i] << shift;
-        }
-        p += i + 1;
-        left = (size_t)(end - p);
-        const uint8_t *field = p; /* its bytes after the tag: [field, p) below */
+        const uint8_t *at = r.p;
+        uint64_t t;
+        if (wire_uv_pb(&r, &t) != 0 || r.p - at > 5)
+            return -1;
+        uint32_t tag = (uint32_t)(t >> 3);
+        unsigned wire = (unsigned)(t & 7);
+        const uint8_t *field = r.p; /* its bytes after the tag: [field, r.p) below */
         uint64_t v = 0;
         const uint8_t *data = NULL;
         size_t dlen = 0;
         switch (wire) {
         case 0: /* varint */
-            max = left < 10 ? left : 10;
-            for (i = 0; i < max; i++) {
-                if (i < 10)
-                    v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-                if (!(p[i] & 0x80))
-                    break;
-            }
-            if (i == max)
+            if (wire_uv_pb(&r, &v) != 0)
                 return -1;
-            p += i + 1;
             break;
         case 1: /* 64-bit */
-            if (left < 8)
-                return -1;
-            p += 8;
-            break;
         case 5: /* 32-bit */
-            if (left < 4)
+            if (wire_take(&r, &data, wire == 1 ? 8 : 4) != 0)
                 return -1;
-            p += 4;
+            data = NULL;
             break;
-        case 2: { /* length-prefixed */
-            uint64_t len64 = 0;
-            max = left < 5 ? left : 5;
-            for (i = 0; i < max; i++) {
-                len64 |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-                if (!(p[i] & 0x80))
-                    break;
-            }
-            if (i == max || len64 > INT32_MAX || len64 > left - (i + 1))
+        case 2: { /* length-prefixed: at most 5 bytes and 2^31 - 1 */
+            uint64_t len64;
+            at = r.p;
+            if (wire_uv_pb(&r, &len64) != 0 || r.p - at > 5 || len64 > INT32_MAX ||
+                wire_take(&r, &data, (size_t)len64) != 0)
                 return -1;
-            data = p + i + 1;
             dlen = (size_t)len64;
-            p = data + dlen;
             break;
         }
         default:
@@ -443,7 +402,7 @@ static int put_decode(Etcdserverpb__PutRequest *m, const uint8_t *p, size_t n)
              * of the field after its tag (a length prefix too) has one of
              * its low 7 bits set. */
             protobuf_c_boolean b = 0;
-            for (const uint8_t *q = field; q < p; q++)
+            for (const uint8_t *q = field; q < r.p; q++)
                 b |= (*q & 0x7f) != 0;
             *(tag == 4 ? &m->prev_kv : tag == 5 ? &m->ignore_value : &m->ignore_lease) = b;
             break;
