@@ -2,9 +2,10 @@
  * etcd's KV service (Range, Put, DeleteRange, Txn, Compact) mapped 1:1 onto
  * the store: each handler unpacks the protobuf request, fills the store's
  * mirror struct with pointers into it (no copies), calls the store and packs
- * the answer. Reads answer on the worker thread. Writes are asynchronous:
- * the store calls back on its committer thread once the change is durable,
- * and the callback answers the call; the worker never waits for an fsync.
+ * the answer. Reads answer on the worker thread. Put, DeleteRange and Txn
+ * are asynchronous: the store calls back on its committer thread once the
+ * change is durable, and the callback answers the call; the worker never
+ * waits for their fsync (Compact still blocks its worker, see kv_compact).
  *
  * Nested transactions are converted recursively. protobuf-c's unpacker
  * recurses once per nesting level, so the raw bytes are scanned first and a

@@ -1002,7 +1002,8 @@ static void on_recv(void *arg, int ok)
     pthread_mutex_lock(&h->mu);
     ws->recv_pending = 0;
     if (closed) {
-        /* etcd: the client's close ends the stream. */
+        /* The client's close ends the stream. (etcd 3.4 does not: it goes
+         * on sending events until the client cancels; measured.) */
         ws->closing = 1;
     } else {
         switch (req->request_union_case) {
