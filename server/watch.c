@@ -13,8 +13,8 @@
  * header revision 0; a cancel of an unknown id answers nothing; a
  * progress request answers watch_id -1 at the current revision; a request
  * without a union member is ignored. A watcher that asked for fragments
- * gets a response of max-request-bytes or more cut into several (etcd's
- * sendFragments); any other response goes out whole.
+ * gets a response of max-request-bytes + 512 KiB or more cut into several
+ * (etcd's sendFragments); any other response goes out whole.
  *
  * Threads. Every stream has two tags: one receive and at most one send in
  * flight. A stream's next message is chosen in order: control responses
@@ -51,6 +51,12 @@
 /* Control responses queued on a stream before it stops reading requests
  * (etcd: ctrlStreamBufLen; its receive loop blocks on the full channel). */
 #define CTL_MAX 16
+
+/* etcd: a fragmenting watcher's limit is --max-request-bytes plus
+ * grpcOverheadBytes (512 KiB): measured, a response of exactly 624,288
+ * bytes at --max-request-bytes=100000 is cut, one of 624,286 is not
+ * (watch.fragment.* in the conformance checks). */
+#define FRAGMENT_OVERHEAD_BYTES (512u * 1024u)
 
 typedef struct ctl_msg {
     struct ctl_msg *next;
@@ -159,7 +165,7 @@ static size_t pack_batch(cairn_server *srv, const cairn_hub_batch *b, grpc_byte_
     resp.watch_id = b->watch_id;
     resp.events = ptrs;
     resp.n_events = n;
-    uint64_t limit = srv->cfg->max_request_bytes;
+    uint64_t limit = srv->cfg->max_request_bytes + FRAGMENT_OVERHEAD_BYTES;
     if (!b->fragment || n < 2 || protobuf_c_message_get_packed_size(&resp.base) < limit) {
         bbs[nout++] = rpc_pack(&resp.base);
         goto out;
@@ -297,7 +303,8 @@ again:
         bb = ctl_pop(ws);
     } else if (!ws->closing) {
         /* The hub may read the disk: no lock held; ws->sending keeps every
-         * other pump of this stream out (hub.h: one call at a time). */
+         * other pump of this stream out (hub.h: one cairn_hub_next at a
+         * time). */
         ws->sending = 1;
         pthread_mutex_unlock(&wh->mu);
         cairn_hub_batch b;
@@ -308,7 +315,11 @@ again:
             nfrags = pack_batch(srv, &b, &frags);
         pthread_mutex_lock(&wh->mu);
         ws->sending = 0;
-        if (rc < 0) {
+        if (ws->closing) {
+            for (size_t i = 0; i < nfrags; i++) /* no more sends */
+                grpc_byte_buffer_destroy(frags[i]);
+            nfrags = 0;
+        } else if (rc < 0) {
             ws->closing = 1; /* cannot keep the protocol: end the stream */
         } else if (rc == CAIRN_HUB_AGAIN || (rc == CAIRN_HUB_NONE && ws->kick)) {
             pthread_mutex_unlock(&wh->mu);

@@ -21,10 +21,13 @@
  * THREADS. cairn_hub_events_cb runs on the store's committer thread: it
  * copies the events into the ring under the hub lock and only marks the
  * streams; it never reads the store and never calls out. Every other
- * function may be called from any thread, but the calls for one stream
- * must not overlap (the server's per-stream "sending" flag guarantees
- * it); calls for different streams run in parallel. cairn_hub_next reads
- * the store (history, prev_kv) with no lock held. The notify callback runs
+ * function may be called from any thread. For one stream, cairn_hub_next
+ * must not run twice at once (the server's per-stream "sending" flag
+ * guarantees it), but watch, start and cancel may run beside it: a watcher
+ * cancelled while its batch is read from disk is found gone afterwards and
+ * the batch dropped. cairn_hub_stream_free must not run beside any other
+ * call for its stream. Different streams run in parallel. cairn_hub_next
+ * reads the store (history, prev_kv) with no lock held. The notify callback runs
  * on the hub's thread with no hub lock held; it may call any function of
  * this header except cairn_hub_free, and should only schedule work (it
  * delays the notifications of the other streams while it runs).
@@ -57,7 +60,7 @@ typedef struct cairn_hub_options {
     /* A catch-up batch ends at the first revision boundary past this many
      * bytes of keys and values (at least one revision), which bounds what
      * one stream holds in memory. */
-    size_t catchup_bytes; /* 1 MiB */
+    size_t catchup_bytes; /* 4 MiB */
     /* A watcher that must catch up is not served before this many ms
      * (etcd serves them from a loop that runs every 100 ms). */
     uint64_t sync_delay_ms; /* 20 */

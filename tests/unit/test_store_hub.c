@@ -325,17 +325,24 @@ END_TEST
 START_TEST(catch_up_bytes_bound)
 {
     /* A catch-up batch ends at the first revision boundary past
-     * catchup_bytes (1 MiB): four 700 KiB values come as 2 + 2, from the
-     * ring and from disk alike. */
+     * catchup_bytes (4 MiB): eight 700 KiB values come as 6 + 2, from the
+     * ring and from disk alike; four (2.8 MB) as one batch, as etcd. */
     open_hub(NULL);
-    put_n(4, "big%d", 700 << 10); /* revisions 2..5 */
+    put_n(8, "big%d", 700 << 10); /* revisions 2..9 */
     cairn_hub_stream *s = new_stream();
     watch(s, "big", "bih", 2);
     wlog l = {0};
     ck_assert_int_eq(drain_n(s, &l, 1 << 20, 1), 0);
     ck_assert_int_eq(l.batches, 2);
-    ck_revs(&l, 2, 5);
+    ck_revs(&l, 2, 9);
+    cairn_hub_stream *s4 = new_stream();
+    watch(s4, "big", "bih", 6);
+    wlog l4 = {0};
+    ck_assert_int_eq(drain_n(s4, &l4, 1 << 20, 1), 0);
+    ck_assert_int_eq(l4.batches, 1);
+    ck_revs(&l4, 6, 9);
     cairn_hub_stream_free(s);
+    cairn_hub_stream_free(s4);
     /* The same from disk after a restart (the ring starts empty). */
     close_hub();
     open_hub(NULL);
@@ -344,7 +351,7 @@ START_TEST(catch_up_bytes_bound)
     wlog ld = {0};
     ck_assert_int_eq(drain_n(s, &ld, 1 << 20, 1), 0);
     ck_assert_int_eq(ld.batches, 2);
-    ck_revs(&ld, 2, 5);
+    ck_revs(&ld, 2, 9);
     cairn_hub_stream_free(s);
 }
 END_TEST
