@@ -16,6 +16,7 @@
 #include "crdt/doc.h"
 #include "crdt/error.h"
 #include "crdt/sync.h"
+#include "tests/unit/sync_apply.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -132,7 +133,7 @@ static void deliver(struct sim *s, int node, size_t i)
     uint8_t *m;
     size_t len;
     wire_take(&s->w[node], i, &m, &len);
-    if (cairn_sync_receive(s->doc[node], s->st[node], m, len, NULL))
+    if (sync_apply(s->doc[node], s->st[node], m, len, NULL))
         abort(); /* an honest peer's message was refused */
     free(m);
 }
