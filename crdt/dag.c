@@ -348,6 +348,10 @@ static int otab_reserve(cairn_dag *d)
 /* Deps of ordered change |i|: [*p, *end) of varint index deltas. */
 static void deps_range(const cairn_dag *d, uint64_t i, const uint8_t **p, const uint8_t **end)
 {
+    if (!d->dep_bytes) { /* no change has a dep yet: no offset into NULL */
+        *p = *end = NULL;
+        return;
+    }
     *p = d->dep_bytes + d->dep_off[i];
     *end = d->dep_bytes + d->dep_off[i + 1];
 }
