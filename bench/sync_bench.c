@@ -51,7 +51,7 @@ static uint64_t rng(void)
     return rng_state = x;
 }
 
-static void die(const char *what, int rc)
+static _Noreturn void die(const char *what, int rc)
 {
     fprintf(stderr, "sync_bench: %s failed (%d)\n", what, rc);
     exit(1);
