@@ -4,8 +4,8 @@
  * sync needs.
  *
  * Two kinds of record. A change that is not ordered yet is a node in one
- * open-addressing table of pointers (linear probing, backward-shift
- * deletion): READY (all deps ordered, queued for the caller), PENDING (some
+ * open-addressing table of pointers (crdt/htab.h: linear probing,
+ * backward-shift deletion): READY (all deps ordered, queued for the caller), PENDING (some
  * dep not ordered yet), a STUB (a hash that pending changes depend on but
  * that we have never seen) or REJECTED (a change that broke the sequence
  * rule and that pending changes still wait for, forever). Every such node
@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/htab.h"
 #include "crdt/wire.h"
 
 /* Beyond CAIRN_DAG_MAX_PENDING changes, pending changes are also bounded by
@@ -71,14 +72,6 @@ typedef struct node {
     uint8_t state;
 } node;
 
-/* Open-addressing hash table of pointers to entries that start with their key. */
-struct table {
-    void **slot;
-    size_t cap, n; /* cap is a power of two, n <= cap / 2 */
-    int shift;
-    size_t klen; /* key bytes */
-};
-
 struct actor_rec {
     cairn_actor actor;
     uint64_t max_seq;
@@ -102,9 +95,9 @@ struct vec { /* a growable array of pointers */
 #define HEAD_DEAD (UINT64_C(1) << 63)
 
 struct cairn_dag {
-    uint8_t key[crypto_shorthash_KEYBYTES]; /* table hash key */
-    struct table nodes;                     /* changes not ordered yet */
-    struct table actors;
+    unsigned char key[CAIRN_HTAB_KEYBYTES]; /* SipHash key of every table */
+    cairn_htab nodes;                       /* changes not ordered yet */
+    cairn_htab actors;
 
     /* Ordered changes, by apply index. */
     cairn_hash *ohash;
@@ -189,39 +182,29 @@ static uint64_t get_uv(const uint8_t **pp)
  * entries onto one slot). */
 static uint64_t sip(const cairn_dag *d, const uint8_t *key, size_t klen)
 {
-    uint8_t out[crypto_shorthash_BYTES];
-    uint64_t x;
-    crypto_shorthash(out, key, klen, d->key);
-    memcpy(&x, out, sizeof x);
-    return x;
+    return cairn_htab_sip64(d->key, key, klen);
 }
 
-static size_t slot_of(const cairn_dag *d, const struct table *t, const uint8_t *key)
+/* The tables (crdt/htab.h): entries (node, actor_rec) start with their key. */
+static uint32_t node_hash(const void *arg, const void *e)
 {
-    return (size_t)(sip(d, key, t->klen) >> t->shift);
+    return cairn_htab_sip(((const cairn_dag *)arg)->key, e, CAIRN_HASH_LEN);
 }
 
-/* Every table entry (node, actor_rec) starts with its key. */
-static const uint8_t *key_of(const void *entry)
+static uint32_t actor_hash(const void *arg, const void *e)
 {
-    return entry;
+    return cairn_htab_sip(((const cairn_dag *)arg)->key, e, CAIRN_ACTOR_LEN);
 }
 
-/* The slot holding |key|, or the empty slot where it
- * would go. */
-static size_t tab_find(const cairn_dag *d, const struct table *t, const uint8_t *key)
-{
-    size_t mask = t->cap - 1, i = slot_of(d, t, key);
-    while (t->slot[i] && memcmp(key_of(t->slot[i]), key, t->klen) != 0)
-        i = (i + 1) & mask;
-    return i;
-}
-
-static void *tab_get(const cairn_dag *d, const struct table *t, const uint8_t *key)
+static void *tab_get(const cairn_dag *d, const cairn_htab *t, const uint8_t *key, size_t klen)
 {
     if (!t->cap)
         return NULL;
-    return t->slot[tab_find(d, t, key)];
+    for (uint32_t i = cairn_htab_at(t, cairn_htab_sip(d->key, key, klen)); t->slots[i];
+         i = cairn_htab_next(t, i))
+        if (memcmp(t->slots[i], key, klen) == 0)
+            return t->slots[i];
+    return NULL;
 }
 
 static int shift_for(size_t cap)
@@ -232,67 +215,9 @@ static int shift_for(size_t cap)
     return shift;
 }
 
-static int tab_grow(const cairn_dag *d, struct table *t)
-{
-    size_t cap = t->cap ? t->cap * 2 : 64;
-    void **slot = calloc(cap, sizeof *slot);
-    if (!slot)
-        return CAIRN_ENOMEM;
-    struct table nt = {slot, cap, t->n, shift_for(cap), t->klen};
-    for (size_t i = 0; i < t->cap; i++) {
-        if (t->slot[i]) {
-            size_t j = slot_of(d, &nt, key_of(t->slot[i]));
-            while (nt.slot[j])
-                j = (j + 1) & (cap - 1);
-            nt.slot[j] = t->slot[i];
-        }
-    }
-    free(t->slot);
-    *t = nt;
-    return 0;
-}
-
-/* Makes room for |extra| more entries without a later failure. */
-static int tab_reserve(const cairn_dag *d, struct table *t, size_t extra)
-{
-    while ((t->n + extra) * 2 > t->cap) {
-        int rc = tab_grow(d, t);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-/* Inserts |p| (whose key is absent); room must be reserved. */
-static void tab_put(const cairn_dag *d, struct table *t, void *p)
-{
-    size_t i = tab_find(d, t, key_of(p));
-    t->slot[i] = p;
-    t->n++;
-}
-
-static void tab_del(const cairn_dag *d, struct table *t, const uint8_t *key)
-{
-    size_t mask = t->cap - 1, i = tab_find(d, t, key);
-    if (!t->slot[i])
-        return;
-    t->slot[i] = NULL;
-    t->n--;
-    /* Backward shift: pull later entries of the run into the hole when their
-     * home slot does not lie strictly between the hole and them. */
-    for (size_t j = (i + 1) & mask; t->slot[j]; j = (j + 1) & mask) {
-        size_t home = slot_of(d, t, key_of(t->slot[j]));
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            t->slot[i] = t->slot[j];
-            t->slot[j] = NULL;
-            i = j;
-        }
-    }
-}
-
 static node *get_node(const cairn_dag *d, const cairn_hash *h)
 {
-    return tab_get(d, &d->nodes, h->b);
+    return tab_get(d, &d->nodes, h->b, CAIRN_HASH_LEN);
 }
 
 /* ---- the ordered table ------------------------------------------------- */
@@ -367,12 +292,6 @@ int cairn_dag_new(cairn_dag **out)
     if (!d)
         return CAIRN_ENOMEM;
     randombytes_buf(d->key, sizeof d->key);
-    d->nodes.klen = CAIRN_HASH_LEN;
-    d->actors.klen = CAIRN_ACTOR_LEN;
-    if (tab_grow(d, &d->nodes) || tab_grow(d, &d->actors)) {
-        cairn_dag_free(d);
-        return CAIRN_ENOMEM;
-    }
     *out = d;
     return 0;
 }
@@ -397,13 +316,13 @@ void cairn_dag_free(cairn_dag *d)
 {
     if (!d)
         return;
-    for (size_t i = 0; i < d->nodes.cap; i++)
-        if (d->nodes.slot[i])
-            node_free(d->nodes.slot[i]);
-    for (size_t i = 0; i < d->actors.cap; i++)
-        free(d->actors.slot[i]);
-    free(d->nodes.slot);
-    free(d->actors.slot);
+    for (uint32_t i = 0; i < d->nodes.cap; i++)
+        if (d->nodes.slots[i])
+            node_free(d->nodes.slots[i]);
+    for (uint32_t i = 0; i < d->actors.cap; i++)
+        free(d->actors.slots[i]);
+    cairn_htab_destroy(&d->nodes);
+    cairn_htab_destroy(&d->actors);
     free(d->ohash);
     free(d->dep_off);
     free(d->dep_bytes);
@@ -482,7 +401,7 @@ static void ready_push(cairn_dag *d, node *n)
 /* Removes a node that nothing refers to from the table and frees it. */
 static void drop_node(cairn_dag *d, node *n)
 {
-    tab_del(d, &d->nodes, n->hash.b);
+    cairn_htab_del(&d->nodes, n, node_hash(d, n), node_hash, d);
     node_free(n);
 }
 
@@ -504,7 +423,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         return 0;
     }
     /* Room for this node and a stub per dep, so no insert below fails. */
-    if ((rc = tab_reserve(d, &d->nodes, (size_t)c->ndeps + 1)))
+    if ((rc = cairn_htab_reserve(&d->nodes, c->ndeps + 1, 64, node_hash, d)))
         goto fail;
 
     uint32_t missing = 0;
@@ -529,7 +448,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         }
         n->hash = c->hash;
         n->pos = NO_POS;
-        tab_put(d, &d->nodes, n);
+        cairn_htab_put(&d->nodes, n, node_hash(d, n));
     }
 
     if (missing) {
@@ -548,7 +467,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
                 }
                 dep->hash = c->deps[done];
                 dep->state = ST_STUB;
-                tab_put(d, &d->nodes, dep);
+                cairn_htab_put(&d->nodes, dep, node_hash(d, dep));
             }
             if ((rc = add_waiter(dep, n))) {
                 if (dep->state == ST_STUB && dep->nwaiters == 0) {
@@ -759,7 +678,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
     node *n = d->ready[d->rhead];
     cairn_change *c = n->c;
 
-    struct actor_rec *a = tab_get(d, &d->actors, c->actor.b);
+    struct actor_rec *a = tab_get(d, &d->actors, c->actor.b, CAIRN_ACTOR_LEN);
     uint64_t max = a ? a->max_seq : 0;
     if (c->seq <= max) {
         reject(d);
@@ -784,13 +703,13 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
     /* Reserve everything first so that the state changes below cannot fail
      * half-way. */
     if (!a) {
-        if ((rc = tab_reserve(d, &d->actors, 1)))
+        if ((rc = cairn_htab_reserve(&d->actors, 1, 64, actor_hash, d)))
             return rc;
         a = calloc(1, sizeof *a);
         if (!a)
             return CAIRN_ENOMEM;
         a->actor = c->actor;
-        tab_put(d, &d->actors, a);
+        cairn_htab_put(&d->actors, a, actor_hash(d, a));
     }
     size_t cap = d->caporder;
     if ((rc = reserve((void **)&d->ohash, &cap, d->norder + 1, sizeof *d->ohash)))
@@ -1005,7 +924,7 @@ size_t cairn_dag_heads(const cairn_dag *d, const cairn_hash **heads)
 
 uint64_t cairn_dag_actor_seq(const cairn_dag *d, const cairn_actor *actor)
 {
-    struct actor_rec *a = tab_get(d, &d->actors, actor->b);
+    struct actor_rec *a = tab_get(d, &d->actors, actor->b, CAIRN_ACTOR_LEN);
     return a ? a->max_seq : 0;
 }
 
@@ -1313,9 +1232,11 @@ void cairn_dag_save_(wire_wr *w, const cairn_dag *d)
     wire_uv_w(w, d->norder);
     wire_bytes_w(w, d->ohash, d->norder * sizeof *d->ohash);
     size_t blob = d->ndep_bytes;
-    for (uint64_t i = 0; i < d->norder; i++)
-        blob +=
-            wire_uv_len(uv_count(d->dep_bytes + d->dep_off[i], d->dep_bytes + d->dep_off[i + 1]));
+    for (uint64_t i = 0; i < d->norder; i++) {
+        const uint8_t *s, *e;
+        deps_range(d, i, &s, &e);
+        blob += wire_uv_len(uv_count(s, e));
+    }
     wire_uv_w(w, blob);
     if (wire_reserve(w, blob))
         return;
@@ -1330,15 +1251,15 @@ void cairn_dag_save_(wire_wr *w, const cairn_dag *d)
     }
     w->len += blob;
 
-    const struct actor_rec **as = malloc((d->actors.n + 1) * sizeof *as);
+    const struct actor_rec **as = malloc((d->actors.count + 1) * sizeof *as);
     if (!as) {
         w->err = CAIRN_ENOMEM;
         return;
     }
     size_t na = 0;
-    for (size_t i = 0; i < d->actors.cap; i++)
-        if (d->actors.slot[i])
-            as[na++] = d->actors.slot[i];
+    for (uint32_t i = 0; i < d->actors.cap; i++)
+        if (d->actors.slots[i])
+            as[na++] = d->actors.slots[i];
     qsort(as, na, sizeof *as, cmp_actor_rec);
     wire_uv_w(w, na);
     for (size_t i = 0; i < na; i++) {
@@ -1426,7 +1347,7 @@ static int authors_restore(cairn_dag *d, wire_rd *r, uint64_t n)
 {
     uint64_t na, sum = 0;
     int rc = wire_count(r, &na, n, CAIRN_ACTOR_LEN + 2);
-    if (rc || (rc = tab_reserve(d, &d->actors, (size_t)na)))
+    if (rc || (rc = cairn_htab_reserve(&d->actors, (uint32_t)na, 64, actor_hash, d)))
         return rc;
     const uint8_t *prev = NULL;
     for (uint64_t i = 0; i < na; i++) {
@@ -1448,7 +1369,7 @@ static int authors_restore(cairn_dag *d, wire_rd *r, uint64_t n)
         memcpy(ar->actor.b, a, CAIRN_ACTOR_LEN);
         ar->max_seq = seq;
         ar->last_index = last;
-        tab_put(d, &d->actors, ar);
+        cairn_htab_put(&d->actors, ar, actor_hash(d, ar));
     }
     return sum == n ? 0 : CAIRN_ECORRUPT;
 }
@@ -1557,8 +1478,8 @@ int cairn_dag_check_(const cairn_dag *d)
     for (uint64_t i = 0; i < n; i++)
         if (BIT(head, i) == BIT(isdep, i))
             goto out;
-    for (size_t i = 0; i < d->actors.cap; i++) {
-        const struct actor_rec *a = d->actors.slot[i];
+    for (uint32_t i = 0; i < d->actors.cap; i++) {
+        const struct actor_rec *a = d->actors.slots[i];
         if (!a)
             continue;
         if (a->last_index >= n)

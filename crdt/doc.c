@@ -94,9 +94,7 @@ int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, 
 
 uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len)
 {
-    uint64_t h;
-    crypto_shorthash((unsigned char *)&h, p, len, d->hkey);
-    return (uint32_t)h;
+    return cairn_htab_sip(d->hkey, p, len);
 }
 
 #define hash_bytes cairn_doc_hash_bytes_
@@ -111,91 +109,51 @@ uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor
 
 #define hash_id cairn_doc_hash_id_
 
-/* ---- generic pointer table ----------------------------------------------- */
+/* ---- the object and key tables (crdt/htab.h) -------------------------------- */
 
-/* An entry's hash: objects store theirs; map records are hashed from their
- * key (a few tens of ns; records do not spend 4 bytes each on it). */
+/* Objects store their hash; map records are hashed from their key (a few
+ * tens of ns; records do not spend 4 bytes each on it). */
+uint32_t cairn_doc_obj_hash_(const void *arg, const void *e)
+{
+    (void)arg;
+    return ((const obj *)e)->hash;
+}
+
+uint32_t cairn_doc_key_hash_(const void *arg, const void *e)
+{
+    const mkey *r = e;
+    return hash_bytes(arg, r->key, r->key_len);
+}
+
+static cairn_htab_hash_cb ent_hash_cb(const cairn_doc *d, const ptab *t)
+{
+    return t == &d->objs ? cairn_doc_obj_hash_ : cairn_doc_key_hash_;
+}
+
 static uint32_t ent_hash(const cairn_doc *d, const ptab *t, const void *e)
 {
-    if (t == &d->objs)
-        return *(const uint32_t *)e;
-    const mkey *r = e;
-    return hash_bytes(d, r->key, r->key_len);
+    return ent_hash_cb(d, t)(d, e);
 }
-
-/* Puts |e|, whose hash is |h|, into a slot reserved for it. */
-void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h)
-{
-    uint32_t mask = t->cap - 1;
-    uint32_t i = h & mask;
-    while (t->slots[i])
-        i = (i + 1) & mask;
-    t->slots[i] = e;
-    t->count++;
-}
-
-#define ptab_put_h cairn_doc_ptab_put_h_
 
 static void ptab_put(const cairn_doc *d, ptab *t, void *e)
 {
-    ptab_put_h(t, e, ent_hash(d, t, e));
+    cairn_htab_put(t, e, ent_hash(d, t, e));
 }
 
-/* Makes room for |extra| more entries without passing 3/4 load. */
+/* Room for |extra| more entries; a growth counts as one allocation for the
+ * failure injection. */
 int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra)
 {
-    uint64_t need = (uint64_t)t->count + extra;
-    if (t->cap && need * 4 <= (uint64_t)t->cap * 3)
-        return 0;
-    uint64_t cap = t->cap ? t->cap : 4;
-    while (need * 4 > cap * 3)
-        cap *= 2;
-    if (cap > (UINT64_C(1) << 31))
-        return CAIRN_ELIMIT;
-    void **slots = xcalloc((size_t)cap, sizeof *slots);
-    if (!slots)
+    if (cairn_htab_full(t, extra) && alloc_fails())
         return CAIRN_ENOMEM;
-    void **old = t->slots;
-    uint32_t ocap = t->cap;
-    *t = (ptab){slots, (uint32_t)cap, 0};
-    for (uint32_t i = 0; i < ocap; i++)
-        if (old[i])
-            ptab_put(d, t, old[i]);
-    free(old);
-    return 0;
+    return cairn_htab_reserve(t, extra, 4, ent_hash_cb(d, t), d);
 }
 
 #define ptab_reserve cairn_doc_ptab_reserve_
 
-static void ptab_del_at(const cairn_doc *d, ptab *t, uint32_t i)
-{
-    uint32_t mask = t->cap - 1;
-    t->slots[i] = NULL;
-    t->count--;
-    uint32_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (!t->slots[j])
-            return;
-        uint32_t k = ent_hash(d, t, t->slots[j]) & mask;
-        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (stays)
-            continue;
-        t->slots[i] = t->slots[j];
-        t->slots[j] = NULL;
-        i = j;
-    }
-}
-
 static void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
 {
-    uint32_t mask = t->cap - 1;
-    for (uint32_t i = ent_hash(d, t, e) & mask; t->slots[i]; i = (i + 1) & mask) {
-        if (t->slots[i] == e) {
-            ptab_del_at(d, t, i);
-            return;
-        }
-    }
+    cairn_htab_del(t, e, ent_hash(d, t, e), ent_hash_cb(d, t), d);
 }
 
 /* ---- actors ---------------------------------------------------------------- */
@@ -712,7 +670,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
     if (r) {
         r->vs = out;
         if (nrec)
-            ptab_put_h(&o->keys, nrec, h);
+            cairn_htab_put(&o->keys, nrec, h);
         if (removed)
             ptab_del_ptr(d, &o->keys, rec);
     }

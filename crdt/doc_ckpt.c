@@ -628,7 +628,7 @@ static int load_objects(loader *l)
         o->type = type;
         o->hash = cairn_doc_hash_id_(d, o->counter, o->actor);
         /* In the table before its contents, so that the document frees it. */
-        cairn_doc_ptab_put_h_(&d->objs, o, o->hash);
+        cairn_htab_put(&d->objs, o, o->hash);
         prev = o;
         if ((rc = load_obj(l, o)))
             return rc;

@@ -13,6 +13,7 @@
 #include <sodium.h>
 
 #include "crdt/doc.h"
+#include "crdt/htab.h"
 
 enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
 
@@ -99,14 +100,9 @@ typedef struct elem {
     vset vs;
 } elem;
 
-/* Open-addressing table of pointers: the document's object table (entries
- * are obj, whose first field is their hash) or a map's keys (mkey, hashed
- * from the key); linear probing, backward-shift deletion, load <= 3/4. */
-typedef struct ptab {
-    void **slots;
-    uint32_t cap; /* 0 or a power of two */
-    uint32_t count;
-} ptab;
+/* The document's object table (entries are obj, whose first field is their
+ * hash) and each map's keys (mkey, hashed from the key): crdt/htab.h. */
+typedef cairn_htab ptab;
 
 typedef struct obj {
     uint32_t hash;
@@ -147,7 +143,7 @@ struct cairn_doc {
     uint32_t nactors, actors_cap;
     uint32_t *aslots; /* actor intern table: index + 1, 0 = empty */
     uint32_t acap;
-    unsigned char hkey[crypto_shorthash_KEYBYTES];
+    unsigned char hkey[CAIRN_HTAB_KEYBYTES];
 
     obj root;
     ptab objs;
@@ -189,8 +185,9 @@ uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len);
 uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor);
 /* Room for |extra| more entries at load <= 3/4 (CAIRN_ELIMIT past 2^31 slots). */
 int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra);
-/* Puts |e| (hash |h|) into a reserved slot. */
-void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h);
+/* The tables' rehash callbacks (arg: the document). */
+uint32_t cairn_doc_obj_hash_(const void *arg, const void *e);
+uint32_t cairn_doc_key_hash_(const void *arg, const void *e);
 int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 /* Releases a vset: its ops' bytes (by reference count) and its array. */
