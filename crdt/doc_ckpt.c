@@ -50,12 +50,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define CAIRN_DOC_IMPL
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 #include "crdt/wire.h"
 
 #define CKPT_VERSION 1
-#define COUNTER_LIMIT (UINT64_C(1) << 62)
 #define MIN_OP_BYTES 3  /* counter, actor, kind */
 #define MIN_KEY_BYTES 5 /* key_len, a one-op vset */
 #define MIN_OBJ_BYTES 4 /* id, type, an empty body */
