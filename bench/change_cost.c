@@ -4,8 +4,8 @@
  *
  * cairn makes every client write its own CRDT change (hashed, encoded,
  * appended to the DAG, made durable). The research systems batched several
- * writes into one change. The server-level comparison is
- * bench/scripts/batch-cost.sh (cairn --experimental-batch-writes); this tool
+ * writes into one change. The server-level comparison is the batch part of
+ * scripts/bench.sh (cairn --experimental-batch-writes); this tool
  * measures the store alone, with the nearest thing the store offers: a Txn
  * of N Puts to N distinct keys is exactly one change holding N writes. It
  * runs W writer threads for S

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# bench-plot.sh DIR: the PNG plots of a bench-all.sh result directory, with
-# gnuplot (Debian package gnuplot-nox):
+# plot.sh DIR: the PNG plots of a scripts/bench.sh results dir, with gnuplot
+# (Debian package gnuplot-nox; skipped without it):
 #   ycsb-a.png      YCSB A throughput-latency curve (p50 and p99 against the
 #                   achieved throughput), etcd and cairn;
-#   cdf-<case>.png  latency CDF of etcd and cairn for each peak case, the
-#                   watch latency and YCSB A at etcd's saturation rate
-#                   (repetition 1 of each).
+#   cdf-<case>.png  latency CDF of etcd and cairn for each peak and mixed
+#                   case, the watch latency and YCSB A at etcd's saturation
+#                   rate (repetition 1 of each).
 set -euo pipefail
-DIR=${1:?usage: bench-plot.sh RESULT-DIR}
-command -v gnuplot >/dev/null || { echo "bench-plot: gnuplot not installed (Debian: gnuplot-nox); no plots"; exit 0; }
+DIR=${1:?usage: plot.sh RESULT-DIR}
+command -v gnuplot >/dev/null || { echo "plot: gnuplot not installed (Debian: gnuplot-nox); no plots"; exit 0; }
 cd "$DIR"
 
 if [ -s ycsb.dat ]; then
@@ -26,11 +26,11 @@ plot 'ycsb.dat' index 0 using 3:5 with linespoints lw 2 lc rgb '#d62728' title '
      ''         index 1 using 3:5 with linespoints lw 2 lc rgb '#1f77b4' title 'cairn p99', \
      ''         index 1 using 3:4 with linespoints lw 1 dt 2 lc rgb '#1f77b4' title 'cairn p50'
 EOF
-  echo "bench-plot: ycsb-a.png"
+  echo "plot: ycsb-a.png"
 fi
 
 sat=$(cat etcd-saturation-rate.txt 2>/dev/null || true)
-cases="put range range-ser range-prefix-ser txn-cas watch"
+cases="put range range-ser range-prefix-ser txn-cas mixed-a mixed-b watch"
 [ -n "$sat" ] && cases="$cases ycsb-a-$sat"
 for c in $cases; do
   e=cdf/$c.etcd.1.txt
@@ -49,5 +49,5 @@ set key bottom right
 plot '$e' using 1:2 with steps lw 2 lc rgb '#d62728' title 'etcd', \
      '$k' using 1:2 with steps lw 2 lc rgb '#1f77b4' title 'cairn'
 EOF
-  echo "bench-plot: cdf-$c.png"
+  echo "plot: cdf-$c.png"
 done
