@@ -64,10 +64,11 @@
 # the run 2026-11-30T0351Z; mixed about 1.2 (12 runs of 5 s), batch about 1
 # (6 runs of 5 s, a server start each) and etcd-bench about 4 (18 runs of
 # 4-20 s), estimated from their runs, not yet measured on a quiet machine.
-# --quick took 4 minutes on a heavily loaded machine (3.6 minutes of parts:
-# peak 34 s, mixed 12, ycsb 16, watch 7, etcd-bench 44, batch 24, big 52;
-# 30 s of setup with everything built). Building etcd's benchmark the first
-# time adds about 3 minutes, installing its Go packages a few more.
+# --quick took 2.2 and 4.1 minutes in two runs on a loaded machine (load
+# average 8-15; parts 117 and 216 s: peak 25-34, mixed 12, ycsb 11-16,
+# watch 2-7, etcd-bench 14-44, batch 8-24, big 31-52; setup 15-32 s with
+# everything built). Building etcd's benchmark the first time adds about 3
+# minutes, installing its Go packages (deps.sh --bench) a few more.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

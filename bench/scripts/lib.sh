@@ -58,20 +58,23 @@ lib_pins() {
   fi
 }
 
-# lib_stop PID: SIGTERM, wait up to 30 s, then SIGKILL.
+# lib_stop PID: SIGTERM, wait up to 30 s, then SIGKILL; PID leaves
+# LIB_PIDS, so that a PID the system hands out again later is never touched.
 lib_stop() {
-  local pid=$1
+  local pid=$1 p
+  local -a keep=()
+  for p in "${LIB_PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  LIB_PIDS=("${keep[@]}")
   kill -0 "$pid" 2>/dev/null || return 0
   kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null || true
 }
 
 lib_cleanup() {
   local pid
   for pid in "${LIB_PIDS[@]}"; do lib_stop "$pid"; done
-  LIB_PIDS=()
 }
 
 lib_port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
