@@ -330,18 +330,19 @@ if want etcd-bench; then
         out=$OUTDIR/etcd-bench/$c.$s.$rep.txt
         # shellcheck disable=SC2086
         if timeout 300 "$EB" --endpoints="${EP[$s]}" --conns=10 --clients=100 $args --total="$total" \
-          </dev/null >"$out" 2>"$WORK/eb.err" && grep -q 'Requests/sec' "$out"; then
-          # The summary's lines: "Total: 12.3 secs.", "Requests/sec: 2436.9",
-          # "  99% in 0.0123 secs." (strip the progress bar before them).
-          tr '\r' '\n' <"$out" | awk -v f="eb-$c" -v s="$s" -v r="$rep" '
+          </dev/null >"$WORK/eb.out" 2>"$WORK/eb.err" && grep -q 'Requests/sec' "$WORK/eb.out"; then
+          # Without the progress bar, the summary's lines: "Total: 12.3
+          # secs.", "Requests/sec: 2436.9", "  99% in 0.0123 secs.".
+          tr '\r' '\n' <"$WORK/eb.out" | grep -Ev '^ *[0-9]+ / [0-9]+ ' >"$out"
+          awk -v f="eb-$c" -v s="$s" -v r="$rep" '
             $1 == "Total:" { printf "%s.seconds\t%s\t%s\t%s\n", f, s, r, $2 }
             $1 == "Requests/sec:" { printf "%s.tput\t%s\t%s\t%s\n", f, s, r, $2 }
             $1 == "Average:" { printf "%s.mean\t%s\t%s\t%s\n", f, s, r, $2 * 1000 }
             $1 == "50%" && $2 == "in" { printf "%s.p50\t%s\t%s\t%s\n", f, s, r, $3 * 1000 }
-            $1 == "99%" && $2 == "in" { printf "%s.p99\t%s\t%s\t%s\n", f, s, r, $3 * 1000 }' >>"$RAW"
-          tr '\r' '\n' <"$out" | awk -v l="$s/eb-$c/$rep" '
+            $1 == "99%" && $2 == "in" { printf "%s.p99\t%s\t%s\t%s\n", f, s, r, $3 * 1000 }' "$out" >>"$RAW"
+          awk -v l="$s/eb-$c/$rep" '
             $1 == "Total:" { t = $2 } $1 == "Requests/sec:" { q = $2 } $1 == "99%" && $2 == "in" { p = $3 * 1000 }
-            END { printf "  %-28s %9.1f req/s  p99 %8.3f ms  (%.1f s)\n", l, q, p, t }'
+            END { printf "  %-28s %9.1f req/s  p99 %8.3f ms  (%.1f s)\n", l, q, p, t }' "$out"
         else
           echo "  $s/eb-$c/$rep FAILED:"
           tail -n 5 "$WORK/eb.err"

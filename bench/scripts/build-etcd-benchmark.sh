@@ -11,9 +11,11 @@
 #     temp dir (the machine's apt configuration is not touched);
 #   - built in GOPATH mode with no module proxy (GO111MODULE=off,
 #     GOPROXY=off), static (CGO_ENABLED=0).
-# Run as root (apt-get). About 1 minute after the packages are in.
+# Run as root (apt-get). It took 2.6 minutes on a loaded 2-core machine with
+# the packages in, and prints how long it took.
 set -euo pipefail
 OUT=${1:?usage: build-etcd-benchmark.sh OUT}
+T0=$(date +%s)
 mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 for p in golang-go golang-etcd-server-dev; do
@@ -44,4 +46,4 @@ cd "$SRC/benchmark"
 env GO111MODULE=off GOPROXY=off GOFLAGS= CGO_ENABLED=0 GOPATH="$T/gopath:/usr/share/gocode" \
   GOCACHE="$T/gocache" go build -o "$OUT" .
 "$OUT" --help >/dev/null
-echo "build-etcd-benchmark: $OUT (etcd $UP tools/benchmark)"
+echo "build-etcd-benchmark: $OUT (etcd $UP tools/benchmark), $(($(date +%s) - T0)) s"

@@ -16,6 +16,9 @@
 # compare settings of one binary: e.g. a dir with a symlink to another's
 # cairn and "--threads 1" in cairn.flags.
 #
+# How long: about (DURATION + 3 s) per build and repetition (about 40x the
+# DURATION under callgrind); it prints the total at the end.
+#
 # Bounded: each loadgen run stops by itself, each server start waits at
 # most 30 s, only PIDs started here are stopped. Data in a temp dir under
 # $TMPDIR (default /tmp), removed at exit.
@@ -64,6 +67,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/put-cpu.XXXXXX")
 trap 'lib_cleanup; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 CLK_TCK=$(getconf CLK_TCK)
+T0=$(date +%s)
 sys_ticks() { awk '{ print $15 }' "/proc/$1/stat"; }
 
 echo "put-cpu: $REPS reps x $DURATION s, $WORKLOAD, $CLIENTS clients, $KEYS keys; load average $(cut -d' ' -f1-3 /proc/loadavg)" |
@@ -152,4 +156,5 @@ done
       "${BUILDS[$i]}" "$(med 3)" "$(med 5)" "$(med 8)" "$(med 6)" "$(med 7)" "$(med 9)"
   done
 } | tee -a "$WORK/log.txt"
+echo "put-cpu: took $(($(date +%s) - T0)) s" | tee -a "$WORK/log.txt"
 [ -z "$OUT" ] || cp "$WORK/log.txt" "$OUT"
