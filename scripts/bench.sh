@@ -102,9 +102,10 @@ want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # ------------------------------------------------------------------ setup
 T_SETUP=$(date +%s)
-LOADGEN=$REPO/$BUILD/cairn-loadgen
-CAIRN=$REPO/$BUILD/cairn
-[ -n "$EB" ] || EB=$REPO/$BUILD/etcd-benchmark
+case "$BUILD" in /*) B=$BUILD ;; *) B=$REPO/$BUILD ;; esac
+LOADGEN=$B/cairn-loadgen
+CAIRN=$B/cairn
+[ -n "$EB" ] || EB=$B/etcd-benchmark
 if [ "$NOSETUP" = 0 ]; then
   bash scripts/deps.sh --bench
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
