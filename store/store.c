@@ -845,7 +845,7 @@ static void *committer_main(void *arg)
     cairn_store *s = arg;
     pthread_mutex_lock(&s->qmu);
     for (;;) {
-        while (!s->stop && s->batch_n == 0 && !s->w_head)
+        while (!s->stop && (s->holding || (s->batch_n == 0 && !s->w_head)))
             pthread_cond_wait(&s->qcv, &s->qmu);
         if (s->stop && s->batch_n == 0 && !s->w_head)
             break;
@@ -922,8 +922,11 @@ static void *committer_main(void *arg)
         }
         while (ws) {
             pend_wait *n = ws->next;
-            if (ws->cb)
+            if (ws->hcb)
+                ws->hcb(ws->arg, rc, rc ? NULL : ws->heads, rc ? 0 : ws->nheads);
+            else if (ws->cb)
                 ws->cb(ws->arg, rc);
+            free(ws->heads);
             free(ws);
             ws = n;
         }
@@ -2299,6 +2302,80 @@ uint64_t cairn_store_disk_bytes(cairn_store *s)
 
 /* ---- replication ------------------------------------------------------------------ */
 
+/* Applies |n| received changes under the write lock (caller holds it),
+ * taking ownership of them; verdicts[i] (may be NULL) as in
+ * cairn_store_receive_changes. Returns CAIRN_EIO / ENOMEM when the store
+ * broke (the rest are freed unapplied). The burst's records are held back
+ * from the committer until the last one is batched: one group commit. */
+static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts)
+{
+    int rc = cairn_store_failed_rc(s);
+    pthread_mutex_lock(&s->qmu);
+    s->holding++;
+    pthread_mutex_unlock(&s->qmu);
+    size_t i = 0;
+    for (; i < n && !rc; i++) {
+        cairn_doc_observer obs;
+        int v = cairn_doc_receive(s->doc, chs[i], cairn_store_observer(s, &obs));
+        rc = s->obs_rc;
+        if (verdicts)
+            verdicts[i] = rc ? rc : v;
+    }
+    for (; i < n; i++) {
+        cairn_change_free(chs[i]);
+        if (verdicts)
+            verdicts[i] = rc;
+    }
+    pthread_mutex_lock(&s->qmu);
+    s->holding--;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return rc;
+}
+
+int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                                cairn_store_heads_cb cb, void *arg)
+{
+    pend_wait *w = calloc(1, sizeof *w);
+    pthread_rwlock_wrlock(&s->rw);
+    int rc = w ? 0 : CAIRN_ENOMEM;
+    if (rc) { /* still ours: free them unapplied */
+        for (size_t i = 0; i < n; i++)
+            cairn_change_free(chs[i]);
+        if (verdicts)
+            for (size_t i = 0; i < n; i++)
+                verdicts[i] = rc;
+    } else {
+        rc = receive_locked(s, chs, n, verdicts);
+    }
+    if (!rc) {
+        /* the heads now name only changes queued before this completion */
+        const cairn_hash *h;
+        size_t nh = cairn_dag_heads(cairn_doc_dag(s->doc), &h);
+        w->heads = nh ? malloc(nh * sizeof *w->heads) : NULL;
+        if (nh && !w->heads)
+            rc = CAIRN_ENOMEM;
+        else if (nh)
+            memcpy(w->heads, h, nh * sizeof *w->heads);
+        w->nheads = nh;
+    }
+    if (!rc) {
+        w->hcb = cb;
+        w->arg = arg;
+        pthread_mutex_lock(&s->qmu);
+        *s->w_tail = w;
+        s->w_tail = &w->next;
+        pthread_cond_signal(&s->qcv);
+        pthread_mutex_unlock(&s->qmu);
+        w = NULL;
+    }
+    pthread_rwlock_unlock(&s->rw);
+    if (w)
+        free(w->heads);
+    free(w);
+    return rc;
+}
+
 int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg)
 {
@@ -2307,18 +2384,12 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
     if (rc)
         return rc;
     pthread_rwlock_wrlock(&s->rw);
-    rc = cairn_store_failed_rc(s);
-    if (rc) {
-        cairn_change_free(c);
-        goto out;
-    }
-    cairn_doc_observer obs;
-    rc = cairn_doc_receive(s->doc, c, cairn_store_observer(s, &obs));
+    int v = 0;
+    rc = receive_locked(s, &c, 1, &v);
     if (!rc)
-        rc = s->obs_rc;
+        rc = v;
     if (!rc)
         rc = cairn_store_enqueue_wait(s, cb, arg, NULL);
-out:
     pthread_rwlock_unlock(&s->rw);
     return rc;
 }

@@ -593,6 +593,33 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg);
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
 
+/* Completion of a batched receive: called exactly once, on the committer
+ * thread. rc == 0: every change the burst applied (and every change applied
+ * before it) is durable, and |heads| (sorted, borrowed for the call) are the
+ * store's heads as the burst left them — what the peer may now be told we
+ * have. rc < 0: the group failed (CAIRN_EIO); heads are NULL. */
+typedef void (*cairn_store_heads_cb)(void *arg, int rc, const cairn_hash *heads, size_t nheads);
+
+/* A burst of changes from a peer (decoded: hash and encoding checked), in
+ * ONE write lock and ONE group commit (one fsync), however many there are.
+ * Takes ownership of chs[0..n-1] whatever it returns. Each change goes
+ * through the same observer path as a local write (revisions, index,
+ * events, leases), in the order given; one whose dependencies are missing
+ * is buffered (not durable, not an error) and applied when a later change,
+ * in this burst or another, completes its past.
+ *
+ * Each change is accepted or rejected on its own: a rejected change
+ * (invalid against the document: unknown object, bad reference, wrong seq)
+ * applies nothing, and the others of the burst apply as if it had not been
+ * there (a change that depends on it stays buffered). verdicts (may be
+ * NULL) gets one code per change: 0 applied or buffered, < 0 rejected (an
+ * invalid buffered change that one of them unblocked counts against it).
+ *
+ * Returns 0 when |cb| is queued (also when some changes were rejected), or
+ * CAIRN_EIO / CAIRN_ENOMEM (failed store) with |cb| never called. */
+int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                                cairn_store_heads_cb cb, void *arg);
+
 /* The hash of the change that made |rev| (CAIRN_ENOTFOUND if none, or
  * CAIRN_EFUTUREREV above the visible revision). */
 int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev);

@@ -295,6 +295,9 @@ typedef struct pend_wait {
     void *arg;
     int64_t rev; /* the visible revision once it completes */
     int *rcp;    /* optional: where to store an error for the response */
+    cairn_store_heads_cb hcb; /* instead of |cb|: a batched receive's */
+    cairn_hash *heads;        /* owned; handed to |hcb| */
+    size_t nheads;
 } pend_wait;
 
 struct cairn_store {
@@ -358,6 +361,7 @@ struct cairn_store {
     pend_change *ch_head, **ch_tail;
     pend_wait *w_head, **w_tail;
     int64_t queued_rev; /* highest revision whose records are queued */
+    int holding;        /* a burst is being applied: its records go in one group */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
