@@ -743,9 +743,10 @@ static int open_store(cairn_server *srv, char *err, size_t errlen)
     o.initial_cluster = members;
     o.ninitial_cluster = cfg->ninitial_cluster;
     o.max_txn_ops = cfg->max_txn_ops;
-    o.events_cb = watch_events_cb;
+    cairn_store_subscriber hub = {watch_events_cb, srv};
+    o.subscribers = &hub;
+    o.nsubscribers = 1;
     o.lease_tick_ms = 100; /* the store revokes expired leases itself */
-    o.events_arg = srv;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
     if (rc == 0)

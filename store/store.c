@@ -563,7 +563,7 @@ static void on_patch(void *arg, const cairn_patch *p)
          * read back from its body, so only listeners and values that came
          * from an older change (a delete that uncovered a conflict) need a
          * copy */
-        if (!s->recovering && (s->events_cb || e->oppos < 0)) {
+        if (!s->recovering && (atomic_load(&s->has_subs) || e->oppos < 0)) {
             e->value = malloc(vl ? vl : 1);
             if (!e->value) {
                 free(e->key);
@@ -769,7 +769,7 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
         return;
     }
     pend_change *pc = NULL;
-    if (s->events_cb) {
+    if (atomic_load(&s->has_subs)) {
         pc = calloc(1, sizeof *pc);
         if (!pc)
             goto fail_nomem;
@@ -786,7 +786,7 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     pthread_mutex_lock(&s->qmu);
     rc = batch_change(s, c, index, rev);
     if (pc) {
-        /* the events move to the committer, which hands them to events_cb */
+        /* the events move to the committer, which hands them to subscribers */
         pc->ev = s->cur_ev;
         pc->nev = s->cur_nev;
         s->cur_ev = NULL;
@@ -895,9 +895,10 @@ static void *committer_main(void *arg)
             pthread_cond_broadcast(&s->dcv);
             pthread_mutex_unlock(&s->qmu);
         }
+        pthread_mutex_lock(&s->sub_mu);
         while (chs) {
             pend_change *n = chs->next;
-            if (!rc && s->events_cb) {
+            if (!rc && s->nsubs) {
                 cairn_event *ev = chs->nev ? calloc(chs->nev, sizeof *ev) : NULL;
                 for (size_t i = 0; ev && i < chs->nev; i++) {
                     const pend_event *e = &chs->ev[i];
@@ -913,13 +914,15 @@ static void *committer_main(void *arg)
                         ev[i].kv.value_len = e->value_len;
                     }
                 }
-                s->events_cb(s->events_arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
-                             ev ? chs->nev : 0);
+                for (size_t i = 0; i < s->nsubs; i++)
+                    s->subs[i].cb(s->subs[i].arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
+                                  ev ? chs->nev : 0);
                 free(ev);
             }
             free_pend_change(chs);
             chs = n;
         }
+        pthread_mutex_unlock(&s->sub_mu);
         while (ws) {
             pend_wait *n = ws->next;
             if (ws->hcb)
@@ -934,6 +937,45 @@ static void *committer_main(void *arg)
     }
     pthread_mutex_unlock(&s->qmu);
     return NULL;
+}
+
+int cairn_store_subscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = 0;
+    if (s->nsubs == s->subcap) {
+        size_t cap = s->subcap ? s->subcap * 2 : 4;
+        cairn_store_subscriber *n = realloc(s->subs, cap * sizeof *n);
+        if (n) {
+            s->subs = n;
+            s->subcap = cap;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    if (!rc) {
+        s->subs[s->nsubs++] = (cairn_store_subscriber){cb, arg};
+        atomic_store(&s->has_subs, 1);
+    }
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
+}
+
+int cairn_store_unsubscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = CAIRN_ENOTFOUND;
+    for (size_t i = 0; i < s->nsubs; i++) {
+        if (s->subs[i].cb == cb && s->subs[i].arg == arg) {
+            memmove(&s->subs[i], &s->subs[i + 1], (s->nsubs - i - 1) * sizeof *s->subs);
+            s->nsubs--;
+            rc = 0;
+            break;
+        }
+    }
+    atomic_store(&s->has_subs, s->nsubs > 0);
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
 }
 
 int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp)
@@ -1817,6 +1859,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
     pthread_mutex_init(&s->lease_mu, NULL);
+    pthread_mutex_init(&s->sub_mu, NULL);
     pthread_cond_init(&s->lease_cv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
@@ -1914,9 +1957,11 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
     cairn_store_lease_restart(s, cairn_store_now_ms(s));
-    /* listeners hear of changes from now on (not of the genesis or replay) */
-    s->events_cb = o->events_cb;
-    s->events_arg = o->events_arg;
+    /* subscribers hear of changes from now on (not of the genesis or replay) */
+    for (size_t i = 0; i < o->nsubscribers && !rc; i++)
+        rc = cairn_store_subscribe(s, o->subscribers[i].cb, o->subscribers[i].arg);
+    if (rc)
+        goto fail;
     if (pthread_create(&s->committer, NULL, committer_main, s)) {
         rc = CAIRN_ENOMEM;
         goto fail;
@@ -1977,6 +2022,8 @@ void cairn_store_close(cairn_store *s)
     cairn_lease_table_destroy(&s->lt);
     pthread_rwlock_destroy(&s->rw);
     pthread_mutex_destroy(&s->lease_mu);
+    pthread_mutex_destroy(&s->sub_mu);
+    free(s->subs);
     pthread_cond_destroy(&s->lease_cv);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);

@@ -371,14 +371,30 @@ typedef struct cairn_event {
     cairn_kv kv; /* DELETE: key and mod_revision only */
 } cairn_event;
 
-/* Called on the committer thread, in apply order, for every change once it
- * is durable (local or merged), before the writers of its group complete.
- * |rev| is 0 for a change that took no revision (then nev == 0). Everything
- * is borrowed for the call. Must not block and must not call back into the
- * store except async writes. */
+/* A subscriber (the watch hub, the peer broadcaster): called on the
+ * committer thread, in apply order, for every change once it is durable
+ * (local or merged), before the writers of its group complete; every
+ * subscriber gets each change, in the order they subscribed. |rev| is 0 for
+ * a change that took no revision (then nev == 0). Everything is borrowed
+ * for the call. Must not block and must not call back into the store except
+ * async writes (not cairn_store_subscribe / unsubscribe). */
 typedef void (*cairn_store_events_cb)(void *arg, int64_t rev, const cairn_hash *hash,
                                       const uint8_t *change, size_t change_len,
                                       const cairn_event *ev, size_t nev);
+
+typedef struct cairn_store_subscriber {
+    cairn_store_events_cb cb;
+    void *arg;
+} cairn_store_subscriber;
+
+/* Adds a subscriber: it hears of every change applied from now on (a
+ * change applied before the call may or may not reach it; the ones given
+ * in cairn_store_options.subscribers hear of everything after recovery).
+ * CAIRN_ENOMEM. */
+int cairn_store_subscribe(cairn_store *s, cairn_store_events_cb cb, void *arg);
+/* Removes the first subscriber with |cb| and |arg|; once it returns, |cb|
+ * runs no more for it. CAIRN_ENOTFOUND if there is none. */
+int cairn_store_unsubscribe(cairn_store *s, cairn_store_events_cb cb, void *arg);
 
 /* Called once per revision with its events (etcd's order: as the change
  * made them), borrowed for the call. Non-zero stops the scan and is
@@ -391,7 +407,7 @@ typedef int (*cairn_store_history_cb)(void *arg, int64_t rev, const cairn_event 
  * disk, through a LevelDB snapshot (no lock is held while |cb| runs).
  * CAIRN_ECOMPACTED if from < the compacted revision (etcd: watching from a
  * compacted revision). *last (may be NULL) = the last revision covered, so
- * a watcher joins the live stream (events_cb) after it. */
+ * a watcher joins the live stream (its subscriber) after it. */
 int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
                         size_t key_len, const uint8_t *range_end, size_t range_end_len,
                         cairn_store_history_cb cb, void *arg);
@@ -419,8 +435,10 @@ typedef struct cairn_store_options {
     void *clock_arg;
     /* Actor for a new data dir (tests); NULL = 16 random bytes. */
     const cairn_actor *actor;
-    cairn_store_events_cb events_cb; /* may be NULL */
-    void *events_arg;
+    /* Subscribers from the first change after recovery on (copied; see
+     * cairn_store_subscribe for later ones). */
+    const cairn_store_subscriber *subscribers;
+    size_t nsubscribers;
     /* Test hook: called on the committer thread before each group is
      * written, with the number of changes in it; a non-zero return fails
      * the group as an I/O error would. NULL in production. */

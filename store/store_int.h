@@ -277,7 +277,7 @@ void cairn_ckpt_unmap(const uint8_t *p, size_t len);
  * and syncs the dir. */
 int cairn_ckpt_remove(const char *dir);
 
-/* One applied change waiting to become durable (only kept for events_cb). */
+/* One applied change waiting to become durable (only kept for subscribers). */
 typedef struct pend_change {
     struct pend_change *next;
     int64_t rev;
@@ -327,8 +327,12 @@ struct cairn_store {
     uint32_t max_txn_ops;
     uint64_t (*clock_ms)(void *);
     void *clock_arg;
-    cairn_store_events_cb events_cb;
-    void *events_arg;
+    /* Subscribers: the committer delivers a group's events under sub_mu;
+     * has_subs tells the observer whether anyone needs a change's copy. */
+    pthread_mutex_t sub_mu;
+    cairn_store_subscriber *subs;
+    size_t nsubs, subcap;
+    _Atomic int has_subs;
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
 

@@ -229,8 +229,9 @@ static void merge_peer(cairn_store *s, int round)
     o.actor = &peer;
     captured cap;
     memset(&cap, 0, sizeof cap);
-    o.events_cb = capture;
-    o.events_arg = &cap;
+    cairn_store_subscriber sub = {capture, &cap};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
     cairn_store *p = open_store_opts(pd, &o);
     char k[32], v[32];
     for (int i = 0; i < 4; i++) {

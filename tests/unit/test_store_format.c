@@ -199,8 +199,9 @@ static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *ca
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = a;
-    o.events_cb = cap ? capture : NULL;
-    o.events_arg = cap;
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = cap ? 1 : 0;
     return open_store_opts(dir, &o);
 }
 

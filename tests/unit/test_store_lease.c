@@ -100,10 +100,9 @@ static cairn_store *open_lease_store(const char *dir, evlog *l, const cairn_acto
     cairn_store_options_init(&o);
     o.clock_ms = clock_fn;
     o.actor = actor;
-    if (l) {
-        o.events_cb = log_cb;
-        o.events_arg = l;
-    }
+    cairn_store_subscriber sub = {log_cb, l};
+    o.subscribers = &sub;
+    o.nsubscribers = l ? 1 : 0;
     return open_store_opts(dir, &o);
 }
 

@@ -26,8 +26,9 @@ static cairn_store *open_peer(const char *dir, uint8_t actor_byte, captured *cap
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = a;
-    o.events_cb = capture;
-    o.events_arg = cap;
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
     return open_store_opts(dir, &o);
 }
 
@@ -470,6 +471,56 @@ START_TEST(burst_with_a_bad_change)
 }
 END_TEST
 
+/* The watch hub and the peer broadcaster both subscribe: each gets every
+ * durable change, local and merged, in apply order; one that unsubscribes
+ * hears no more. */
+START_TEST(every_subscriber_gets_every_change)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    captured ca = {0}, hub = {0}, bc = {0}, late = {0};
+    cairn_store *a = open_peer(da, 0x11, &ca);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    cairn_actor act;
+    memset(act.b, 0x22, CAIRN_ACTOR_LEN);
+    o.actor = &act;
+    cairn_store_subscriber subs[2] = {{capture, &hub}, {capture, &bc}};
+    o.subscribers = subs;
+    o.nsubscribers = 2;
+    cairn_store *b = open_store_opts(db, &o);
+    put_kv(a, "x", "1");
+    put_kv(b, "y", "2");
+    ck_assert_int_eq(cairn_store_receive(b, ca.bytes[0], ca.len[0]), 0);
+    ck_assert_int_eq(cairn_store_subscribe(b, capture, &late), 0);
+    put_kv(b, "z", "3");
+    ck_assert_int_eq(cairn_store_unsubscribe(b, capture, &bc), 0);
+    ck_assert_int_eq(cairn_store_unsubscribe(b, capture, &bc), CAIRN_ENOTFOUND);
+    put_kv(b, "w", "4");
+    ck_assert_int_eq(hub.n, 4);
+    ck_assert_int_eq(bc.n, 3);
+    ck_assert_int_eq(late.n, 2);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(hub.rev[i], 2 + i);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(bc.rev[i], hub.rev[i]);
+        ck_assert_mem_eq(bc.hash[i].b, hub.hash[i].b, CAIRN_HASH_LEN);
+    }
+    ck_assert_mem_eq(hub.hash[1].b, ca.hash[0].b, CAIRN_HASH_LEN); /* the merged one */
+    ck_assert_int_eq(late.rev[0], 4);
+    ck_assert_int_eq(late.rev[1], 5);
+    captured_free(&ca);
+    captured_free(&hub);
+    captured_free(&bc);
+    captured_free(&late);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_merge");
@@ -479,6 +530,7 @@ int main(void)
     tcase_add_test(tc, hostile_values_from_peers);
     tcase_add_test(tc, burst_is_one_group_commit);
     tcase_add_test(tc, burst_with_a_bad_change);
+    tcase_add_test(tc, every_subscriber_gets_every_change);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -26,10 +26,9 @@ static cairn_store *open_node(const char *dir, captured *cap)
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = &orig_actor;
-    if (cap) {
-        o.events_cb = capture;
-        o.events_arg = cap;
-    }
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = cap ? 1 : 0;
     return open_store_opts(dir, &o);
 }
 
