@@ -31,7 +31,6 @@
 
 #include "crdt/error.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -164,7 +163,6 @@ static void call_free(rpc_call *c)
     }
     if (c->cleanup)
         c->cleanup(c);
-    rpc_write_end(c);
     if (c->snap)
         snapshot_stream_free(c->snap);
     if (c->req_msg && c->unpack_spilled)
@@ -404,53 +402,7 @@ void rpc_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cair
     out->raft_term = h->raft_term;
 }
 
-/* ---- write gate, quota, alarms ------------------------------------------- */
-
-void rpc_write_begin(rpc_call *c)
-{
-    cairn_server *srv = c->srv;
-    pthread_mutex_lock(&srv->gate_mu);
-    while (srv->frozen)
-        pthread_cond_wait(&srv->gate_cv, &srv->gate_mu);
-    srv->inflight_writes++;
-    c->counted_write = 1;
-    pthread_mutex_unlock(&srv->gate_mu);
-}
-
-void rpc_write_end(rpc_call *c)
-{
-    if (!c->counted_write)
-        return;
-    cairn_server *srv = c->srv;
-    c->counted_write = 0;
-    pthread_mutex_lock(&srv->gate_mu);
-    if (--srv->inflight_writes == 0)
-        pthread_cond_broadcast(&srv->gate_cv);
-    pthread_mutex_unlock(&srv->gate_mu);
-}
-
-/* The backend's size: every file of the LevelDB dir (its own estimate
- * leaves out the write-ahead log, so a young store would weigh 0 bytes). */
-static uint64_t db_bytes(const char *data_dir)
-{
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/db", data_dir) >= (int)sizeof path)
-        return 0;
-    DIR *d = opendir(path);
-    if (!d)
-        return 0;
-    uint64_t total = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        struct stat st;
-        if (e->d_name[0] == '.' || strncmp(e->d_name, "LOG", 3) == 0)
-            continue;
-        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
-            total += (uint64_t)st.st_size;
-    }
-    closedir(d);
-    return total;
-}
+/* ---- quota, alarms ------------------------------------------- */
 
 uint64_t rpc_disk_bytes(cairn_server *srv, int fresh)
 {
@@ -459,7 +411,7 @@ uint64_t rpc_disk_bytes(cairn_server *srv, int fresh)
     uint64_t last = atomic_load(&srv->disk_checked_ms);
     if (fresh || last == 0 || now - last >= 100) {
         atomic_store(&srv->disk_checked_ms, now);
-        atomic_store(&srv->disk_bytes, db_bytes(srv->cfg->data_dir));
+        atomic_store(&srv->disk_bytes, cairn_store_disk_bytes(srv->store));
     }
     return atomic_load(&srv->disk_bytes);
 }
@@ -726,7 +678,6 @@ static int open_store(cairn_server *srv, char *err, size_t errlen)
     int rc = ensure_dir(cfg->data_dir, err, errlen);
     if (rc != 0)
         return rc;
-    snapshot_cleanup_dir(cfg->data_dir);
     cairn_store_member *members = calloc(cfg->ninitial_cluster, sizeof *members);
     if (!members)
         return CAIRN_ENOMEM;
@@ -765,8 +716,6 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     srv->cfg = cfg;
     pthread_mutex_init(&srv->shut_mu, NULL);
     pthread_cond_init(&srv->shut_cv, NULL);
-    pthread_mutex_init(&srv->gate_mu, NULL);
-    pthread_cond_init(&srv->gate_cv, NULL);
     pthread_mutex_init(&srv->alarm_mu, NULL);
     /* etcd: --quota-backend-bytes 0 means the 2 GiB default; < 0 none. */
     srv->quota = cfg->quota_backend_bytes > 0 ? cfg->quota_backend_bytes : (int64_t)2 << 30;
@@ -996,8 +945,6 @@ void cairn_server_free(cairn_server *srv)
     kv_batcher_free(srv);
     pthread_mutex_destroy(&srv->shut_mu);
     pthread_cond_destroy(&srv->shut_cv);
-    pthread_mutex_destroy(&srv->gate_mu);
-    pthread_cond_destroy(&srv->gate_cv);
     pthread_mutex_destroy(&srv->alarm_mu);
     free(srv);
     grpc_shutdown();

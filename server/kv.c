@@ -640,7 +640,6 @@ static void put_cleanup(rpc_call *c)
 static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
     if (rc == 0 && !c->resp.put.prev_kv) {
         /* The common Put: the answer is the header alone. */
         Etcdserverpb__ResponseHeader h;
@@ -752,7 +751,6 @@ static void batch_done(void *arg, int rc)
     struct kv_batcher *b = k->srv->batcher;
     for (size_t i = 0; i < k->n; i++) {
         rpc_call *c = k->calls[i];
-        rpc_write_end(c);
         Etcdserverpb__PutResponse out;
         etcdserverpb__put_response__init(&out);
         reply_kv(c, rc, &out.base, &out.header, &k->resp.header, NULL);
@@ -787,8 +785,7 @@ static void batch_submit(struct kv_batch *k)
         batch_done(k, rc);
 }
 
-/* Takes over |c| (already counted in the write gate): it is answered by
- * batch_done. */
+/* Takes over |c|: it is answered by batch_done. */
 static void batch_put(rpc_call *c, const Etcdserverpb__PutRequest *m)
 {
     struct kv_batcher *b = c->srv->batcher;
@@ -817,7 +814,6 @@ static void batch_put(rpc_call *c, const Etcdserverpb__PutRequest *m)
     b->inflight += ngo;
     pthread_mutex_unlock(&b->mu);
     if (!k) {
-        rpc_write_end(c);
         rpc_fail(c, CAIRN_ENOMEM, NULL);
     }
     for (int i = 0; i < ngo; i++)
@@ -839,17 +835,14 @@ void kv_put(rpc_call *c, const uint8_t *req, size_t len)
         return;
     }
     if (c->srv->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease && m->lease == 0) {
-        rpc_write_begin(c);
         batch_put(c, m);
         return;
     }
     cairn_put_req r;
     put_from_pb(&r, m);
     c->cleanup = put_cleanup;
-    rpc_write_begin(c);
     rc = cairn_store_put_async(c->srv->store, &c->resp.put, &r, put_done, c);
     if (rc != 0) { /* put_done will not be called; |c| is still ours */
-        rpc_write_end(c);
         rpc_fail(c, rc, NULL);
     }
 }
@@ -862,7 +855,6 @@ static void delete_cleanup(rpc_call *c)
 static void delete_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
     struct arena *a = NULL;
     Etcdserverpb__DeleteRangeResponse out;
     if (rc == 0)
@@ -879,10 +871,8 @@ void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
     cairn_delete_req r;
     delete_from_pb(&r, m);
     c->cleanup = delete_cleanup;
-    rpc_write_begin(c);
     int rc = cairn_store_delete_async(c->srv->store, &c->resp.del, &r, delete_done, c);
     if (rc != 0) {
-        rpc_write_end(c);
         rpc_fail(c, rc, NULL);
     }
 }
@@ -897,7 +887,6 @@ static void txn_cleanup(rpc_call *c)
 static void txn_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    rpc_write_end(c);
     struct arena *a = NULL;
     Etcdserverpb__TxnResponse out;
     if (rc == 0)
@@ -951,10 +940,8 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
-    rpc_write_begin(c);
     rc = cairn_store_txn_async(c->srv->store, &c->resp.txn, t, txn_done, c);
     if (rc != 0) {
-        rpc_write_end(c);
         rpc_fail(c, rc, NULL);
     }
 }
@@ -969,9 +956,7 @@ void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
     memset(&h, 0, sizeof h);
     /* Compaction blocks this worker while LevelDB deletes history; the
      * other workers keep serving. */
-    rpc_write_begin(c);
     int rc = cairn_store_compact(c->srv->store, &h, m->revision, m->physical);
-    rpc_write_end(c);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;

@@ -30,9 +30,7 @@ void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
     }
     cairn_lease_grant_resp g;
     memset(&g, 0, sizeof g);
-    rpc_write_begin(c);
     rc = cairn_store_lease_create(srv->store, &g, m->id, m->ttl);
-    rpc_write_end(c);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
@@ -54,9 +52,7 @@ void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
     if (!m)
         return;
     cairn_header h;
-    rpc_write_begin(c);
     int rc = cairn_store_lease_revoke(c->srv->store, &h, m->id);
-    rpc_write_end(c);
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;

@@ -81,13 +81,6 @@ struct cairn_server {
     pthread_cond_t shut_cv;
     int shut_done;
 
-    /* Write gate: a snapshot freezes writes while it links the LevelDB
-     * files; writers count themselves in and out (see grpc.c). */
-    pthread_mutex_t gate_mu;
-    pthread_cond_t gate_cv;
-    int frozen;
-    int64_t inflight_writes;
-
     /* alarms (etcd keeps them in its backend; cairn in memory) */
     pthread_mutex_t alarm_mu;
     rpc_alarm *alarms;
@@ -97,7 +90,6 @@ struct cairn_server {
     atomic_uint_least64_t disk_bytes;
     atomic_uint_least64_t disk_checked_ms;
 
-    atomic_uint snapshot_seq;
     struct watch_hub *watch;    /* watch.c */
     struct kv_batcher *batcher; /* kv.c; NULL unless --experimental-batch-writes */
     char shutdown_tag; /* its address is the shutdown notification's tag */
@@ -146,7 +138,6 @@ struct rpc_call {
         cairn_delete_resp del;
         cairn_txn_resp txn;
     } resp;
-    int counted_write; /* holds a write-gate slot */
     int live;          /* counted in srv->live_calls */
     snapshot_stream *snap;
     rpc_next_fn next;
@@ -196,11 +187,6 @@ ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc
 
 /* Fills a protobuf ResponseHeader from the store's (|h| NULL: current). */
 void rpc_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cairn_header *h);
-
-/* Write gate: rpc_write_begin waits while a snapshot freezes writes and
- * counts the write in; rpc_write_end counts it out (any thread). */
-void rpc_write_begin(rpc_call *c);
-void rpc_write_end(rpc_call *c);
 
 /* etcd's quota: CAIRN_ENOSPACE if a NOSPACE alarm is active or this write
  * of about |cost| bytes would pass --quota-backend-bytes (which raises the
@@ -266,7 +252,5 @@ uint32_t rpc_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* Snapshot helpers (snapshot.c). */
 void snapshot_stream_free(snapshot_stream *s);
-/* Removes snapshot working dirs left in |data_dir| by a crash. */
-void snapshot_cleanup_dir(const char *data_dir);
 
 #endif

@@ -856,6 +856,7 @@ static void *committer_main(void *arg)
             s->batch = leveldb_writebatch_create();
             s->batch_n = 0;
         }
+        s->writing = b != NULL;
         pend_change *chs = s->ch_head;
         s->ch_head = NULL;
         s->ch_tail = &s->ch_head;
@@ -884,17 +885,12 @@ static void *committer_main(void *arg)
         }
         if (b)
             leveldb_writebatch_destroy(b);
-        if (!rc) {
-            pthread_mutex_lock(&s->qmu);
-            if (target > atomic_load(&s->visible))
-                atomic_store(&s->visible, target);
-            pthread_cond_broadcast(&s->dcv);
-            pthread_mutex_unlock(&s->qmu);
-        } else {
-            pthread_mutex_lock(&s->qmu);
-            pthread_cond_broadcast(&s->dcv);
-            pthread_mutex_unlock(&s->qmu);
-        }
+        pthread_mutex_lock(&s->qmu);
+        if (!rc && target > atomic_load(&s->visible))
+            atomic_store(&s->visible, target);
+        s->writing = 0;
+        pthread_cond_broadcast(&s->dcv);
+        pthread_mutex_unlock(&s->qmu);
         pthread_mutex_lock(&s->sub_mu);
         while (chs) {
             pend_change *n = chs->next;
@@ -1887,6 +1883,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         goto fail;
     }
     sprintf(s->dir, "%s/db", o->dir);
+    cairn_store_snap_cleanup(o->dir); /* working dirs of snapshots a crash left */
 
     s->dbopt = leveldb_options_create();
     s->cache = leveldb_cache_create_lru(o->cache_bytes ? o->cache_bytes : (8u << 20));
@@ -2335,16 +2332,6 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
 {
     out->syncs = atomic_load(&s->n_syncs);
     out->changes = atomic_load(&s->n_changes);
-}
-
-uint64_t cairn_store_disk_bytes(cairn_store *s)
-{
-    const char *start = "\x00";
-    const char *limit = "\xff\xff";
-    size_t sl = 1, ll = 2;
-    uint64_t size = 0;
-    leveldb_approximate_sizes(s->db, 1, &start, &sl, &limit, &ll, &size);
-    return size;
 }
 
 /* ---- replication ------------------------------------------------------------------ */

@@ -663,8 +663,36 @@ typedef struct cairn_store_stats {
 } cairn_store_stats;
 void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 
-/* Approximate bytes LevelDB uses on disk for the whole database. */
+/* Bytes of the database on disk: every file of <data dir>/db, LevelDB's
+ * write-ahead log included, its info log not (etcd's backend size). One
+ * directory walk per call. */
 uint64_t cairn_store_disk_bytes(cairn_store *s);
+
+/* ---- snapshots (snapshot.c) ---------------------------------------------- */
+
+/* One file of a snapshot: |name| as in db/, |path| where its copy is. */
+typedef struct cairn_store_snap_file {
+    const char *name;
+    const char *path;
+    uint64_t size;
+} cairn_store_snap_file;
+
+typedef struct cairn_store_snap cairn_store_snap;
+
+/* A consistent copy of the database files (db/ only: no checkpoint, no
+ * marker) in a working dir inside the data dir, taken with every writer and
+ * the store's own threads frozen (see snapshot.c): it holds exactly the
+ * changes applied before the call, all durable. Open a store on a dir
+ * whose db/ holds these files and it has the same keys, revisions and
+ * leases. Tables are hard links, so the copy costs about the size of the
+ * log and the MANIFEST. Errors: CAIRN_EIO (a file could not be copied, or
+ * the store failed), CAIRN_ENOMEM. */
+int cairn_store_snapshot(cairn_store *s, cairn_store_snap **out);
+/* The files of |sn| (borrowed from it); returns their count. */
+size_t cairn_store_snap_files(const cairn_store_snap *sn, const cairn_store_snap_file **files);
+/* Removes the copy and frees |sn| (NULL is fine). Any thread, any time,
+ * also after the store is closed. */
+void cairn_store_snap_free(cairn_store_snap *sn);
 
 /* Appends a LEB128 varint (protobuf's too); returns bytes written (<= 10).
  * Exposed for the server's hand-packed answers. */

@@ -366,6 +366,7 @@ struct cairn_store {
     pend_wait *w_head, **w_tail;
     int64_t queued_rev; /* highest revision whose records are queued */
     int holding;        /* a burst is being applied: its records go in one group */
+    int writing;        /* the committer is writing a group (snapshot.c waits it out) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
@@ -380,7 +381,12 @@ struct cairn_store {
     uint32_t lease_tick_ms;
     pthread_t lease_thread;
     int lease_thread_started;
+
+    atomic_uint snap_seq; /* names snapshot working dirs (snapshot.c) */
 };
+
+/* snapshot.c: removes snapshot working dirs a crash left in |data_dir|. */
+void cairn_store_snap_cleanup(const char *data_dir);
 
 /* store.c */
 int cairn_store_failed_rc(cairn_store *s);
