@@ -672,6 +672,13 @@ static int ensure_dir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* The store's log lines go through the server's logger (--log-level). */
+static void store_log(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    cairn_log(level, "store: %s", msg);
+}
+
 static int open_store(cairn_server *srv, char *err, size_t errlen)
 {
     const cairn_config *cfg = srv->cfg;
@@ -698,6 +705,7 @@ static int open_store(cairn_server *srv, char *err, size_t errlen)
     o.subscribers = &hub;
     o.nsubscribers = 1;
     o.lease_tick_ms = 100; /* the store revokes expired leases itself */
+    o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
     if (rc == 0)

@@ -416,14 +416,14 @@ void cairn_ckpt_unmap(const uint8_t *p, size_t len)
         munmap((void *)(uintptr_t)p, len);
 }
 
-int cairn_ckpt_remove(const char *dir)
+int cairn_ckpt_remove(cairn_store *s, const char *dir)
 {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/" CAIRN_CKPT_FILE, dir) >= (int)sizeof path)
         return CAIRN_EINVAL;
     if (unlink(path) != 0)
         return errno == ENOENT ? 0 : CAIRN_EIO;
-    fprintf(stderr, "cairn store: removed %s\n", path);
+    cairn_store_log(s, CAIRN_STORE_LOG_INFO, "removed %s", path);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);

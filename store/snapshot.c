@@ -304,7 +304,8 @@ int cairn_store_snapshot(cairn_store *s, cairn_store_snap **out)
     if (err == 0)
         err = list_copy(sn, workdb);
     if (err != 0) {
-        fprintf(stderr, "cairn store: snapshot of %s failed: %s\n", s->dir, strerror(-err));
+        cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "snapshot of %s failed: %s", s->dir,
+                        strerror(-err));
         rc = err == -ENOMEM ? CAIRN_ENOMEM : CAIRN_EIO;
     }
 out:

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,19 @@ static uint64_t real_clock_ms(void *arg)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s->log_cb)
+        s->log_cb(s->log_arg, level, msg);
+    else
+        fprintf(stderr, "cairn store: %s\n", msg);
+}
+
 uint64_t cairn_store_now_ms(cairn_store *s)
 {
     return s->clock_ms(s->clock_arg);
@@ -209,20 +223,20 @@ void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_
 
 /* ---- LevelDB helpers -------------------------------------------------------------- */
 
-static int db_err(char *err)
+static int db_err(cairn_store *s, char *err)
 {
     if (!err)
         return 0;
     int rc = (strstr(err, "Corruption") || strstr(err, "corrupt")) ? CAIRN_ECORRUPT : CAIRN_EIO;
-    fprintf(stderr, "cairn store: leveldb: %s\n", err);
+    cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "leveldb: %s", err);
     leveldb_free(err);
     return rc;
 }
 
 /* Every corruption is reported with what was wrong, then returned. */
-static int corrupt(const char *what)
+static int corrupt(cairn_store *s, const char *what)
 {
-    fprintf(stderr, "cairn store: corrupt database: %s\n", what);
+    cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "corrupt database: %s", what);
     return CAIRN_ECORRUPT;
 }
 
@@ -242,7 +256,7 @@ static int meta_get(cairn_store *s, const char *name, char **v, size_t *vl)
     meta_key(k, &kl, name);
     char *err = NULL;
     *v = leveldb_get(s->db, s->ropt, (const char *)k, kl, vl, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 static void meta_put(leveldb_writebatch_t *b, const char *name, const void *v, size_t vl)
@@ -264,7 +278,7 @@ static int get_orec(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t in
     char *err = NULL;
     *vl = 0;
     *v = leveldb_get(s->db, ro, (const char *)k, 9, vl, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 /* get_orec for the change that made |rev|: a missing record, or one that
@@ -278,7 +292,7 @@ static int get_orec_of_rev(cairn_store *s, const leveldb_readoptions_t *ro, uint
     if (!*v || *vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)*v) != rev) {
         leveldb_free(*v);
         *v = NULL;
-        return corrupt("the change of a revision is missing or made another revision");
+        return corrupt(s, "the change of a revision is missing or made another revision");
     }
     return 0;
 }
@@ -302,7 +316,7 @@ static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
         memcpy(b, v + 8, vl - 8);
     leveldb_free(v);
     if (!b)
-        return vl > 8 ? CAIRN_ENOMEM : corrupt("short change record");
+        return vl > 8 ? CAIRN_ENOMEM : corrupt(s, "short change record");
     *bytes = b;
     *len = vl - 8;
     return 0;
@@ -340,13 +354,14 @@ static void body_cache_free(body_cache *bc)
 
 /* Makes |bc| hold change |index|, decoded from its 'O' value |v| (rev u64
  * BE ++ canonical bytes; |vl| >= 8). */
-static int body_cache_load(body_cache *bc, uint64_t index, const uint8_t *v, size_t vl)
+static int body_cache_load(cairn_store *s, body_cache *bc, uint64_t index, const uint8_t *v,
+                           size_t vl)
 {
     body_cache_free(bc);
     int rc = cairn_change_decode(&bc->c, v + 8, vl - 8, NULL);
     if (rc) {
         bc->c = NULL;
-        return rc == CAIRN_ENOMEM ? rc : corrupt("a stored change does not decode");
+        return rc == CAIRN_ENOMEM ? rc : corrupt(s, "a stored change does not decode");
     }
     bc->index = index;
     return 0;
@@ -358,11 +373,11 @@ int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uin
     *val = NULL;
     *vl = 0;
     if (pos >= c->nops)
-        return corrupt("history record names an op past the change's end");
+        return CAIRN_ECORRUPT;
     const cairn_op *op = &c->ops[pos];
     if (op->action != CAIRN_OP_SET || op->key_len != key_len ||
         (key_len && memcmp(op->key, key, key_len)) || op->obj.counter != kvs_counter)
-        return corrupt("history record names an op that did not set its key");
+        return CAIRN_ECORRUPT;
     int64_t lease;
     cairn_store_parse_record(&op->value, &lease, val, vl);
     return 0;
@@ -380,13 +395,15 @@ static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cach
         size_t n;
         int rc = get_orec_of_rev(s, ro, index, rev, &v, &n);
         if (!rc) {
-            rc = body_cache_load(bc, index, (const uint8_t *)v, n);
+            rc = body_cache_load(s, bc, index, (const uint8_t *)v, n);
             leveldb_free(v);
         }
         if (rc)
             return rc;
     }
-    return cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl);
+    if (cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl))
+        return corrupt(s, "history record names an op that did not set its key");
+    return 0;
 }
 
 int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
@@ -394,7 +411,7 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
     const uint8_t *end = p + len;
     memset(r, 0, sizeof *r);
     if (len < 1 || p[0] > KREC_BODY)
-        return corrupt("history record flags");
+        return CAIRN_ECORRUPT;
     r->del = p[0] == KREC_TOMB;
     r->body = p[0] == KREC_BODY;
     p++;
@@ -402,9 +419,9 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
         cairn_store_get_varint(&p, end, &r->ver) || cairn_store_get_varint(&p, end, &r->lease) ||
         (r->body && cairn_store_get_varint(&p, end, &r->pos)) || (r->body && p != end) ||
         (r->del && p != end))
-        return corrupt("history record");
+        return CAIRN_ECORRUPT;
     if (r->cr > INT64_MAX || r->ver > INT64_MAX) /* read back as int64: never negative */
-        return corrupt("history record revision or version out of range");
+        return CAIRN_ECORRUPT;
     r->val = p;
     r->val_len = (size_t)(end - p);
     return 0;
@@ -415,7 +432,7 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
 {
     uint64_t index;
     if (cairn_revmap_find(&s->rm, &index, rev))
-        return corrupt("no change made a revision with history");
+        return corrupt(s, "no change made a revision with history");
     uint8_t stackk[256];
     uint8_t *k = key_len + KREC_KEY_HDR <= sizeof stackk ? stackk : malloc(key_len + KREC_KEY_HDR);
     if (!k)
@@ -428,18 +445,19 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + KREC_KEY_HDR, &vl, &err);
     if (k != stackk)
         free(k);
-    int rc = db_err(err);
+    int rc = db_err(s, err);
     if (rc)
         return rc;
     if (!v) {
-        fprintf(stderr, "cairn store: history record of revision %lld missing\n", (long long)rev);
+        cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "history record of revision %lld missing",
+                        (long long)rev);
         return CAIRN_ECORRUPT;
     }
     cairn_store_krec r;
     body_cache bc = {0, NULL};
-    rc = cairn_store_krec_parse(&r, (const uint8_t *)v, vl);
+    rc = cairn_store_krec_parse(&r, (const uint8_t *)v, vl) ? corrupt(s, "history record") : 0;
     if (!rc && r.del) /* a tombstone is never read as a value */
-        rc = corrupt("history read of a deleted key");
+        rc = corrupt(s, "history read of a deleted key");
     if (rc)
         goto out;
     out->create_revision = (int64_t)r.cr;
@@ -761,8 +779,9 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     s->last_change_rev = rev;
     if (s->recovering) {
         if (rev != s->rec_expect_rev && !s->rec_rc) {
-            fprintf(stderr, "cairn store: replay of change %llu gave revision %lld, stored %lld\n",
-                    (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
+            cairn_store_log(
+                s, CAIRN_STORE_LOG_ERROR, "replay of change %llu gave revision %lld, stored %lld",
+                (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
             s->rec_rc = CAIRN_ECORRUPT;
         }
         ev_clear(s);
@@ -868,14 +887,14 @@ static void *committer_main(void *arg)
 
         int rc = atomic_load(&s->failed);
         if (b && !rc && s->before_write_cb && s->before_write_cb(s->before_write_arg, nb)) {
-            fprintf(stderr, "cairn store: write of %zu changes failed (injected)\n", nb);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "write of %zu changes failed (injected)", nb);
             rc = CAIRN_EIO;
             atomic_store(&s->failed, CAIRN_EIO);
         }
         if (b && !rc) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
             if (!rc) {
                 atomic_fetch_add(&s->n_syncs, 1);
                 atomic_fetch_add(&s->n_changes, nb);
@@ -1059,7 +1078,7 @@ static int mkdir_p(const char *dir)
 static int create_fresh(cairn_store *s, const cairn_store_options *o)
 {
     /* a checkpoint left beside a database that is gone memoises nothing */
-    if (cairn_ckpt_remove(s->datadir))
+    if (cairn_ckpt_remove(s, s->datadir))
         return CAIRN_EIO;
     const char *token = o->cluster_token ? o->cluster_token : "etcd-cluster";
     const char *name = o->name ? o->name : "default";
@@ -1112,7 +1131,7 @@ static int create_fresh(cairn_store *s, const cairn_store_options *o)
     meta_put(s->batch, "format", fv, 4);
     char *err = NULL;
     leveldb_write(s->db, s->wopt_sync, s->batch, &err);
-    rc = db_err(err);
+    rc = db_err(s, err);
     leveldb_writebatch_clear(s->batch);
     s->batch_n = 0;
     return rc;
@@ -1131,11 +1150,11 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int *pr
         *present = v != NULL;
     if (!v) {
         *out = 0;
-        return present ? 0 : corrupt(name);
+        return present ? 0 : corrupt(s, name);
     }
     if (vl != 8) {
         leveldb_free(v);
-        return corrupt(name);
+        return corrupt(s, name);
     }
     *out = cairn_store_get_be64((const uint8_t *)v);
     leveldb_free(v);
@@ -1161,7 +1180,7 @@ static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uin
         for (uint32_t i = 0; i < drop && b; i++) {
             uint64_t index;
             if (cairn_revmap_find(&s->rm, &index, (int64_t)(e->hist[i] & ~CAIRN_IDX_TOMB))) {
-                rc = corrupt("no change made a revision with history");
+                rc = corrupt(s, "no change made a revision with history");
                 goto out;
             }
             uint8_t k[KREC_KEY_HDR];
@@ -1203,6 +1222,7 @@ typedef struct rec_block {
 } rec_block;
 
 typedef struct rec_reader {
+    cairn_store *s; /* for its log */
     leveldb_t *db;
     uint64_t start; /* the first apply index to read */
     pthread_mutex_t mu;
@@ -1261,6 +1281,7 @@ static rec_block *rec_take(rec_reader *r)
 static void *rec_reader_main(void *arg)
 {
     rec_reader *r = arg;
+    cairn_store *s = r->s;
     leveldb_readoptions_t *ro = leveldb_readoptions_create();
     leveldb_readoptions_set_verify_checksums(ro, 1);
     leveldb_readoptions_set_fill_cache(ro, 0);
@@ -1283,7 +1304,7 @@ static void *rec_reader_main(void *arg)
         if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
             char *err = NULL;
             leveldb_iter_get_error(it, &err); /* LevelDB skips a bad block */
-            rc = err ? db_err(err) : corrupt("apply order has a gap or a malformed record");
+            rc = err ? db_err(s, err) : corrupt(s, "apply order has a gap or a malformed record");
             if (rc == CAIRN_EIO)
                 rc = CAIRN_ECORRUPT;
             break;
@@ -1291,8 +1312,8 @@ static void *rec_reader_main(void *arg)
         cairn_change *ch;
         rc = cairn_change_decode(&ch, d + 8, dl - 8, NULL);
         if (rc) {
-            fprintf(stderr, "cairn store: change %llu does not decode: %s\n",
-                    (unsigned long long)want, cairn_strerror(rc));
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "change %llu does not decode: %s",
+                            (unsigned long long)want, cairn_strerror(rc));
             rc = rc == CAIRN_ENOMEM ? rc : CAIRN_ECORRUPT;
             break;
         }
@@ -1314,7 +1335,7 @@ static void *rec_reader_main(void *arg)
     if (!rc) {
         char *err = NULL;
         leveldb_iter_get_error(it, &err);
-        rc = db_err(err);
+        rc = db_err(s, err);
     }
     if (b && b->n)
         rec_put(r, b);
@@ -1340,6 +1361,7 @@ static int replay(cairn_store *s, uint64_t start)
      * of the work run on two cores. */
     rec_reader rr;
     memset(&rr, 0, sizeof rr);
+    rr.s = s;
     rr.db = s->db;
     rr.start = start;
     rr.tail = &rr.head;
@@ -1370,10 +1392,10 @@ static int replay(cairn_store *s, uint64_t start)
             if (!rc)
                 rc = s->obs_rc ? s->obs_rc : s->rec_rc;
             if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
-                rc = corrupt("a change's dependencies are not before it");
+                rc = corrupt(s, "a change's dependencies are not before it");
             if (rc) {
-                fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
-                        (unsigned long long)want, cairn_strerror(rc));
+                cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "replay of change %llu failed: %s",
+                                (unsigned long long)want, cairn_strerror(rc));
                 if (rc != CAIRN_ENOMEM)
                     rc = CAIRN_ECORRUPT;
             }
@@ -1400,7 +1422,7 @@ static int replay(cairn_store *s, uint64_t start)
     pthread_cond_destroy(&rr.cv);
     s->recovering = 0;
     if (!rc && want == 0)
-        rc = corrupt("no genesis change");
+        rc = corrupt(s, "no genesis change");
     return rc;
 }
 
@@ -1450,7 +1472,7 @@ static void *ckpt_side_main(void *arg)
 
 /* Loads the state a checkpoint memoises, when it is this store's and
  * matches the stored changes: *start = the number of changes it covers (0,
- * with one line on stderr saying why, when it is not used; the state is
+ * with one log line saying why, when it is not used; the state is
  * then as before). |compacted| is the stored compaction (-1 none). Only
  * allocation failure is an error: every doubt is a full replay. */
 static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
@@ -1462,8 +1484,9 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
     char whybuf[160];
     int rc = cairn_ckpt_map(&p, &len, s->datadir);
     if (rc) {
-        fprintf(stderr, "cairn store: %s: %s; replaying every stored change\n",
-                rc == CAIRN_ENOTFOUND ? "no checkpoint" : "checkpoint unreadable", s->datadir);
+        cairn_store_log(s, CAIRN_STORE_LOG_INFO, "%s: %s; replaying every stored change",
+                        rc == CAIRN_ENOTFOUND ? "no checkpoint" : "checkpoint unreadable",
+                        s->datadir);
         return 0;
     }
     cairn_ckpt_head h;
@@ -1576,8 +1599,10 @@ out:
             snprintf(whybuf, sizeof whybuf, "loading it: %s", cairn_strerror(rc));
             why = whybuf;
         }
-        fprintf(stderr, "cairn store: checkpoint in %s not used (%s); replaying every stored "
-                        "change\n", s->datadir, why);
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN,
+                        "checkpoint in %s not used (%s); replaying every stored "
+                        "change",
+                        s->datadir, why);
         int rrc = reset_derived(s);
         return rc == CAIRN_ENOMEM ? rc : rrc;
     }
@@ -1596,7 +1621,7 @@ static int recover(cairn_store *s, int use_checkpoint)
         return rc;
     if (!v || vl != CAIRN_ACTOR_LEN) {
         leveldb_free(v);
-        return corrupt("actor id");
+        return corrupt(s, "actor id");
     }
     memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
     leveldb_free(v);
@@ -1615,8 +1640,10 @@ static int recover(cairn_store *s, int use_checkpoint)
     rc = replay(s, start);
     if (rc && start && rc != CAIRN_ENOMEM) {
         /* the tail did not replay onto the memo: trust only the changes */
-        fprintf(stderr, "cairn store: replay after the checkpoint failed (%s); replaying every "
-                        "stored change\n", cairn_strerror(rc));
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN,
+                        "replay after the checkpoint failed (%s); replaying every "
+                        "stored change",
+                        cairn_strerror(rc));
         s->ckpt_n = 0;
         rc = reset_derived(s);
         if (!rc)
@@ -1660,8 +1687,8 @@ static int write_checkpoint(cairn_store *s)
     free(doc);
     cairn_store_buf_free(&st);
     if (rc)
-        fprintf(stderr, "cairn store: cannot write the checkpoint in %s: %s\n", s->datadir,
-                cairn_strerror(rc));
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN, "cannot write the checkpoint in %s: %s",
+                        s->datadir, cairn_strerror(rc));
     return rc;
 }
 
@@ -1682,7 +1709,7 @@ static int upgrade_format(cairn_store *s)
     char *err = NULL;
     leveldb_write(s->db, s->wopt_sync, b, &err);
     leveldb_writebatch_destroy(b);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 /* Then the records move: each 'K' rev ++ key to 'O' index 'K' key (the
@@ -1712,7 +1739,7 @@ static int move_old_records(cairn_store *s)
                 if (kl < 9 ||
                     cairn_revmap_find(&s->rm, &index,
                                       (int64_t)cairn_store_get_be64((const uint8_t *)k + 1))) {
-                    rc = corrupt("a history record of a revision no change made");
+                    rc = corrupt(s, "a history record of a revision no change made");
                     break;
                 }
                 uint8_t h[KREC_KEY_HDR];
@@ -1730,19 +1757,19 @@ static int move_old_records(cairn_store *s)
             if (++n % 4096 == 0) {
                 char *err = NULL;
                 leveldb_write(s->db, s->wopt_sync, b, &err);
-                rc = db_err(err);
+                rc = db_err(s, err);
                 leveldb_writebatch_clear(b);
             }
         }
         if (!rc) {
             char *err = NULL;
             leveldb_iter_get_error(it, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
         }
         if (!rc && n % 4096) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
             leveldb_writebatch_clear(b);
         }
         leveldb_iter_destroy(it);
@@ -1797,17 +1824,17 @@ static int renew_restored_actor(cairn_store *s, const char *dir, int exists)
         char *err = NULL;
         leveldb_write(s->db, s->wopt_sync, b, &err);
         leveldb_writebatch_destroy(b);
-        rc = db_err(err);
+        rc = db_err(s, err);
         if (rc)
             return rc;
-        fprintf(stderr, "cairn store: %s was restored from a snapshot: actor %s replaced by %s\n",
-                dir, was, now);
+        cairn_store_log(s, CAIRN_STORE_LOG_INFO,
+                        "%s was restored from a snapshot: actor %s replaced by %s", dir, was, now);
     }
     /* Snapshots hold db/ only, but a copied data dir may bring a checkpoint
      * of the old actor: it goes before the marker, so the next open either
      * sees the marker again or no checkpoint (the actor check would refuse
      * it anyway). */
-    int crc = cairn_ckpt_remove(dir);
+    int crc = cairn_ckpt_remove(s, dir);
     if (crc)
         return crc;
     if (unlink(path) != 0 && errno != ENOENT)
@@ -1832,7 +1859,7 @@ static int reopen_db(cairn_store *s)
     leveldb_close(s->db);
     char *err = NULL;
     s->db = leveldb_open(s->dbopt, s->dir, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 int cairn_store_open(cairn_store **out, const cairn_store_options *o)
@@ -1866,6 +1893,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
+    s->log_cb = o->log_cb;
+    s->log_arg = o->log_arg;
     if (cairn_kindex_init(&s->idx) || cairn_revmap_init(&s->rm))
         goto fail;
     /* etcd: minimum TTL 2 s, restart extension 1 s (election timeout) */
@@ -1879,7 +1908,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         goto fail;
     rc = mkdir_p(o->dir);
     if (rc) {
-        fprintf(stderr, "cairn store: cannot create %s: %s\n", o->dir, strerror(errno));
+        cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "cannot create %s: %s", o->dir, strerror(errno));
         goto fail;
     }
     sprintf(s->dir, "%s/db", o->dir);
@@ -1903,7 +1932,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     leveldb_writeoptions_set_sync(s->wopt_sync, 1);
     char *err = NULL;
     s->db = leveldb_open(s->dbopt, s->dir, &err);
-    rc = db_err(err);
+    rc = db_err(s, err);
     if (rc)
         goto fail;
 
@@ -1934,8 +1963,9 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
              * not trusted (the next clean close writes a new one) */
             rc = recover(s, 0);
         } else {
-            fprintf(stderr, "cairn store: %s has data format %u; this build reads 1 to %u\n",
-                    s->dir, ver, FORMAT_VERSION);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR,
+                            "%s has data format %u; this build reads 1 to %u", s->dir, ver,
+                            FORMAT_VERSION);
             rc = CAIRN_EBADVERSION;
         }
         if (!rc && ver != FORMAT_VERSION)
@@ -1948,7 +1978,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (rc)
         goto fail;
     if (!s->kvs_known) {
-        rc = corrupt("no kvs map");
+        rc = corrupt(s, "no kvs map");
         goto fail;
     }
     atomic_store(&s->visible, s->rev);
@@ -2242,7 +2272,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
                 break;
             const uint8_t *bv = (const uint8_t *)leveldb_iter_value(it, &vl);
             if (vl < 8) {
-                rc = corrupt("short change record");
+                rc = corrupt(s, "short change record");
                 break;
             }
             cur = (int64_t)cairn_store_get_be64(bv);
@@ -2255,7 +2285,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
             continue;
         }
         if (kl < KREC_KEY_HDR || k[9] != 'K' || index != cur_index || cur == 0) {
-            rc = corrupt("a history record without the change that made it");
+            rc = corrupt(s, "a history record without the change that made it");
             break;
         }
         const uint8_t *hk = k + KREC_KEY_HDR;
@@ -2264,18 +2294,19 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
             continue;
         cairn_store_krec r;
         const uint8_t *rv = (const uint8_t *)leveldb_iter_value(it, &vl);
-        rc = cairn_store_krec_parse(&r, rv, vl);
-        if (rc)
+        if (cairn_store_krec_parse(&r, rv, vl)) {
+            rc = corrupt(s, "history record");
             break;
+        }
         int del = r.del;
         const uint8_t *val = r.val;
         size_t val_len = r.val_len;
         if (r.body) { /* the body is the one this scan just passed */
             if (!bc.c || bc.index != cur_index)
-                rc = body_cache_load(&bc, cur_index, cur_body.p, cur_body.len);
-            if (!rc)
-                rc = cairn_store_krec_body_value(bc.c, s->kvs.counter, r.pos, hk, hkl, &val,
-                                                 &val_len);
+                rc = body_cache_load(s, &bc, cur_index, cur_body.p, cur_body.len);
+            if (!rc &&
+                cairn_store_krec_body_value(bc.c, s->kvs.counter, r.pos, hk, hkl, &val, &val_len))
+                rc = corrupt(s, "history record names an op that did not set its key");
             if (rc)
                 break;
         }
@@ -2314,7 +2345,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     if (!rc) {
         char *err = NULL;
         leveldb_iter_get_error(it, &err);
-        rc = db_err(err);
+        rc = db_err(s, err);
     }
     free(v);
     body_cache_free(&bc);

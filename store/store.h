@@ -98,8 +98,8 @@
  * then each 'K' record moves under its change (the revision map gives the
  * index; the value is unchanged) and 'C' and 'R' records are deleted. Every
  * open does that last step, so a crash part-way is finished by the next.
- * Any other format: CAIRN_EBADVERSION, with a line on stderr naming the
- * format found.
+ * Any other format: CAIRN_EBADVERSION, with a log line naming the format
+ * found.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
@@ -153,7 +153,7 @@
  * must end at change N-1) and the state section all check out and the
  * document and the index agree on the number of live keys; anything else,
  * or a tail that does not replay onto it (a revision that differs from the
- * stored one), is a full replay with one line on stderr saying why. Open
+ * stored one), is a full replay with one log line saying why. Open
  * never writes or removes the file, except: a new data dir and a restored
  * one (the RESTORED marker; snapshots hold db/ only) remove it. Close
  * writes it (temp file, fsync, rename, dir fsync) unless the store failed
@@ -420,6 +420,19 @@ typedef struct cairn_store_member {
     size_t npeer_urls;
 } cairn_store_member;
 
+/* Log levels, the server's (server/log.c) numbers. */
+enum {
+    CAIRN_STORE_LOG_DEBUG = 0,
+    CAIRN_STORE_LOG_INFO = 1,
+    CAIRN_STORE_LOG_WARN = 2,
+    CAIRN_STORE_LOG_ERROR = 3
+};
+
+/* One line of the store's log: |msg| (no newline) borrowed for the call.
+ * Called from any of the store's threads, possibly with its locks held:
+ * must not call into the store. */
+typedef void (*cairn_store_log_cb)(void *arg, int level, const char *msg);
+
 typedef struct cairn_store_options {
     const char *dir;           /* data dir; created if missing */
     const char *name;          /* this member's name; "default" */
@@ -451,6 +464,10 @@ typedef struct cairn_store_options {
     int64_t lease_min_ttl;
     int64_t lease_restart_extend_ms;
     uint32_t lease_tick_ms;
+    /* Where the store's log lines go; NULL = stderr, every level, each
+     * line prefixed "cairn store: ". */
+    cairn_store_log_cb log_cb;
+    void *log_arg;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 4 MiB */
     int max_open_files;        /* LevelDB table files kept open (mmap'd); 0 = LevelDB's 1000 */
@@ -477,7 +494,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o);
 
 /* Waits for pending writes to complete, stops the committer, writes the
  * checkpoint (unless the store failed or nothing changed since the one on
- * disk; a write error is a line on stderr, the next open replays), closes. */
+ * disk; a write error is a log line, the next open replays), closes. */
 void cairn_store_close(cairn_store *s);
 
 /* ---- reads --------------------------------------------------------------- */

@@ -273,9 +273,9 @@ int cairn_ckpt_write(const char *dir, const cairn_ckpt_head *h, const uint8_t *d
  * cairn_ckpt_unmap. */
 int cairn_ckpt_map(const uint8_t **p, size_t *len, const char *dir);
 void cairn_ckpt_unmap(const uint8_t *p, size_t len);
-/* Removes <dir>/checkpoint (absent is fine; a removal is logged on stderr)
- * and syncs the dir. */
-int cairn_ckpt_remove(const char *dir);
+/* Removes <dir>/checkpoint (absent is fine; a removal is logged) and syncs
+ * the dir. */
+int cairn_ckpt_remove(cairn_store *s, const char *dir);
 
 /* One applied change waiting to become durable (only kept for subscribers). */
 typedef struct pend_change {
@@ -335,6 +335,8 @@ struct cairn_store {
     _Atomic int has_subs;
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    cairn_store_log_cb log_cb;
+    void *log_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
@@ -389,6 +391,9 @@ struct cairn_store {
 void cairn_store_snap_cleanup(const char *data_dir);
 
 /* store.c */
+/* One line of the store's log (options.log_cb, or stderr). */
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int cairn_store_failed_rc(cairn_store *s);
 /* Queues a completion after everything applied so far (caller holds rw
  * write). */

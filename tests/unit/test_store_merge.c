@@ -219,7 +219,6 @@ START_TEST(hostile_values_from_peers)
 }
 END_TEST
 
-
 /* A peer's change by actor |ab| setting |key| in the object made by op
  * counter |obj| of the genesis (1 = kvs; anything else names no object). */
 static cairn_change *peer_set(uint8_t ab, uint64_t seq, const cairn_hash *dep, uint64_t obj,
