@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 /* ---- key ranges ----------------------------------------------------------------- */
@@ -567,7 +568,7 @@ static int put_locked(txctx *t, cairn_put_resp *resp, const cairn_put_req *req)
     uint8_t *rec = malloc(10 + vl);
     if (!rec)
         return CAIRN_ENOMEM;
-    size_t rl = cairn_store_put_varint(rec, (uint64_t)lease);
+    size_t rl = (size_t)(wire_put_uv(rec, (uint64_t)lease) - rec);
     if (vl)
         memcpy(rec + rl, val, vl);
     rl += vl;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 #define FORMAT_VERSION 3u
@@ -209,16 +210,16 @@ void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_
     *val_len = 0;
     if (v->type != CAIRN_V_BYTES && v->type != CAIRN_V_STR)
         return;
-    const uint8_t *p = v->v.bytes.ptr, *end = p + v->v.bytes.len;
+    wire_rd r = {v->v.bytes.ptr, v->v.bytes.ptr + v->v.bytes.len};
     uint64_t l;
-    if (cairn_store_get_varint(&p, end, &l) != 0) {
+    if (wire_uv(&r, &l) != 0) { /* truncated, overlong or past 64 bits */
         *val = v->v.bytes.ptr;
         *val_len = v->v.bytes.len;
         return;
     }
     *lease = (int64_t)l;
-    *val = p;
-    *val_len = (size_t)(end - p);
+    *val = r.p;
+    *val_len = wire_left(&r);
 }
 
 /* ---- LevelDB helpers -------------------------------------------------------------- */
@@ -408,22 +409,20 @@ static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cach
 
 int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
 {
-    const uint8_t *end = p + len;
     memset(r, 0, sizeof *r);
     if (len < 1 || p[0] > KREC_BODY)
         return CAIRN_ECORRUPT;
     r->del = p[0] == KREC_TOMB;
     r->body = p[0] == KREC_BODY;
-    p++;
-    if (cairn_store_get_varint(&p, end, &r->sub) || cairn_store_get_varint(&p, end, &r->cr) ||
-        cairn_store_get_varint(&p, end, &r->ver) || cairn_store_get_varint(&p, end, &r->lease) ||
-        (r->body && cairn_store_get_varint(&p, end, &r->pos)) || (r->body && p != end) ||
-        (r->del && p != end))
+    wire_rd rd = {p + 1, p + len};
+    if (wire_uv(&rd, &r->sub) || wire_uv(&rd, &r->cr) || wire_uv(&rd, &r->ver) ||
+        wire_uv(&rd, &r->lease) || (r->body && wire_uv(&rd, &r->pos)) ||
+        ((r->body || r->del) && wire_left(&rd)))
         return CAIRN_ECORRUPT;
     if (r->cr > INT64_MAX || r->ver > INT64_MAX) /* read back as int64: never negative */
         return CAIRN_ECORRUPT;
-    r->val = p;
-    r->val_len = (size_t)(end - p);
+    r->val = rd.p;
+    r->val_len = wire_left(&rd);
     return 0;
 }
 
@@ -709,14 +708,15 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
         int body = !del && e->oppos >= 0;
         size_t inl = !del && !body ? e->value_len : 0;
         uint8_t hdr[1 + 50];
-        size_t hl = 0;
-        hdr[hl++] = del ? KREC_TOMB : body ? KREC_BODY : 0;
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)i); /* order in the change */
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->create_rev);
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->version);
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
+        hdr[0] = del ? KREC_TOMB : body ? KREC_BODY : 0;
+        uint8_t *h = hdr + 1;
+        h = wire_put_uv(h, (uint64_t)i); /* order in the change */
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->create_rev);
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->version);
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->lease);
         if (body)
-            hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->oppos);
+            h = wire_put_uv(h, (uint64_t)e->oppos);
+        size_t hl = (size_t)(h - hdr);
         /* key and value side by side: on the stack unless large */
         uint8_t stackr[512];
         size_t kl = KREC_KEY_HDR + e->key_len, need = kl + hl + inl;

@@ -17,9 +17,9 @@
 
 void cairn_store_be64(uint8_t out[8], uint64_t v);
 uint64_t cairn_store_get_be64(const uint8_t *p);
-/* cairn_store_put_varint is in store.h. */
-/* Reads a varint from [*p, end); 0 on success, -1 if truncated or > 10 bytes. */
-int cairn_store_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v);
+/* Varints: crdt/wire.h (canonical LEB128: at most 10 bytes, no overlong
+ * form), in every record and the checkpoint; cairn_store_put_varint
+ * (store.h) is its writer for the server. */
 
 /* SHA-1 (FIPS 180-4), for etcd's member/cluster id rule only. */
 void cairn_store_sha1(uint8_t out[20], const uint8_t *buf, size_t len);
