@@ -946,17 +946,11 @@ void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
     }
 }
 
-void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
+/* Once the compaction is durable (and, physical, compacted on disk): from
+ * the committer or the store's compaction thread, never a worker. */
+static void compact_done(void *arg, int rc)
 {
-    Etcdserverpb__CompactionRequest *m = (Etcdserverpb__CompactionRequest *)rpc_unpack(
-        c, &etcdserverpb__compaction_request__descriptor, req, len);
-    if (!m)
-        return;
-    cairn_header h;
-    memset(&h, 0, sizeof h);
-    /* Compaction blocks this worker while LevelDB deletes history; the
-     * other workers keep serving. */
-    int rc = cairn_store_compact(c->srv->store, &h, m->revision, m->physical);
+    rpc_call *c = arg;
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
@@ -964,9 +958,26 @@ void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
     Etcdserverpb__CompactionResponse out;
     Etcdserverpb__ResponseHeader ph;
     etcdserverpb__compaction_response__init(&out);
-    rpc_header(c->srv, &ph, &h);
+    rpc_header(c->srv, &ph, c->scratch);
     out.header = &ph;
     rpc_reply(c, &out.base);
+}
+
+void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
+{
+    Etcdserverpb__CompactionRequest *m = (Etcdserverpb__CompactionRequest *)rpc_unpack(
+        c, &etcdserverpb__compaction_request__descriptor, req, len);
+    if (!m)
+        return;
+    cairn_header *h = calloc(1, sizeof *h);
+    if (!h) {
+        rpc_fail(c, CAIRN_ENOMEM, NULL);
+        return;
+    }
+    c->scratch = h;
+    int rc = cairn_store_compact_async(c->srv->store, h, m->revision, m->physical, compact_done, c);
+    if (rc != 0) /* compact_done will not be called */
+        rpc_fail(c, rc, NULL);
 }
 
 /* ---- fuzzing ------------------------------------------------------------- */

@@ -5,8 +5,9 @@
  * after a restart as etcd does). This file only converts messages; etcd's
  * rules (minimum TTL, id choice, "too large lease TTL") live in the store.
  *
- * Grant and revoke wait for their change to be durable (the store offers
- * only blocking calls for them); a keepalive never waits for an fsync.
+ * Grant and revoke are answered from the store's committer once their
+ * change is durable, like a Put: no worker waits for an fsync; a keepalive
+ * never waits for one either.
  */
 #include "server/rpc.h"
 
@@ -14,6 +15,25 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* On the committer: the grant is durable (or the store failed). */
+static void grant_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
+    if (rc != 0) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
+    const cairn_lease_grant_resp *g = c->scratch;
+    Etcdserverpb__ResponseHeader ph;
+    rpc_header(c->srv, &ph, &g->header);
+    Etcdserverpb__LeaseGrantResponse out;
+    etcdserverpb__lease_grant_response__init(&out);
+    out.header = &ph;
+    out.id = g->id;
+    out.ttl = g->ttl;
+    rpc_reply(c, &out.base);
+}
 
 void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
 {
@@ -28,20 +48,29 @@ void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
-    cairn_lease_grant_resp g;
-    memset(&g, 0, sizeof g);
-    rc = cairn_store_lease_create(srv->store, &g, m->id, m->ttl);
+    cairn_lease_grant_resp *g = calloc(1, sizeof *g);
+    if (!g) {
+        rpc_fail(c, CAIRN_ENOMEM, NULL);
+        return;
+    }
+    c->scratch = g; /* the answer, kept for grant_done */
+    rc = cairn_store_lease_create_async(srv->store, g, m->id, m->ttl, grant_done, c);
+    if (rc != 0) /* grant_done will not be called */
+        rpc_fail(c, rc, NULL);
+}
+
+static void revoke_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    rpc_header(srv, &ph, &g.header);
-    Etcdserverpb__LeaseGrantResponse out;
-    etcdserverpb__lease_grant_response__init(&out);
+    rpc_header(c->srv, &ph, c->scratch);
+    Etcdserverpb__LeaseRevokeResponse out;
+    etcdserverpb__lease_revoke_response__init(&out);
     out.header = &ph;
-    out.id = g.id;
-    out.ttl = g.ttl;
     rpc_reply(c, &out.base);
 }
 
@@ -51,18 +80,15 @@ void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
         c, &etcdserverpb__lease_revoke_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_header h;
-    int rc = cairn_store_lease_revoke(c->srv->store, &h, m->id);
-    if (rc != 0) {
-        rpc_fail(c, rc, NULL);
+    cairn_header *h = calloc(1, sizeof *h);
+    if (!h) {
+        rpc_fail(c, CAIRN_ENOMEM, NULL);
         return;
     }
-    Etcdserverpb__ResponseHeader ph;
-    rpc_header(c->srv, &ph, &h);
-    Etcdserverpb__LeaseRevokeResponse out;
-    etcdserverpb__lease_revoke_response__init(&out);
-    out.header = &ph;
-    rpc_reply(c, &out.base);
+    c->scratch = h;
+    int rc = cairn_store_lease_revoke_async(c->srv->store, h, m->id, revoke_done, c);
+    if (rc != 0)
+        rpc_fail(c, rc, NULL);
 }
 
 void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)

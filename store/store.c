@@ -2017,6 +2017,11 @@ void cairn_store_close(cairn_store *s)
         pthread_mutex_unlock(&s->qmu);
         pthread_join(s->committer, NULL);
     }
+    /* physical compactions still running on their threads */
+    pthread_mutex_lock(&s->qmu);
+    while (s->compact_jobs)
+        pthread_cond_wait(&s->dcv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
     while (s->ch_head) {
         pend_change *n = s->ch_head->next;
         free_pend_change(s->ch_head);
@@ -2122,9 +2127,76 @@ int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
 
 /* ---- compaction ------------------------------------------------------------------- */
 
-int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical)
+/* A compaction between its records' durability and its completion: with
+ * |physical|, LevelDB compacts the freed range on a thread of its own (it
+ * may take seconds; the committer must not wait for it). */
+typedef struct compact_job {
+    cairn_store *s;
+    int64_t revision;
+    int physical;
+    cairn_store_done_cb cb;
+    void *arg;
+} compact_job;
+
+static void compact_physical(compact_job *j)
+{
+    cairn_store *s = j->s;
+    uint64_t last;
+    if (cairn_revmap_find(&s->rm, &last, j->revision) == 0) {
+        /* every record of the changes up to the one that made |revision| */
+        uint8_t lo[9], hi[9];
+        lo[0] = hi[0] = 'O';
+        cairn_store_be64(lo + 1, 0);
+        cairn_store_be64(hi + 1, last + 1);
+        leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
+    }
+}
+
+static void compact_job_end(compact_job *j, int rc)
+{
+    cairn_store *s = j->s;
+    j->cb(j->arg, rc);
+    free(j);
+    pthread_mutex_lock(&s->qmu);
+    s->compact_jobs--;
+    pthread_cond_broadcast(&s->dcv);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+static void *compact_main(void *arg)
+{
+    compact_job *j = arg;
+    compact_physical(j);
+    compact_job_end(j, 0);
+    return NULL;
+}
+
+/* On the committer: the compaction record is durable. */
+static void compact_durable(void *arg, int rc)
+{
+    compact_job *j = arg;
+    if (!rc && j->physical) {
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int started = pthread_create(&th, &at, compact_main, j) == 0;
+        pthread_attr_destroy(&at);
+        if (started)
+            return;
+        compact_physical(j); /* no thread to be had: here, late rather than never */
+    }
+    compact_job_end(j, rc);
+}
+
+int cairn_store_compact_async(cairn_store *s, cairn_header *h, int64_t revision, int physical,
+                              cairn_store_done_cb cb, void *arg)
 {
     memset(h, 0, sizeof *h);
+    compact_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return CAIRN_ENOMEM;
+    *j = (compact_job){s, revision, physical, cb, arg};
     pthread_rwlock_wrlock(&s->rw);
     int rc = cairn_store_failed_rc(s);
     if (rc)
@@ -2151,29 +2223,30 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
         goto unlock;
     }
     s->compacted = revision;
-    int64_t cur = s->rev;
-    pthread_rwlock_unlock(&s->rw);
-    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
-    if (rc)
-        return rc;
-    rc = cairn_store_sync_wait_for(&w);
-    if (rc)
-        return rc;
-    uint64_t last;
-    if (physical && cairn_revmap_find(&s->rm, &last, revision) == 0) {
-        /* every record of the changes up to the one that made |revision| */
-        uint8_t lo[9], hi[9];
-        lo[0] = hi[0] = 'O';
-        cairn_store_be64(lo + 1, 0);
-        cairn_store_be64(hi + 1, last + 1);
-        leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
+    pthread_mutex_lock(&s->qmu);
+    s->compact_jobs++;
+    pthread_mutex_unlock(&s->qmu);
+    cairn_store_fill_header(s, h, s->rev); /* before the completion can run */
+    rc = cairn_store_enqueue_wait(s, compact_durable, j, NULL);
+    if (rc) {
+        memset(h, 0, sizeof *h);
+        pthread_mutex_lock(&s->qmu);
+        s->compact_jobs--;
+        pthread_mutex_unlock(&s->qmu);
+        goto unlock;
     }
-    cairn_store_fill_header(s, h, cur);
+    pthread_rwlock_unlock(&s->rw);
     return 0;
 unlock:
     pthread_rwlock_unlock(&s->rw);
+    free(j);
     return rc;
+}
+
+int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical)
+{
+    SYNC_CALL(cairn_store_compact_async(s, h, revision, physical, cairn_store_sync_done, &w_),
+              memset(h, 0, sizeof *h));
 }
 
 /* ---- history (watch catch-up) ------------------------------------------------------ */

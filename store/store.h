@@ -540,6 +540,13 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
  * (revision <= the compacted one), CAIRN_EFUTUREREV (> current). *h gets the
  * header. */
 int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
+/* The same, completing through |cb| instead of blocking: 0 = queued with
+ * *h filled now; |cb| runs on the committer once the compaction is
+ * durable, or, with |physical|, on a thread of its own once LevelDB has
+ * compacted the range (close waits for it). < 0: refused, |cb| never
+ * called. */
+int cairn_store_compact_async(cairn_store *s, cairn_header *h, int64_t revision, int physical,
+                              cairn_store_done_cb cb, void *arg);
 
 /* ---- leases (lease.c) ----------------------------------------------------
  * A lease lives in the document (leases[id] = {ttl, deadline}; see DOCUMENT
@@ -563,6 +570,11 @@ typedef struct cairn_lease_grant_resp {
  * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
  * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
 int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
+/* The same, completing on the committer (cairn_store_done_cb) instead of
+ * blocking: 0 = queued, with |resp| filled now (header at the revision of
+ * the grant, id, ttl); < 0 = refused as above, |cb| never called. */
+int cairn_store_lease_create_async(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
+                                   int64_t ttl, cairn_store_done_cb cb, void *arg);
 /* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
 
@@ -570,6 +582,9 @@ int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
  * order (one revision if a key was deleted, none otherwise); returns once
  * durable with *h at the revision then. CAIRN_ELEASENOTFOUND if absent. */
 int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
+/* The same, completing on the committer: 0 = queued with *h filled now. */
+int cairn_store_lease_revoke_async(cairn_store *s, cairn_header *h, int64_t id,
+                                   cairn_store_done_cb cb, void *arg);
 
 /* Renews lease |id|: it now expires TTL seconds from now; *ttl = the
  * granted TTL (etcd answers that, not what remained). Coalesced: a change

@@ -369,6 +369,7 @@ struct cairn_store {
     int64_t queued_rev; /* highest revision whose records are queued */
     int holding;        /* a burst is being applied: its records go in one group */
     int writing;        /* the committer is writing a group (snapshot.c waits it out) */
+    int compact_jobs;   /* compactions queued or compacting physically (close waits) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
