@@ -1,0 +1,85 @@
+#ifndef CAIRN_REPLICA_H
+#define CAIRN_REPLICA_H
+
+/*
+ * A store-owned sync session with one peer (DESIGN.md, "A store-owned
+ * session per peer"): crdt/sync's per-peer state bound to this node's
+ * store, so that the transport (server/peer/) only moves bytes.
+ *
+ * DURABILITY. Everything the session says — our heads, what we need, the
+ * changes it sends — is read from the store's document, which holds a
+ * change from the moment it is applied, up to one fsync before it is
+ * durable. So generate and push read the document under the store's read
+ * side only once nothing applied is still waiting for the committer (no
+ * writer can apply while the read side is held; the wait is at most the
+ * group being written plus the one queued behind it). Received changes go
+ * to cairn_store_receive_changes (one write lock, one group commit); only
+ * after its durable completion is cairn_sync_applied called, so the peer is
+ * never told we hold a change before it is on our disk.
+ *
+ * THREADS. One replica is driven by one thread at a time for generate,
+ * push, receive and reset (the transport's; a mutex makes it safe anyway).
+ * The receive's completion runs on the store's committer thread: it only
+ * sets an atomic flag and calls the caller's callback; the cairn_sync_applied
+ * it owes runs at the start of the next generate / push / receive, on the
+ * caller's thread, under the read side — the committer must never wait for
+ * the store's rwlock (a reader may be waiting for the committer).
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crdt/sync.h"
+#include "store/store.h"
+
+typedef struct cairn_replica cairn_replica;
+
+/* A session with one peer of |s| (borrowed: must outlive the replica).
+ * |limits| copied; NULL = crdt/sync's defaults. ENOMEM / EINVAL. */
+int cairn_replica_new(cairn_replica **out, cairn_store *s, const cairn_sync_limits *limits);
+/* Frees the session. A receive still waiting for its completion keeps the
+ * session alive until it completes (reference counted), so this may be
+ * called at any time from the transport. */
+void cairn_replica_free(cairn_replica *r);
+
+/* Forgets what is in flight (after a reconnect, or a lost message): the
+ * next generate is a full message saying "hello". */
+void cairn_replica_reset(cairn_replica *r);
+
+/* The next message for the peer in a new buffer (*out, caller frees), with
+ * a fresh random Bloom salt; *out NULL when there is nothing to say.
+ * Returns the store's CAIRN_EIO once it failed, ENOMEM, or sync's codes. */
+int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
+
+/* Optimistic push of |n| changes of this store already durable (decoded,
+ * borrowed; e.g. what a cairn_store_subscribe callback handed out, decoded
+ * off the committer thread), in apply order: *out NULL when the peer
+ * already has them all. At most the limits' worth are taken; the rest
+ * follow through generate. */
+int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len,
+                       const cairn_change *const *chs, size_t n);
+
+/* Completion of a receive: on the committer thread once what the message
+ * carried is durable (rc 0) or the group failed (rc < 0); or on the
+ * caller's thread, inside cairn_replica_receive, when the message carried
+ * no change. Must not block and must not call into the replica. */
+typedef void (*cairn_replica_done_cb)(void *arg, int rc);
+
+/* Takes in one message from the peer (|msg| borrowed). The message is
+ * decoded and checked whole first: a malformed one (sync's codes: bad
+ * hash, not canonical, over the limits, truncated) applies nothing,
+ * returns its code and |cb| is never called. Otherwise the changes go to
+ * the store in one burst and |cb| is called exactly once; *rejected (may
+ * be NULL) gets the first code of a change the document refused (a hostile
+ * change: unknown object, bad sequence), 0 if none — the others applied.
+ * Returns 0, or < 0 with |cb| never called. */
+int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
+                          cairn_replica_done_cb cb, void *arg);
+
+/* The store's heads as the document holds them (for tests and the
+ * Replication service): a new sorted array (*heads, caller frees; NULL when
+ * *n == 0), read under the read side once everything applied is durable.
+ * ENOMEM / EIO. */
+int cairn_store_heads(cairn_store *s, cairn_hash **heads, size_t *n);
+
+#endif

@@ -1,0 +1,363 @@
+/*
+ * store/replica: per-peer sessions between stores in temp dirs, messages
+ * carried in memory.
+ * - two stores that wrote apart converge to equal heads and key space;
+ * - a burst of 1000 changes crosses in few messages and few group commits;
+ * - three stores in a line (a - b - c) converge transitively;
+ * - a message with one corrupt change applies nothing (not even its good
+ *   changes) and says why;
+ * - an optimistic push carries a fresh change and is answered.
+ */
+
+#include <pthread.h>
+
+#include "../store/store_test.h"
+#include "store/replica.h"
+
+static cairn_store *open_node(const char *dir, uint8_t actor_byte, captured *cap)
+{
+    static cairn_actor actors[3];
+    cairn_actor *a = &actors[actor_byte % 3];
+    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.actor = a;
+    cairn_store_subscriber sub = {capture, cap};
+    if (cap) {
+        o.subscribers = &sub;
+        o.nsubscribers = 1;
+    }
+    return open_store_opts(dir, &o);
+}
+
+typedef struct done_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc;
+} done_wait;
+
+static void on_done(void *arg, int rc)
+{
+    done_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->rc = rc;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Delivers |msg| to |to| and waits until what it carried is durable. */
+static void deliver(cairn_replica *to, const uint8_t *msg, size_t len)
+{
+    done_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int rejected = -1;
+    int rc = cairn_replica_receive(to, msg, len, &rejected, on_done, &w);
+    ck_assert_msg(rc == 0, "receive: %s", cairn_strerror(rc));
+    ck_assert_int_eq(rejected, 0);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    ck_assert_int_eq(w.rc, 0);
+}
+
+/* Runs the two sessions of a link (ab: a's session for b; ba: b's for a)
+ * until neither has anything to say; returns the messages exchanged. */
+static int sync_link(cairn_replica *ab, cairn_replica *ba)
+{
+    int msgs = 0;
+    for (int round = 0; round < 50; round++) {
+        int quiet = 1;
+        cairn_replica *from[2] = {ab, ba}, *to[2] = {ba, ab};
+        for (int i = 0; i < 2; i++) {
+            uint8_t *m;
+            size_t len;
+            ck_assert_int_eq(cairn_replica_generate(from[i], &m, &len), 0);
+            if (m) {
+                deliver(to[i], m, len);
+                free(m);
+                quiet = 0;
+                msgs++;
+            }
+        }
+        if (quiet)
+            return msgs;
+    }
+    ck_abort_msg("the link did not go quiet in 50 rounds");
+    return msgs;
+}
+
+static void ck_same_heads(cairn_store *a, cairn_store *b)
+{
+    cairn_hash *ha, *hb;
+    size_t na, nb;
+    ck_assert_int_eq(cairn_store_heads(a, &ha, &na), 0);
+    ck_assert_int_eq(cairn_store_heads(b, &hb, &nb), 0);
+    ck_assert_uint_eq(na, nb);
+    ck_assert(na > 0);
+    ck_assert(memcmp(ha, hb, na * sizeof *ha) == 0);
+    free(ha);
+    free(hb);
+}
+
+/* Every key and value of |s|, "k=v;" in key order. */
+static char *dump(cairn_store *s)
+{
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"\0";
+    q.key_len = 1;
+    q.range_end = (const uint8_t *)"\0";
+    q.range_end_len = 1;
+    cairn_range_resp r;
+    ck_assert_int_eq(cairn_store_range(s, &r, &q), 0);
+    size_t cap = 16;
+    for (size_t i = 0; i < r.nkvs; i++)
+        cap += r.kvs[i].key_len + r.kvs[i].value_len + 2;
+    char *out = calloc(1, cap), *p = out;
+    for (size_t i = 0; i < r.nkvs; i++) {
+        memcpy(p, r.kvs[i].key, r.kvs[i].key_len);
+        p += r.kvs[i].key_len;
+        *p++ = '=';
+        memcpy(p, r.kvs[i].value, r.kvs[i].value_len);
+        p += r.kvs[i].value_len;
+        *p++ = ';';
+    }
+    cairn_range_resp_destroy(&r);
+    return out;
+}
+
+static void ck_same_keys(cairn_store *a, cairn_store *b)
+{
+    char *da = dump(a), *db = dump(b);
+    ck_assert_str_eq(da, db);
+    free(da);
+    free(db);
+}
+
+/* cairn_replica_push of captured changes [0, n). */
+static void push_captured(cairn_replica *r, uint8_t **m, size_t *len, const captured *cap, int n)
+{
+    cairn_change *chs[CAPTURED_MAX];
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(cairn_change_decode(&chs[i], cap->bytes[i], cap->len[i], NULL), 0);
+    ck_assert_int_eq(cairn_replica_push(r, m, len, (const cairn_change *const *)chs, (size_t)n), 0);
+    for (int i = 0; i < n; i++)
+        cairn_change_free(chs[i]);
+}
+
+static cairn_replica *session(cairn_store *s)
+{
+    cairn_replica *r;
+    ck_assert_int_eq(cairn_replica_new(&r, s, NULL), 0);
+    return r;
+}
+
+START_TEST(two_stores_converge)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_replica *ab = session(a), *ba = session(b);
+    put_kv(a, "a1", "x");
+    put_kv(a, "same", "from-a");
+    put_kv(b, "b1", "y");
+    put_kv(b, "same", "from-b");
+    ck_assert_int_gt(sync_link(ab, ba), 0);
+    ck_same_heads(a, b);
+    ck_same_keys(a, b);
+    /* a quiet link stays quiet */
+    ck_assert_int_eq(sync_link(ab, ba), 0);
+    /* a later write crosses again */
+    put_kv(b, "b2", "z");
+    ck_assert_int_gt(sync_link(ab, ba), 0);
+    ck_same_heads(a, b);
+    ck_same_keys(a, b);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
+START_TEST(burst_of_1000)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_replica *ab = session(a), *ba = session(b);
+    for (int i = 0; i < 1000; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%04d", i);
+        put_kv(a, k, "v");
+    }
+    cairn_store_stats before, after;
+    cairn_store_get_stats(b, &before);
+    int msgs = sync_link(ab, ba);
+    cairn_store_get_stats(b, &after);
+    ck_assert_int_le(msgs, 8);
+    /* one group commit per message that carried changes, not per change */
+    ck_assert_uint_le(after.syncs - before.syncs, (uint64_t)msgs);
+    ck_assert_uint_ge(after.changes - before.changes, 1000);
+    ck_same_heads(a, b);
+    ck_same_keys(a, b);
+    ck_assert_int_eq(cur_rev(b), 1001);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
+START_TEST(three_in_a_line)
+{
+    char *d[3];
+    cairn_store *s[3];
+    for (int i = 0; i < 3; i++) {
+        d[i] = make_tmpdir();
+        s[i] = open_node(d[i], (uint8_t)(i + 1), NULL);
+    }
+    /* links a-b and b-c only */
+    cairn_replica *ab = session(s[0]), *ba = session(s[1]);
+    cairn_replica *bc = session(s[1]), *cb = session(s[2]);
+    put_kv(s[0], "from-a", "1");
+    put_kv(s[2], "from-c", "3");
+    put_kv(s[1], "k", "b");
+    put_kv(s[2], "k", "c");
+    for (int i = 0; i < 3; i++) {
+        sync_link(ab, ba);
+        sync_link(bc, cb);
+    }
+    ck_same_heads(s[0], s[1]);
+    ck_same_heads(s[1], s[2]);
+    ck_same_keys(s[0], s[2]);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    cairn_replica_free(bc);
+    cairn_replica_free(cb);
+    for (int i = 0; i < 3; i++) {
+        cairn_store_close(s[i]);
+        rm_rf(d[i]);
+        free(d[i]);
+    }
+}
+END_TEST
+
+START_TEST(corrupt_change_applies_nothing)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    captured ca = {0};
+    cairn_store *a = open_node(da, 1, &ca), *b = open_node(db, 2, NULL);
+    cairn_replica *ab = session(a), *ba = session(b);
+    put_kv(a, "good", "1");
+    put_kv(a, "bad", "2");
+    ck_assert_int_eq(ca.n, 2);
+    uint8_t *m;
+    size_t len;
+    push_captured(ab, &m, &len, &ca, 2);
+    ck_assert_ptr_nonnull(m);
+
+    /* the same message with a byte appended to its second change's
+     * encoding: that change no longer decodes (not canonical) */
+    cairn_sync_msg msg;
+    ck_assert_int_eq(cairn_sync_msg_decode(&msg, m, len, NULL), 0);
+    ck_assert_uint_eq(msg.nchanges, 2);
+    cairn_change *c = msg.changes[1];
+    uint8_t *grown = malloc(c->len + 1);
+    memcpy(grown, c->bytes, c->len);
+    grown[c->len] = 0x00;
+    uint8_t *orig = c->bytes;
+    size_t orig_len = c->len;
+    c->bytes = grown;
+    c->len++;
+    uint8_t *bad;
+    size_t bad_len;
+    ck_assert_int_eq(cairn_sync_msg_encode(&bad, &bad_len, &msg), 0);
+    c->bytes = orig;
+    c->len = orig_len;
+    free(grown);
+    cairn_sync_msg_destroy(&msg);
+
+    int64_t rev = cur_rev(b);
+    int called = 0;
+    int rc = cairn_replica_receive(ba, bad, bad_len, NULL, on_done, &called);
+    ck_assert_msg(rc < 0, "a corrupt change was accepted");
+    ck_assert_int_eq(called, 0);
+    ck_assert_int_eq(cur_rev(b), rev); /* not even the good change */
+    free(bad);
+
+    /* the intact message still goes through after a reset */
+    cairn_replica_reset(ab);
+    cairn_replica_reset(ba);
+    deliver(ba, m, len);
+    free(m);
+    sync_link(ab, ba);
+    ck_same_heads(a, b);
+    ck_same_keys(a, b);
+    captured_free(&ca);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
+START_TEST(push_then_quiet)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    captured ca = {0};
+    cairn_store *a = open_node(da, 1, &ca), *b = open_node(db, 2, NULL);
+    cairn_replica *ab = session(a), *ba = session(b);
+    sync_link(ab, ba);
+    put_kv(a, "pushed", "v");
+    ck_assert_int_eq(ca.n, 1);
+    uint8_t *m;
+    size_t len;
+    push_captured(ab, &m, &len, &ca, 1);
+    ck_assert_ptr_nonnull(m);
+    deliver(ba, m, len);
+    free(m);
+    ck_same_keys(a, b);
+    /* pushed again: already sent, nothing to say */
+    push_captured(ab, &m, &len, &ca, 1);
+    ck_assert_ptr_null(m);
+    sync_link(ab, ba);
+    ck_same_heads(a, b);
+    captured_free(&ca);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("store_replica");
+    TCase *t = tcase_create("core");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, two_stores_converge);
+    tcase_add_test(t, burst_of_1000);
+    tcase_add_test(t, three_in_a_line);
+    tcase_add_test(t, corrupt_change_applies_nothing);
+    tcase_add_test(t, push_then_quiet);
+    suite_add_tcase(s, t);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
