@@ -44,6 +44,8 @@ enum flag_kind {
     F_LOGLEVEL,
     F_INT,
     F_BATCH,
+    F_SYNC_MS,
+    F_PEER_DIAL,
     F_IGNORED
 };
 
@@ -82,6 +84,11 @@ static const struct flag flags[] = {
      "cairn, for benchmarks only: coalesce up to N concurrent plain Puts into one change\n"
      "        (one revision for all of them, which breaks etcd's one revision per Put;\n"
      "        N <= --max-txn-ops). 0 = off (default)."},
+    {"sync-interval-ms", F_SYNC_MS,
+     "cairn: period of the Bloom-filter sync with each peer, in ms (default 100)."},
+    {"experimental-peer-dial", F_PEER_DIAL,
+     "cairn, for tests only: NAME=HOST:PORT dials member NAME at HOST:PORT instead of\n"
+     "        its advertised peer URL (e.g. through a fault-injecting proxy); repeatable."},
     {"logger", F_IGNORED, NULL},
     {"log-outputs", F_IGNORED, NULL},
     {"heartbeat-interval", F_IGNORED, NULL},
@@ -191,6 +198,32 @@ static void free_cluster(cairn_config_member *m, size_t n)
         free_list(m[i].peer_urls, m[i].npeer_urls);
     }
     free(m);
+}
+
+/* "NAME=HOST:PORT" (--experimental-peer-dial): a later one for the same
+ * name replaces the earlier. */
+static int add_peer_dial(cairn_config *cfg, const char *v, char *err, size_t errlen)
+{
+    const char *eq = strchr(v, '=');
+    const char *colon = eq ? strrchr(eq, ':') : NULL;
+    if (!eq || eq == v || !colon || colon == eq + 1 || colon[1] == '\0')
+        return fail(err, errlen,
+                    "invalid value \"%s\" for flag --experimental-peer-dial: expected NAME=HOST:PORT",
+                    v);
+    cairn_config_dial *d = realloc(cfg->peer_dials, (cfg->npeer_dials + 1) * sizeof *d);
+    if (!d)
+        return CAIRN_ENOMEM;
+    cfg->peer_dials = d;
+    d = &cfg->peer_dials[cfg->npeer_dials];
+    d->name = strndup(v, (size_t)(eq - v));
+    d->addr = strdup(eq + 1);
+    if (!d->name || !d->addr) {
+        free(d->name);
+        free(d->addr);
+        return CAIRN_ENOMEM;
+    }
+    cfg->npeer_dials++;
+    return 0;
 }
 
 /* "n1=u1,n1=u2,n2=u3" -> members in first-seen order. */
@@ -383,6 +416,13 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
             return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
         cfg->batch_writes = (uint32_t)i;
         break;
+    case F_SYNC_MS:
+        if (parse_i64(&i, v) != 0 || i < 1 || i > 3600000)
+            return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
+        cfg->sync_interval_ms = (uint32_t)i;
+        break;
+    case F_PEER_DIAL:
+        return add_peer_dial(cfg, v, err, errlen);
     }
     return rc;
 }
@@ -441,6 +481,7 @@ int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size
     cfg->max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
     cfg->max_txn_ops = DEFAULT_MAX_TXN_OPS;
     cfg->log_level = CAIRN_LOG_INFO;
+    cfg->sync_interval_ms = 100;
     if (errlen)
         err[0] = '\0';
     for (int a = 1; a < argc; a++) {
@@ -505,6 +546,11 @@ void cairn_config_destroy(cairn_config *cfg)
     free_cluster(cfg->initial_cluster, cfg->ninitial_cluster);
     free(cfg->initial_cluster_state);
     free(cfg->initial_cluster_token);
+    for (size_t i = 0; i < cfg->npeer_dials; i++) {
+        free(cfg->peer_dials[i].name);
+        free(cfg->peer_dials[i].addr);
+    }
+    free(cfg->peer_dials);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -12,8 +12,10 @@
 #include "server/server.h"
 
 #include "crdt/error.h"
+#include "server/cairn/cairn.h"
 #include "server/etcd/etcd.h"
 #include "server/node.h"
+#include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
 
 #include <stdio.h>
@@ -23,6 +25,7 @@
 static const rpc_service *const services[] = {
     &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
     &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+    &cairn_replication_service,
 };
 
 int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, size_t errlen)
@@ -75,6 +78,9 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
         }
         srv->nports++;
     }
+    rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
+    if (rc != 0)
+        goto fail;
     *out = srv;
     return 0;
 fail:
@@ -90,6 +96,8 @@ int cairn_server_port(const cairn_server *srv, size_t i)
 int cairn_server_start(cairn_server *srv)
 {
     int rc = rpc_engine_start(srv->rpc);
+    if (rc == 0)
+        rc = peer_net_start(srv->peer);
     if (rc != 0)
         return rc;
     cairn_log(CAIRN_LOG_INFO, "serving etcd's v3 API on %s (%d workers)",
@@ -99,6 +107,8 @@ int cairn_server_start(cairn_server *srv)
 
 void cairn_server_stop(cairn_server *srv, int grace_ms)
 {
+    /* the peer thread uses the store: it stops first */
+    peer_net_stop(srv->peer);
     if (srv->rpc)
         rpc_engine_stop(srv->rpc, grace_ms);
     if (srv->store) {
@@ -112,6 +122,9 @@ void cairn_server_free(cairn_server *srv)
     if (!srv)
         return;
     cairn_server_stop(srv, 0);
+    /* after the store closed: the store's subscriber and receive
+     * completions point into it */
+    peer_net_free(srv->peer);
     node_destroy(srv);
     watch_hub_free(srv);
     kv_batcher_free(srv);

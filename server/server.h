@@ -41,6 +41,12 @@ typedef struct cairn_config_member {
     size_t npeer_urls;
 } cairn_config_member;
 
+/* --experimental-peer-dial NAME=HOST:PORT (tests only). */
+typedef struct cairn_config_dial {
+    char *name;
+    char *addr;
+} cairn_config_dial;
+
 /* Every string is owned by the config (cairn_config_destroy frees it). */
 typedef struct cairn_config {
     char *name;
@@ -67,6 +73,9 @@ typedef struct cairn_config {
      * (etcd/kv_batch.c).
      * 0 = off: one change per Put, as etcd numbers them. */
     uint32_t batch_writes;
+    uint32_t sync_interval_ms; /* --sync-interval-ms; 100 */
+    cairn_config_dial *peer_dials;
+    size_t npeer_dials;
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */

@@ -1,6 +1,7 @@
 /*
- * etcd's Cluster service. There is one member: this node (MemberList
- * answers it from the flags, as etcd's single-member cluster does).
+ * etcd's Cluster service. MemberList answers from the initial cluster in
+ * the flags (which the genesis change fixes) and what the peers' hellos
+ * said.
  * Membership changes are refused UNIMPLEMENTED until the replicated node
  * brings them.
  */
@@ -8,32 +9,81 @@
 
 #include "crdt/error.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "server/peer/peer.h"
+
+/* etcd lists members by id. */
+static int by_id(const void *a, const void *b)
+{
+    uint64_t x = (*(Etcdserverpb__Member *const *)a)->id;
+    uint64_t y = (*(Etcdserverpb__Member *const *)b)->id;
+    return x < y ? -1 : x > y;
+}
 
 static void cluster_member_list(rpc_call *c, const uint8_t *req, size_t len)
 {
     if (!rpc_unpack(c, &etcdserverpb__member_list_request__descriptor, req, len))
         return;
-    const cairn_config *cfg = etcd_node(c)->cfg;
+    cairn_server *srv = etcd_node(c);
+    const cairn_config *cfg = srv->cfg;
     /* etcd: the Cluster service's header has no revision. */
     Etcdserverpb__ResponseHeader ph;
-    etcd_header(etcd_node(c), &ph, NULL);
+    etcd_header(srv, &ph, NULL);
     ph.revision = 0;
-    Etcdserverpb__Member me;
-    etcdserverpb__member__init(&me);
-    me.id = cairn_store_member_id(etcd_node(c)->store);
-    me.name = cfg->name;
-    me.peerurls = cfg->initial_advertise_peer_urls;
-    me.n_peerurls = cfg->ninitial_advertise_peer_urls;
-    me.clienturls = cfg->advertise_client_urls;
-    me.n_clienturls = cfg->nadvertise_client_urls;
-    Etcdserverpb__Member *members[1] = {&me};
+    size_t n = cfg->ninitial_cluster;
+    Etcdserverpb__Member *ms = calloc(n, sizeof *ms);
+    Etcdserverpb__Member **mp = calloc(n, sizeof *mp);
+    char ***urls = calloc(n, sizeof *urls);
+    size_t *nurls = calloc(n, sizeof *nurls);
+    if (!ms || !mp || !urls || !nurls) {
+        free(ms);
+        free(mp);
+        free(urls);
+        free(nurls);
+        rpc_fail(c, CAIRN_ENOMEM, NULL);
+        return;
+    }
+    /* The members of the initial cluster (the genesis fixes them); another
+     * member's client URLs are the ones its hello gave, none before it
+     * connected (as etcd lists a member that has not published yet). */
+    for (size_t i = 0; i < n; i++) {
+        const cairn_config_member *m = &cfg->initial_cluster[i];
+        Etcdserverpb__Member *e = &ms[i];
+        etcdserverpb__member__init(e);
+        e->name = m->name;
+        e->peerurls = m->peer_urls;
+        e->n_peerurls = m->npeer_urls;
+        if (strcmp(m->name, cfg->name) == 0) {
+            e->id = cairn_store_member_id(srv->store);
+            e->peerurls = cfg->initial_advertise_peer_urls;
+            e->n_peerurls = cfg->ninitial_advertise_peer_urls;
+            e->clienturls = cfg->advertise_client_urls;
+            e->n_clienturls = cfg->nadvertise_client_urls;
+        } else {
+            e->id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
+                                             cfg->initial_cluster_token);
+            if (peer_net_client_urls(srv->peer, e->id, &urls[i], &nurls[i]) == 0) {
+                e->clienturls = urls[i];
+                e->n_clienturls = nurls[i];
+            }
+        }
+        mp[i] = e;
+    }
+    qsort(mp, n, sizeof *mp, by_id);
     Etcdserverpb__MemberListResponse out;
     etcdserverpb__member_list_response__init(&out);
     out.header = &ph;
-    out.members = members;
-    out.n_members = 1;
+    out.members = mp;
+    out.n_members = n;
     rpc_reply(c, &out.base);
+    for (size_t i = 0; i < n; i++)
+        peer_net_urls_free(urls[i], nurls[i]);
+    free(urls);
+    free(nurls);
+    free(mp);
+    free(ms);
 }
 
 static void cluster_unimplemented(rpc_call *c, const uint8_t *req, size_t len)

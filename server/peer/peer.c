@@ -1,0 +1,990 @@
+/*
+ * The peer transport (peer.h): a gRPC server on the peer URLs and a client
+ * channel per member, both on one completion queue that one thread drives,
+ * so no lock guards the links and peers (only the push queues, which the
+ * store's committer fills). Each stream starts with a Hello each way
+ * (proto/cairnpb/peer.proto); a refused one is cancelled with the reason
+ * as its status, and the refusing side logs it.
+ *
+ * ONE STREAM PER PAIR. Both members dial while they have no stream to the
+ * other. When a second stream to the same member passes its hello, the one
+ * dialed by the member with the lower member id wins (both ends compute
+ * the same), and between two dialed by the same member the newer wins (the
+ * older is a stream the dialer already gave up on). The loser is cancelled.
+ *
+ * PUSH AND SYNC. The store's subscriber copies every durable change into
+ * each connected peer's queue, bounded at PEER_QUEUE_BYTES: when it is
+ * full the change is dropped for that peer and the periodic sync, which
+ * works from the document, sends it later (the committer never waits). The
+ * thread sends one message at a time per stream: the queued changes this
+ * node authored as one push (changes from other members reach a peer by its
+ * own links or by sync), else a sync message every --sync-interval-ms, at
+ * once after a (re)connect and after a received message was made durable.
+ * A message that does not decode, or carries a change the document
+ * refuses, resets the stream with a log line naming the peer and why.
+ */
+#include "server/peer/peer.h"
+
+#include <grpc/grpc.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cairnpb/peer.pb-c.h"
+#include "crdt/error.h"
+#include "server/rpc/rpc.h"
+#include "store/replica.h"
+
+#define PEER_METHOD "/cairnpb.Peer/Stream"
+#define PEER_PROTOCOL_VERSION 1u
+#define PEER_QUEUE_BYTES (8u << 20)
+#define PEER_BACKOFF_MIN_MS 20u
+#define PEER_BACKOFF_MAX_MS 2000u
+#define PEER_TICK_MS 10
+/* crdt/sync's largest message, and room for the framing. */
+#define PEER_MAX_MSG_BYTES (96 << 20)
+
+enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN };
+
+typedef struct ptag {
+    int what;
+    struct plink *l;
+} ptag;
+
+typedef struct plink {
+    struct peer_net *n;
+    struct ppeer *p; /* dialed: its target; accepted: set by the hello */
+    int dialed;
+    grpc_call *call;
+    grpc_metadata_array md; /* accepted: the request's; dialed: the answer's */
+    grpc_metadata_array trailing;
+    grpc_status_code status;
+    grpc_slice status_details;
+    int cancelled;
+    grpc_byte_buffer *rbuf, *sbuf;
+    ptag t_send, t_recv, t_close;
+    int pending; /* batches in flight */
+    int sending;
+    int hello_in; /* the peer's hello was accepted */
+    int dead;     /* cancelled: freed once nothing is pending */
+    struct plink *next;
+} plink;
+
+typedef struct qchange {
+    struct qchange *next;
+    size_t len;
+    uint8_t bytes[];
+} qchange;
+
+typedef struct ppeer {
+    char *name;
+    uint64_t id;
+    char *addr;
+    grpc_channel *ch;
+    cairn_replica *rep;
+    plink *live, *dial;
+    uint64_t next_dial_ms, next_sync_ms;
+    uint32_t backoff_ms;
+    atomic_int answer_due; /* a received message is durable: answer now */
+    atomic_int connected;  /* the subscriber queues pushes only then */
+    char **client_urls;    /* from its last hello; under peer_net.info_mu */
+    size_t nclient_urls;
+    pthread_mutex_t qmu;
+    qchange *qhead, **qtail;
+    size_t qbytes;
+    uint64_t dropped;
+} ppeer;
+
+struct peer_net {
+    const cairn_config *cfg;
+    cairn_store *store;
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    int *ports;
+    size_t nports;
+    ptag t_accept, t_shutdown;
+    grpc_call *acall;
+    grpc_call_details adetails;
+    grpc_metadata_array amd;
+    int accepting;
+    int shut_done; /* the server's shutdown completed */
+    ppeer *peers;
+    size_t npeers;
+    plink *links;
+    pthread_t th;
+    int started, stopped;
+    atomic_int stop;
+    pthread_mutex_t info_mu; /* the peers' client URLs */
+    uint64_t my_id, cluster_id;
+    cairn_actor actor;
+    uint8_t token_hash[32];
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static gpr_timespec in_ms(int ms)
+{
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static const char *peer_name(const plink *l)
+{
+    return l->p ? l->p->name : "(an unknown peer)";
+}
+
+/* ---- links ------------------------------------------------------------- */
+
+static plink *link_new(peer_net *n, ppeer *p, int dialed)
+{
+    plink *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->n = n;
+    l->p = p;
+    l->dialed = dialed;
+    grpc_metadata_array_init(&l->md);
+    grpc_metadata_array_init(&l->trailing);
+    l->status_details = grpc_empty_slice();
+    l->t_send = (ptag){T_SEND, l};
+    l->t_recv = (ptag){T_RECV, l};
+    l->t_close = (ptag){T_CLOSE, l};
+    l->next = n->links;
+    n->links = l;
+    return l;
+}
+
+static int link_batch(plink *l, const grpc_op *ops, size_t nops, ptag *tag)
+{
+    if (grpc_call_start_batch(l->call, ops, nops, tag, NULL) != GRPC_CALL_OK)
+        return -1;
+    l->pending++;
+    return 0;
+}
+
+/* Ends |l| (once): cancels its call with |why| as the status, and frees
+ * its peer's slot so the peer is dialed again after the backoff. */
+static void link_kill(plink *l, const char *why)
+{
+    if (l->dead)
+        return;
+    l->dead = 1;
+    if (l->call)
+        grpc_call_cancel_with_status(l->call, GRPC_STATUS_UNAVAILABLE, why, NULL);
+    ppeer *p = l->p;
+    if (!p)
+        return;
+    if (p->dial == l)
+        p->dial = NULL;
+    if (p->live == l) {
+        p->live = NULL;
+        atomic_store(&p->connected, 0);
+        cairn_log(CAIRN_LOG_INFO, "peer %s: stream closed: %s", p->name, why);
+    }
+    if (!p->live && !p->dial) {
+        /* jittered exponential backoff: [b/2, b) */
+        uint32_t b = p->backoff_ms;
+        p->next_dial_ms = now_ms() + b / 2 + randombytes_uniform(b / 2 + 1);
+        p->backoff_ms = b * 2 > PEER_BACKOFF_MAX_MS ? PEER_BACKOFF_MAX_MS : b * 2;
+    }
+}
+
+static void link_free(plink *l)
+{
+    if (l->call)
+        grpc_call_unref(l->call);
+    grpc_metadata_array_destroy(&l->md);
+    grpc_metadata_array_destroy(&l->trailing);
+    grpc_slice_unref(l->status_details);
+    if (l->rbuf)
+        grpc_byte_buffer_destroy(l->rbuf);
+    if (l->sbuf)
+        grpc_byte_buffer_destroy(l->sbuf);
+    free(l);
+}
+
+/* Frees the dead links nothing is pending on. */
+static void links_sweep(peer_net *n)
+{
+    for (plink **pl = &n->links; *pl;) {
+        plink *l = *pl;
+        if (l->dead && l->pending == 0) {
+            *pl = l->next;
+            link_free(l);
+        } else {
+            pl = &l->next;
+        }
+    }
+}
+
+static void post_recv(plink *l)
+{
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t k = 0;
+    if (l->dialed && !l->hello_in) {
+        ops[k].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[k++].data.recv_initial_metadata.recv_initial_metadata = &l->md;
+    }
+    ops[k].op = GRPC_OP_RECV_MESSAGE;
+    ops[k++].data.recv_message.recv_message = &l->rbuf;
+    if (link_batch(l, ops, k, &l->t_recv))
+        link_kill(l, "cannot receive");
+}
+
+/* Sends one PeerMessage (packed here); the first also sends the initial
+ * metadata. */
+static int link_send(plink *l, const Cairnpb__PeerMessage *m, int first)
+{
+    l->sbuf = rpc_pack(&m->base);
+    if (!l->sbuf)
+        return CAIRN_ENOMEM;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t k = 0;
+    if (first)
+        ops[k++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[k].op = GRPC_OP_SEND_MESSAGE;
+    ops[k++].data.send_message.send_message = l->sbuf;
+    if (link_batch(l, ops, k, &l->t_send)) {
+        grpc_byte_buffer_destroy(l->sbuf);
+        l->sbuf = NULL;
+        return CAIRN_EIO;
+    }
+    l->sending = 1;
+    return 0;
+}
+
+static int send_sync(plink *l, uint8_t *bytes, size_t len)
+{
+    Cairnpb__Sync s = CAIRNPB__SYNC__INIT;
+    s.msg.data = bytes;
+    s.msg.len = len;
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_SYNC;
+    m.sync = &s;
+    int rc = link_send(l, &m, 0);
+    free(bytes);
+    return rc;
+}
+
+/* Starts a stream: hello out, first receive, and the status watch. */
+static void link_start(plink *l)
+{
+    peer_net *n = l->n;
+    Cairnpb__Hello h = CAIRNPB__HELLO__INIT;
+    h.protocol_version = PEER_PROTOCOL_VERSION;
+    h.cluster_id = n->cluster_id;
+    h.member_id = n->my_id;
+    h.actor_id.data = n->actor.b;
+    h.actor_id.len = CAIRN_ACTOR_LEN;
+    h.token_hash.data = n->token_hash;
+    h.token_hash.len = sizeof n->token_hash;
+    h.name = n->cfg->name;
+    h.client_urls = n->cfg->advertise_client_urls;
+    h.n_client_urls = n->cfg->nadvertise_client_urls;
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_HELLO;
+    m.hello = &h;
+    if (link_send(l, &m, 1)) {
+        link_kill(l, "cannot send the hello");
+        return;
+    }
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    if (l->dialed) {
+        op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        op.data.recv_status_on_client.trailing_metadata = &l->trailing;
+        op.data.recv_status_on_client.status = &l->status;
+        op.data.recv_status_on_client.status_details = &l->status_details;
+    } else {
+        op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        op.data.recv_close_on_server.cancelled = &l->cancelled;
+    }
+    if (link_batch(l, &op, 1, &l->t_close)) {
+        link_kill(l, "cannot watch the stream's status");
+        return;
+    }
+    post_recv(l);
+}
+
+static void dial(peer_net *n, ppeer *p)
+{
+    plink *l = link_new(n, p, 1);
+    if (!l)
+        return;
+    grpc_slice method = grpc_slice_from_static_string(PEER_METHOD);
+    l->call = grpc_channel_create_call(p->ch, NULL, GRPC_PROPAGATE_DEFAULTS, n->cq, method, NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    p->dial = l;
+    if (!l->call) {
+        link_kill(l, "cannot create a call");
+        return;
+    }
+    link_start(l);
+}
+
+/* ---- hello ------------------------------------------------------------- */
+
+static void free_urls(char **v, size_t k)
+{
+    for (size_t i = 0; i < k; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* A copy of |k| strings; NULL (and *ok 0) when out of memory. */
+static char **copy_urls(char *const *v, size_t k, int *ok)
+{
+    *ok = 1;
+    if (!k)
+        return NULL;
+    char **c = calloc(k, sizeof *c);
+    for (size_t i = 0; c && i < k; i++)
+        if (!(c[i] = strdup(v[i]))) {
+            free_urls(c, i);
+            c = NULL;
+        }
+    *ok = c != NULL;
+    return c;
+}
+
+static ppeer *peer_by_id(peer_net *n, uint64_t id)
+{
+    for (size_t i = 0; i < n->npeers; i++)
+        if (n->peers[i].id == id)
+            return &n->peers[i];
+    return NULL;
+}
+
+/* The member whose side dialed |l|. */
+static uint64_t dialer_of(const plink *l)
+{
+    return l->dialed ? l->n->my_id : l->p->id;
+}
+
+static void make_live(ppeer *p, plink *l)
+{
+    p->live = l;
+    if (p->dial == l)
+        p->dial = NULL;
+    p->backoff_ms = PEER_BACKOFF_MIN_MS;
+    /* what we had in flight on an older stream may be lost */
+    cairn_replica_reset(p->rep);
+    pthread_mutex_lock(&p->qmu);
+    while (p->qhead) {
+        qchange *q = p->qhead;
+        p->qhead = q->next;
+        free(q);
+    }
+    p->qtail = &p->qhead;
+    p->qbytes = 0;
+    pthread_mutex_unlock(&p->qmu);
+    atomic_store(&p->connected, 1);
+    p->next_sync_ms = 0; /* sync at once */
+    cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
+              l->dialed ? "dialed" : "accepted");
+}
+
+static void refuse(plink *l, const char *what)
+{
+    cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", peer_name(l), what);
+    link_kill(l, what);
+}
+
+static void on_hello(plink *l, const Cairnpb__Hello *h)
+{
+    peer_net *n = l->n;
+    char why[256];
+    if (h->protocol_version != PEER_PROTOCOL_VERSION) {
+        snprintf(why, sizeof why, "peer protocol version %" PRIu32 ", this node speaks %u",
+                 h->protocol_version, PEER_PROTOCOL_VERSION);
+        refuse(l, why);
+        return;
+    }
+    if (h->cluster_id != n->cluster_id) {
+        snprintf(why, sizeof why,
+                 "member %s is in cluster %016" PRIx64 ", this node in cluster %016" PRIx64,
+                 h->name ? h->name : "?", h->cluster_id, n->cluster_id);
+        refuse(l, why);
+        return;
+    }
+    if (h->token_hash.len != sizeof n->token_hash ||
+        memcmp(h->token_hash.data, n->token_hash, sizeof n->token_hash) != 0) {
+        snprintf(why, sizeof why, "member %s has another --initial-cluster-token",
+                 h->name ? h->name : "?");
+        refuse(l, why);
+        return;
+    }
+    if (h->actor_id.len != CAIRN_ACTOR_LEN) {
+        refuse(l, "the hello's actor id is not 16 bytes");
+        return;
+    }
+    ppeer *p = peer_by_id(n, h->member_id);
+    if (!p) {
+        snprintf(why, sizeof why, "member id %016" PRIx64 " is not another member of this cluster",
+                 h->member_id);
+        refuse(l, why);
+        return;
+    }
+    if (l->dialed && l->p != p) {
+        snprintf(why, sizeof why, "dialed member %s but member %016" PRIx64 " answered",
+                 l->p->name, h->member_id);
+        refuse(l, why);
+        return;
+    }
+    l->p = p;
+    l->hello_in = 1;
+    int ok;
+    char **urls = copy_urls(h->client_urls, h->n_client_urls, &ok);
+    if (ok) {
+        pthread_mutex_lock(&n->info_mu);
+        free_urls(p->client_urls, p->nclient_urls);
+        p->client_urls = urls;
+        p->nclient_urls = h->n_client_urls;
+        pthread_mutex_unlock(&n->info_mu);
+    }
+    plink *old = p->live;
+    if (old && old != l) {
+        uint64_t lower = n->my_id < p->id ? n->my_id : p->id;
+        int new_wins = dialer_of(l) == lower || dialer_of(l) == dialer_of(old);
+        plink *loser = new_wins ? old : l;
+        if (new_wins)
+            p->live = NULL; /* not a lost connection: no log line, no backoff */
+        loser->p = p;
+        if (loser->dialed && p->dial == loser)
+            p->dial = NULL;
+        loser->dead = 1;
+        grpc_call_cancel_with_status(loser->call, GRPC_STATUS_ALREADY_EXISTS,
+                                     "duplicate stream: the lower member id's dialed stream wins",
+                                     NULL);
+        if (!new_wins) {
+            if (p->dial == l)
+                p->dial = NULL;
+            return;
+        }
+    }
+    make_live(p, l);
+}
+
+/* ---- receiving --------------------------------------------------------- */
+
+static void received_durable(void *arg, int rc)
+{
+    ppeer *p = arg;
+    if (!rc)
+        atomic_store(&p->answer_due, 1);
+}
+
+static void on_sync(plink *l, const Cairnpb__Sync *s)
+{
+    ppeer *p = l->p;
+    int rejected = 0;
+    int rc = cairn_replica_receive(p->rep, s->msg.data, s->msg.len, &rejected, received_durable, p);
+    char why[160];
+    if (rc) {
+        snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
+        cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
+        link_kill(l, why);
+    } else if (rejected) {
+        snprintf(why, sizeof why, "a change the document refuses (%s)", cairn_strerror(rejected));
+        cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
+        link_kill(l, why);
+    }
+}
+
+static void on_recv(plink *l, int ok)
+{
+    if (l->dead)
+        return;
+    if (!ok || !l->rbuf) {
+        link_kill(l, "the peer closed the stream");
+        return;
+    }
+    grpc_byte_buffer_reader rd;
+    Cairnpb__PeerMessage *m = NULL;
+    if (grpc_byte_buffer_reader_init(&rd, l->rbuf)) {
+        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+        m = cairnpb__peer_message__unpack(NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        grpc_slice_unref(all);
+        grpc_byte_buffer_reader_destroy(&rd);
+    }
+    grpc_byte_buffer_destroy(l->rbuf);
+    l->rbuf = NULL;
+    if (!m) {
+        cairn_log(CAIRN_LOG_WARN, "peer %s: a message that does not decode: resetting the stream",
+                  peer_name(l));
+        link_kill(l, "a peer message that does not decode");
+        return;
+    }
+    if (!l->hello_in) {
+        if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_HELLO)
+            on_hello(l, m->hello);
+        else
+            refuse(l, "the first message is not a hello");
+    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_SYNC) {
+        on_sync(l, m->sync);
+    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_GOODBYE) {
+        cairn_log(CAIRN_LOG_INFO, "peer %s: goodbye: %s", peer_name(l),
+                  m->goodbye->reason ? m->goodbye->reason : "");
+        link_kill(l, "goodbye");
+    } else {
+        cairn_log(CAIRN_LOG_WARN, "peer %s: an unexpected message: resetting the stream",
+                  peer_name(l));
+        link_kill(l, "an unexpected peer message");
+    }
+    cairnpb__peer_message__free_unpacked(m, NULL);
+    if (!l->dead)
+        post_recv(l);
+}
+
+static void on_close(plink *l)
+{
+    if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
+        char *d = grpc_slice_to_c_string(l->status_details);
+        cairn_log(l->hello_in ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG, "peer %s: stream ended: %s",
+                  peer_name(l), d);
+        gpr_free(d);
+    }
+    link_kill(l, "the stream ended");
+}
+
+static void post_accept(peer_net *n)
+{
+    grpc_call_details_init(&n->adetails);
+    grpc_metadata_array_init(&n->amd);
+    n->acall = NULL;
+    if (grpc_server_request_call(n->server, &n->acall, &n->adetails, &n->amd, n->cq, n->cq,
+                                 &n->t_accept) == GRPC_CALL_OK)
+        n->accepting = 1;
+}
+
+static void on_accept(peer_net *n, int ok)
+{
+    n->accepting = 0;
+    grpc_call *call = n->acall;
+    int ours = ok && call && grpc_slice_str_cmp(n->adetails.method, PEER_METHOD) == 0;
+    if (ok && call && !ours) {
+        /* the peer port serves nothing else (etcd's services are on the
+         * client URLs) */
+        grpc_call_cancel_with_status(call, GRPC_STATUS_UNIMPLEMENTED,
+                                     "unknown service: the peer URL serves cairnpb.Peer only",
+                                     NULL);
+        grpc_call_unref(call);
+    }
+    grpc_call_details_destroy(&n->adetails);
+    grpc_metadata_array_destroy(&n->amd);
+    if (ours) {
+        plink *l = link_new(n, NULL, 0);
+        if (!l) {
+            grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory",
+                                         NULL);
+            grpc_call_unref(call);
+        } else {
+            l->call = call;
+            link_start(l);
+        }
+    }
+    if (!atomic_load(&n->stop))
+        post_accept(n);
+}
+
+static void on_event(peer_net *n, ptag *t, int ok)
+{
+    plink *l = t->l;
+    switch (t->what) {
+    case T_ACCEPT:
+        on_accept(n, ok);
+        return;
+    case T_SHUTDOWN:
+        n->shut_done = 1;
+        return;
+    case T_SEND:
+        l->pending--;
+        l->sending = 0;
+        grpc_byte_buffer_destroy(l->sbuf);
+        l->sbuf = NULL;
+        if (!ok)
+            link_kill(l, "a send failed");
+        return;
+    case T_RECV:
+        l->pending--;
+        on_recv(l, ok);
+        return;
+    case T_CLOSE:
+        l->pending--;
+        on_close(l);
+        return;
+    }
+}
+
+/* ---- sending ----------------------------------------------------------- */
+
+/* The changes queued for |p| that this node authored, as one push. */
+static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    pthread_mutex_lock(&p->qmu);
+    qchange *q = p->qhead;
+    p->qhead = NULL;
+    p->qtail = &p->qhead;
+    p->qbytes = 0;
+    pthread_mutex_unlock(&p->qmu);
+    size_t cnt = 0;
+    for (qchange *x = q; x; x = x->next)
+        cnt++;
+    cairn_change **chs = cnt ? calloc(cnt, sizeof *chs) : NULL;
+    size_t k = 0;
+    int rc = cnt && !chs ? CAIRN_ENOMEM : 0;
+    while (q) {
+        qchange *next = q->next;
+        cairn_change *c;
+        if (!rc && cairn_change_decode(&c, q->bytes, q->len, NULL) == 0) {
+            if (memcmp(c->actor.b, n->actor.b, CAIRN_ACTOR_LEN) == 0)
+                chs[k++] = c;
+            else
+                cairn_change_free(c);
+        }
+        free(q);
+        q = next;
+    }
+    if (!rc && k)
+        rc = cairn_replica_push(p->rep, out, len, (const cairn_change *const *)chs, k);
+    cairn_sync_changes_free(chs, k);
+    return rc;
+}
+
+static void tick(peer_net *n)
+{
+    uint64_t now = now_ms();
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        if (!p->live && !p->dial && now >= p->next_dial_ms) {
+            dial(n, p);
+            continue;
+        }
+        plink *l = p->live;
+        if (!l || l->dead || l->sending)
+            continue;
+        uint8_t *msg = NULL;
+        size_t len = 0;
+        int rc = push_queued(n, p, &msg, &len);
+        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || now >= p->next_sync_ms)) {
+            p->next_sync_ms = now + n->cfg->sync_interval_ms;
+            rc = cairn_replica_generate(p->rep, &msg, &len);
+        }
+        if (rc) {
+            cairn_log(CAIRN_LOG_ERROR, "peer %s: cannot make a sync message: %s", p->name,
+                      cairn_strerror(rc));
+            free(msg);
+            continue;
+        }
+        if (msg && send_sync(l, msg, len))
+            link_kill(l, "cannot send");
+    }
+    links_sweep(n);
+}
+
+static void drain(peer_net *n, int ms)
+{
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(n->cq, in_ms(ms), NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            return;
+        on_event(n, ev.tag, ev.success);
+        ms = 0;
+    }
+}
+
+static void *peer_main(void *arg)
+{
+    peer_net *n = arg;
+    while (!atomic_load(&n->stop)) {
+        drain(n, PEER_TICK_MS);
+        tick(n);
+    }
+    /* shutting down: end every stream, wait until nothing is pending */
+    grpc_server_shutdown_and_notify(n->server, n->cq, &n->t_shutdown);
+    grpc_server_cancel_all_calls(n->server);
+    for (plink *l = n->links; l; l = l->next)
+        link_kill(l, "shutting down");
+    for (int tries = 0; tries < 500; tries++) {
+        drain(n, 10);
+        links_sweep(n);
+        if (!n->links && !n->accepting && n->shut_done)
+            break;
+    }
+    return NULL;
+}
+
+/* ---- the store's subscriber (committer thread) ------------------------ */
+
+static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
+                       size_t change_len, const cairn_event *ev, size_t nev)
+{
+    (void)rev;
+    (void)hash;
+    (void)ev;
+    (void)nev;
+    peer_net *n = arg;
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        if (!atomic_load(&p->connected))
+            continue;
+        pthread_mutex_lock(&p->qmu);
+        if (p->qbytes + change_len > PEER_QUEUE_BYTES) {
+            p->dropped++; /* periodic sync sends it later */
+        } else {
+            qchange *q = malloc(sizeof *q + change_len);
+            if (q) {
+                q->next = NULL;
+                q->len = change_len;
+                memcpy(q->bytes, change, change_len);
+                *p->qtail = q;
+                p->qtail = &q->next;
+                p->qbytes += change_len;
+            } else {
+                p->dropped++;
+            }
+        }
+        pthread_mutex_unlock(&p->qmu);
+    }
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+static grpc_channel *open_channel(const char *addr)
+{
+    grpc_arg a[6];
+    memset(a, 0, sizeof a);
+    const struct {
+        const char *key;
+        int v;
+    } kv[6] = {
+        {GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, (int)PEER_BACKOFF_MIN_MS},
+        {GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, (int)PEER_BACKOFF_MIN_MS},
+        {GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, (int)PEER_BACKOFF_MAX_MS},
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, PEER_MAX_MSG_BYTES},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, 2000},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000},
+    };
+    for (int i = 0; i < 6; i++) {
+        a[i].type = GRPC_ARG_INTEGER;
+        a[i].key = (char *)kv[i].key;
+        a[i].value.integer = kv[i].v;
+    }
+    grpc_channel_args args = {6, a};
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(addr, cr, &args);
+    grpc_channel_credentials_release(cr);
+    return ch;
+}
+
+static int add_peers(peer_net *n, char *err, size_t errlen)
+{
+    const cairn_config *cfg = n->cfg;
+    n->peers = calloc(cfg->ninitial_cluster ? cfg->ninitial_cluster : 1, sizeof *n->peers);
+    if (!n->peers)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
+        const cairn_config_member *m = &cfg->initial_cluster[i];
+        if (strcmp(m->name, cfg->name) == 0)
+            continue;
+        ppeer *p = &n->peers[n->npeers];
+        char addr[256];
+        const char *dial_at = NULL;
+        for (size_t j = 0; j < cfg->npeer_dials; j++)
+            if (strcmp(cfg->peer_dials[j].name, m->name) == 0)
+                dial_at = cfg->peer_dials[j].addr;
+        if (!dial_at) {
+            if (m->npeer_urls == 0 || cairn_url_to_addr(addr, sizeof addr, m->peer_urls[0])) {
+                snprintf(err, errlen, "member %s has no usable peer URL", m->name);
+                return CAIRN_EINVAL;
+            }
+            dial_at = addr;
+        }
+        p->name = strdup(m->name);
+        p->addr = strdup(dial_at);
+        p->id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
+                                         cfg->initial_cluster_token);
+        pthread_mutex_init(&p->qmu, NULL);
+        p->qtail = &p->qhead;
+        p->backoff_ms = PEER_BACKOFF_MIN_MS;
+        atomic_init(&p->answer_due, 0);
+        atomic_init(&p->connected, 0);
+        n->npeers++;
+        if (!p->name || !p->addr || cairn_replica_new(&p->rep, n->store, NULL))
+            return CAIRN_ENOMEM;
+        p->ch = open_channel(p->addr);
+        if (!p->ch)
+            return CAIRN_ENOMEM;
+    }
+    return 0;
+}
+
+int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, char *err,
+                 size_t errlen)
+{
+    *out = NULL;
+    peer_net *n = calloc(1, sizeof *n);
+    if (!n)
+        return CAIRN_ENOMEM;
+    grpc_init();
+    n->cfg = cfg;
+    n->store = store;
+    n->my_id = cairn_store_member_id(store);
+    n->cluster_id = cairn_store_cluster_id(store);
+    cairn_store_actor(store, &n->actor);
+    crypto_generichash(n->token_hash, sizeof n->token_hash,
+                       (const uint8_t *)cfg->initial_cluster_token,
+                       strlen(cfg->initial_cluster_token), NULL, 0);
+    atomic_init(&n->stop, 0);
+    pthread_mutex_init(&n->info_mu, NULL);
+    n->t_accept = (ptag){T_ACCEPT, NULL};
+    n->t_shutdown = (ptag){T_SHUTDOWN, NULL};
+    n->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_arg a[3];
+    memset(a, 0, sizeof a);
+    a[0].type = a[1].type = a[2].type = GRPC_ARG_INTEGER;
+    a[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    a[0].value.integer = PEER_MAX_MSG_BYTES;
+    a[1].key = (char *)GRPC_ARG_HTTP2_MAX_PING_STRIKES;
+    a[1].value.integer = 0;
+    a[2].key = (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
+    a[2].value.integer = 500;
+    grpc_channel_args args = {3, a};
+    n->server = grpc_server_create(&args, NULL);
+    grpc_server_register_completion_queue(n->server, n->cq, NULL);
+    int rc = add_peers(n, err, errlen);
+    n->ports = calloc(cfg->nlisten_peer_urls ? cfg->nlisten_peer_urls : 1, sizeof *n->ports);
+    if (!rc && !n->ports)
+        rc = CAIRN_ENOMEM;
+    for (size_t i = 0; !rc && i < cfg->nlisten_peer_urls; i++) {
+        char addr[256];
+        if (cairn_url_to_addr(addr, sizeof addr, cfg->listen_peer_urls[i])) {
+            snprintf(err, errlen, "invalid listen peer URL %s", cfg->listen_peer_urls[i]);
+            rc = CAIRN_EINVAL;
+            break;
+        }
+        grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+        n->ports[i] = grpc_server_add_http2_port(n->server, addr, cr);
+        grpc_server_credentials_release(cr);
+        if (n->ports[i] == 0) {
+            snprintf(err, errlen, "cannot listen for peer traffic on %s (address in use?)",
+                     cfg->listen_peer_urls[i]);
+            rc = CAIRN_EIO;
+            break;
+        }
+        n->nports++;
+    }
+    if (!rc)
+        rc = cairn_store_subscribe(store, on_durable, n);
+    if (rc) {
+        if (!err[0])
+            snprintf(err, errlen, "cannot set up the peer transport: %s", cairn_strerror(rc));
+        peer_net_free(n);
+        return rc;
+    }
+    *out = n;
+    return 0;
+}
+
+int peer_net_client_urls(peer_net *n, uint64_t id, char ***urls, size_t *nurls)
+{
+    *urls = NULL;
+    *nurls = 0;
+    ppeer *p = n ? peer_by_id(n, id) : NULL;
+    if (!p)
+        return CAIRN_ENOTFOUND;
+    pthread_mutex_lock(&n->info_mu);
+    int ok;
+    *urls = copy_urls(p->client_urls, p->nclient_urls, &ok);
+    *nurls = ok ? p->nclient_urls : 0;
+    pthread_mutex_unlock(&n->info_mu);
+    return ok ? 0 : CAIRN_ENOMEM;
+}
+
+void peer_net_urls_free(char **urls, size_t nurls)
+{
+    free_urls(urls, nurls);
+}
+
+int peer_net_port(const peer_net *n, size_t i)
+{
+    return n && i < n->nports ? n->ports[i] : 0;
+}
+
+int peer_net_start(peer_net *n)
+{
+    grpc_server_start(n->server);
+    post_accept(n);
+    if (pthread_create(&n->th, NULL, peer_main, n) != 0)
+        return CAIRN_ENOMEM;
+    n->started = 1;
+    cairn_log(CAIRN_LOG_INFO, "serving peers on %s (%zu other members)",
+              n->cfg->listen_peer_urls[0], n->npeers);
+    return 0;
+}
+
+void peer_net_stop(peer_net *n)
+{
+    if (!n || n->stopped)
+        return;
+    n->stopped = 1;
+    atomic_store(&n->stop, 1);
+    if (n->started)
+        pthread_join(n->th, NULL);
+}
+
+void peer_net_free(peer_net *n)
+{
+    if (!n)
+        return;
+    peer_net_stop(n);
+    if (!n->started && n->server) {
+        grpc_server_shutdown_and_notify(n->server, n->cq, &n->t_shutdown);
+        grpc_server_cancel_all_calls(n->server);
+        for (int tries = 0; tries < 500 && !n->shut_done; tries++)
+            drain(n, 10);
+    }
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        if (p->ch)
+            grpc_channel_destroy(p->ch);
+        cairn_replica_free(p->rep);
+        while (p->qhead) {
+            qchange *q = p->qhead;
+            p->qhead = q->next;
+            free(q);
+        }
+        pthread_mutex_destroy(&p->qmu);
+        free_urls(p->client_urls, p->nclient_urls);
+        free(p->name);
+        free(p->addr);
+    }
+    free(n->peers);
+    if (n->server)
+        grpc_server_destroy(n->server);
+    grpc_completion_queue_shutdown(n->cq);
+    while (grpc_completion_queue_next(n->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(n->cq);
+    free(n->ports);
+    pthread_mutex_destroy(&n->info_mu);
+    free(n);
+    grpc_shutdown();
+}
