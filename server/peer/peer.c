@@ -398,9 +398,13 @@ static void make_live(ppeer *p, plink *l)
               l->dialed ? "dialed" : "accepted");
 }
 
+/* Logs and ends a stream whose peer broke the protocol, naming the peer
+ * (its address while it has not said who it is). */
 static void refuse(plink *l, const char *what)
 {
-    cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", peer_name(l), what);
+    char *addr = l->p || !l->call ? NULL : grpc_call_get_peer(l->call);
+    cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", addr ? addr : peer_name(l), what);
+    gpr_free(addr);
     link_kill(l, what);
 }
 
@@ -524,9 +528,7 @@ static void on_recv(plink *l, int ok)
     grpc_byte_buffer_destroy(l->rbuf);
     l->rbuf = NULL;
     if (!m) {
-        cairn_log(CAIRN_LOG_WARN, "peer %s: a message that does not decode: resetting the stream",
-                  peer_name(l));
-        link_kill(l, "a peer message that does not decode");
+        refuse(l, "a peer message that does not decode: resetting the stream");
         return;
     }
     if (!l->hello_in) {

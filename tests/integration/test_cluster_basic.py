@@ -120,6 +120,50 @@ def main():
             check(r.returncode == 0 and b"is healthy" in r.stderr + r.stdout,
                   "endpoint health " + n.name)
 
+        # each port serves its own services only; a peer message that does
+        # not decode resets that stream and the node goes on serving
+        peer1 = "127.0.0.1:%d" % n1.peer_port
+        with grpc.insecure_channel(peer1) as ch:
+            try:
+                ch.unary_unary("/etcdserverpb.KV/Range")(b"\x0a\x01a", timeout=5)
+                check(False, "the peer port serves etcd's KV")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.UNIMPLEMENTED,
+                      "KV on the peer port: %s" % e.code())
+            try:
+                list(ch.stream_stream("/cairnpb.Peer/Stream")(iter([b"\xff\xff\xff"]),
+                                                              timeout=5))
+                check(False, "a garbage peer message was accepted")
+            except grpc.RpcError as e:
+                check(e.code() != grpc.StatusCode.OK, "garbage peer message: %s" % e.code())
+        with grpc.insecure_channel(n1.endpoint) as ch:
+            try:
+                list(ch.stream_stream("/cairnpb.Peer/Stream")(iter([b""]), timeout=5))
+                check(False, "the client port serves cairnpb.Peer")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.UNIMPLEMENTED,
+                      "Peer on the client port: %s" % e.code())
+        check("does not decode" in n1.read_log(), "n1 logs the garbage peer message")
+        check(n1.etcdctl("put", "still", "serving").returncode == 0,
+              "n1 serves clients after a bad peer message")
+
+        # a node of another cluster (another token) is refused with a log
+        # line that says why
+        stranger = Server("cairn", args.cairn, name="x")
+        stranger.extra = ["--initial-cluster-token", "another",
+                          "--initial-cluster", "x=http://127.0.0.1:%d,n1=http://127.0.0.1:%d"
+                          % (stranger.peer_port, n1.peer_port)]
+        try:
+            stranger.start()
+            deadline = time.time() + CONVERGE_S
+            while time.time() < deadline and "refused" not in n1.read_log():
+                time.sleep(0.1)
+            log = n1.read_log()
+            check("refused: member x is in cluster" in log, "n1 refuses another cluster")
+            check(stranger.etcdctl("get", "watched").stdout == b"", "nothing crossed to x")
+        finally:
+            stranger.cleanup()
+
         # a watch on node 2 before the put on node 1
         env = dict(os.environ, ETCDCTL_API="3")
         watch = subprocess.Popen(["etcdctl", "--endpoints=" + n2.endpoint, "watch", "watched"],
@@ -140,7 +184,7 @@ def main():
             t.join()
         check(not errors, "concurrent writes: %s" % errors[:1])
         wait_converged(nodes, "after concurrent writes")
-        check(len(keyspace(n1)) == 1 + 3 * 30 + 3, "key count after concurrent writes")
+        check(len(keyspace(n1)) == 2 + 3 * 30 + 3, "key count after concurrent writes")
 
         # the watch saw the put exactly once (the later writes are other keys)
         time.sleep(0.5)
