@@ -155,6 +155,36 @@ START_TEST(rejections)
     expect_error(a13, "stray");
     const char *a14[] = {"--quota-backend-bytes=-5", NULL};
     expect_error(a14, "quota-backend-bytes");
+    const char *a15[] = {"--sync-interval-ms=0", NULL};
+    expect_error(a15, "sync-interval-ms");
+    const char *a16[] = {"--experimental-peer-dial", "n2", NULL};
+    expect_error(a16, "NAME=HOST:PORT");
+    const char *a17[] = {"--experimental-peer-dial", "n2=127.0.0.1:", NULL};
+    expect_error(a17, "NAME=HOST:PORT");
+    const char *a18[] = {"--listen-peer-urls", "https://127.0.0.1:1", NULL};
+    expect_error(a18, "does not serve TLS");
+}
+END_TEST
+
+START_TEST(peer_flags)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *none[] = {NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, none), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.sync_interval_ms, 100);
+    ck_assert_uint_eq(cfg.npeer_dials, 0);
+    cairn_config_destroy(&cfg);
+    const char *args[] = {"--sync-interval-ms", "25", "--experimental-peer-dial",
+                          "n2=127.0.0.1:7001", "--experimental-peer-dial=n3=[::1]:7002", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.sync_interval_ms, 25);
+    ck_assert_uint_eq(cfg.npeer_dials, 2);
+    ck_assert_str_eq(cfg.peer_dials[0].name, "n2");
+    ck_assert_str_eq(cfg.peer_dials[0].addr, "127.0.0.1:7001");
+    ck_assert_str_eq(cfg.peer_dials[1].name, "n3");
+    ck_assert_str_eq(cfg.peer_dials[1].addr, "[::1]:7002");
+    cairn_config_destroy(&cfg);
 }
 END_TEST
 
@@ -396,6 +426,7 @@ static Suite *suite(void)
     tcase_add_test(tc, data_dir_and_cluster_follow_name);
     tcase_add_test(tc, initial_cluster_merges_names);
     tcase_add_test(tc, rejections);
+    tcase_add_test(tc, peer_flags);
     tcase_add_test(tc, help_version_and_ignored);
     tcase_add_test(tc, urls_to_addresses);
     tcase_add_test(tc, crc32c_vectors);
