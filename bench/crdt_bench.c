@@ -81,7 +81,7 @@ static size_t rss_bytes(void)
     return (size_t)rss * 4096;
 }
 
-static void die(const char *what, int rc)
+static _Noreturn void die(const char *what, int rc)
 {
     fprintf(stderr, "crdt_bench: %s: %s\n", what, cairn_strerror(rc));
     exit(1);

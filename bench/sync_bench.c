@@ -37,6 +37,7 @@
 
 #include "crdt/doc.h"
 #include "crdt/sync.h"
+#include "tests/unit/sync_apply.h"
 
 static uint64_t clock_ms = 1700000000000ull;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -50,7 +51,7 @@ static uint64_t rng(void)
     return rng_state = x;
 }
 
-static void die(const char *what, int rc)
+static _Noreturn void die(const char *what, int rc)
 {
     fprintf(stderr, "sync_bench: %s failed (%d)\n", what, rc);
     exit(1);
@@ -113,7 +114,7 @@ static int flight(cairn_doc *from, cairn_sync_state *sf, cairn_doc *to, cairn_sy
         n++;
         r->msgs++;
         r->bytes += len;
-        if ((rc = cairn_sync_receive(to, st, m, len, NULL)))
+        if ((rc = sync_apply(to, st, m, len, NULL)))
             die("receive", rc);
         free(m);
     }

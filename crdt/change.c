@@ -365,7 +365,7 @@ struct counts {
 static int parse(const uint8_t *buf, size_t len, struct counts *n, cairn_change *c,
                  cairn_opid *preds)
 {
-    struct rd r = {buf, buf + len};
+    struct rd r = {buf, buf ? buf + len : buf}; /* no offset into NULL */
     struct ctx x;
     const uint8_t *p;
     uint64_t seq, start_op, time_ms;

@@ -23,18 +23,11 @@
  * replica. Deleted elements stay as tombstones, and every object ever made
  * stays addressable, so a concurrent op on something deleted still applies.
  *
- * Local edits apply at once (so reads see them) and push an undo-log entry
- * each: rollback walks the log backwards, restoring the exact previous
- * records without allocating. Every edit allocates what it needs before it
- * changes anything, so a failing edit changes nothing.
- *
- * Remote changes are validated as a whole against the document (objects and
- * list elements exist or are made earlier in the same change, actions fit the
- * object, references obey the Lamport rule, op ids do not reuse the author's)
- * before the DAG orders them and any op is applied. Limitation: existence is
- * checked against this replica's state, not the change's causal past, so a
- * hostile change naming a concurrent op may be accepted by one replica and
- * rejected by another; honest changes never do.
+ * This file holds the state and the op code that local edits and received
+ * changes share; local edits and their undo log are in doc_edit.c, the
+ * validation and application of changes from peers in doc_receive.c, reads
+ * in doc_query.c, checkpoints in doc_ckpt.c, the canonical dump and new_at
+ * in doc_dump.c (internals shared through doc_int.h).
  *
  * Patches: a map key reports PUT when its winner's id changes (new key or a
  * new winner), DEL when nothing stays visible, INC when the winner is a
@@ -49,10 +42,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define CAIRN_DOC_IMPL
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 
-#define COUNTER_LIMIT (UINT64_C(1) << 62)
 
 /* Allocation failure injection for tests (SQLite's test_malloc idea): while
  * cairn_doc_fail_alloc_ > 0 it counts down on every allocation made here,
@@ -65,19 +58,34 @@ static int alloc_fails(void)
     return cairn_doc_fail_alloc_ > 0 && --cairn_doc_fail_alloc_ == 0;
 }
 
-static void *xmalloc(size_t n)
+void *xmalloc(size_t n)
 {
     return alloc_fails() ? NULL : malloc(n);
 }
 
-static void *xcalloc(size_t n, size_t size)
+void *xcalloc(size_t n, size_t size)
 {
     return alloc_fails() ? NULL : calloc(n, size);
 }
 
-static void *xrealloc(void *p, size_t n)
+void *xrealloc(void *p, size_t n)
 {
     return alloc_fails() ? NULL : realloc(p, n);
+}
+
+int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need)
+        nc *= 2;
+    void *np = xrealloc(*p, nc * size);
+    if (!np)
+        return CAIRN_ENOMEM;
+    *p = np;
+    *cap = nc;
+    return 0;
 }
 
 /* ---- ids, hashing ------------------------------------------------------ */
@@ -90,16 +98,12 @@ int cairn_doc_opcmp_(const cairn_doc *d, uint64_t c1, uint32_t a1, uint64_t c2, 
         return 0;
     return memcmp(d->actors[a1].b, d->actors[a2].b, CAIRN_ACTOR_LEN);
 }
-#define opcmp cairn_doc_opcmp_
 
 uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len)
 {
-    uint64_t h;
-    crypto_shorthash((unsigned char *)&h, p, len, d->hkey);
-    return (uint32_t)h;
+    return cairn_htab_sip(d->hkey, p, len);
 }
 
-#define hash_bytes cairn_doc_hash_bytes_
 
 uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor)
 {
@@ -109,93 +113,51 @@ uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor
     return hash_bytes(d, b, sizeof b);
 }
 
-#define hash_id cairn_doc_hash_id_
 
-/* ---- generic pointer table ----------------------------------------------- */
+/* ---- the object and key tables (crdt/htab.h) -------------------------------- */
 
-/* An entry's hash: objects store theirs; map records are hashed from their
- * key (a few tens of ns; records do not spend 4 bytes each on it). */
+/* Objects store their hash; map records are hashed from their key (a few
+ * tens of ns; records do not spend 4 bytes each on it). */
+uint32_t cairn_doc_obj_hash_(const void *arg, const void *e)
+{
+    (void)arg;
+    return ((const obj *)e)->hash;
+}
+
+uint32_t cairn_doc_key_hash_(const void *arg, const void *e)
+{
+    const mkey *r = e;
+    return hash_bytes(arg, r->key, r->key_len);
+}
+
+static cairn_htab_hash_cb ent_hash_cb(const cairn_doc *d, const ptab *t)
+{
+    return t == &d->objs ? cairn_doc_obj_hash_ : cairn_doc_key_hash_;
+}
+
 static uint32_t ent_hash(const cairn_doc *d, const ptab *t, const void *e)
 {
-    if (t == &d->objs)
-        return *(const uint32_t *)e;
-    const mkey *r = e;
-    return hash_bytes(d, r->key, r->key_len);
+    return ent_hash_cb(d, t)(d, e);
 }
 
-/* Puts |e|, whose hash is |h|, into a slot reserved for it. */
-void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h)
+void ptab_put(const cairn_doc *d, ptab *t, void *e)
 {
-    uint32_t mask = t->cap - 1;
-    uint32_t i = h & mask;
-    while (t->slots[i])
-        i = (i + 1) & mask;
-    t->slots[i] = e;
-    t->count++;
+    cairn_htab_put(t, e, ent_hash(d, t, e));
 }
 
-#define ptab_put_h cairn_doc_ptab_put_h_
-
-static void ptab_put(const cairn_doc *d, ptab *t, void *e)
-{
-    ptab_put_h(t, e, ent_hash(d, t, e));
-}
-
-/* Makes room for |extra| more entries without passing 3/4 load. */
+/* Room for |extra| more entries; a growth counts as one allocation for the
+ * failure injection. */
 int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra)
 {
-    uint64_t need = (uint64_t)t->count + extra;
-    if (t->cap && need * 4 <= (uint64_t)t->cap * 3)
-        return 0;
-    uint64_t cap = t->cap ? t->cap : 4;
-    while (need * 4 > cap * 3)
-        cap *= 2;
-    if (cap > (UINT64_C(1) << 31))
-        return CAIRN_ELIMIT;
-    void **slots = xcalloc((size_t)cap, sizeof *slots);
-    if (!slots)
+    if (cairn_htab_full(t, extra) && alloc_fails())
         return CAIRN_ENOMEM;
-    void **old = t->slots;
-    uint32_t ocap = t->cap;
-    *t = (ptab){slots, (uint32_t)cap, 0};
-    for (uint32_t i = 0; i < ocap; i++)
-        if (old[i])
-            ptab_put(d, t, old[i]);
-    free(old);
-    return 0;
+    return cairn_htab_reserve(t, extra, 4, ent_hash_cb(d, t), d);
 }
 
-#define ptab_reserve cairn_doc_ptab_reserve_
 
-static void ptab_del_at(const cairn_doc *d, ptab *t, uint32_t i)
+void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
 {
-    uint32_t mask = t->cap - 1;
-    t->slots[i] = NULL;
-    t->count--;
-    uint32_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (!t->slots[j])
-            return;
-        uint32_t k = ent_hash(d, t, t->slots[j]) & mask;
-        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (stays)
-            continue;
-        t->slots[i] = t->slots[j];
-        t->slots[j] = NULL;
-        i = j;
-    }
-}
-
-static void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
-{
-    uint32_t mask = t->cap - 1;
-    for (uint32_t i = ent_hash(d, t, e) & mask; t->slots[i]; i = (i + 1) & mask) {
-        if (t->slots[i] == e) {
-            ptab_del_at(d, t, i);
-            return;
-        }
-    }
+    cairn_htab_del(t, e, ent_hash(d, t, e), ent_hash_cb(d, t), d);
 }
 
 /* ---- actors ---------------------------------------------------------------- */
@@ -216,7 +178,6 @@ int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *id
     return 0;
 }
 
-#define actor_find cairn_doc_actor_find_
 
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
 {
@@ -260,7 +221,6 @@ int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     return 0;
 }
 
-#define actor_intern cairn_doc_actor_intern_
 
 /* ---- objects ----------------------------------------------------------- */
 
@@ -279,7 +239,7 @@ const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t ac
     return NULL;
 }
 
-static obj *find_obj(cairn_doc *d, cairn_objid id)
+obj *find_obj(cairn_doc *d, cairn_objid id)
 {
     if (id.counter != 0 && id.actor >= d->nactors)
         return NULL;
@@ -310,9 +270,8 @@ void cairn_doc_vs_free_(vset *s)
         free(s->many);
     s->n = 0;
 }
-#define vs_free cairn_doc_vs_free_
 
-static void obj_clear(obj *o)
+void obj_clear(obj *o)
 {
     for (uint32_t i = 0; i < o->keys.cap; i++) {
         mkey *r = o->keys.slots[i];
@@ -394,7 +353,7 @@ static int vs_compute(const cairn_doc *d, vset *out, const vset *in, const vop *
     return 0;
 }
 
-static void read_of(cairn_read *r, const vop *v)
+void read_of(cairn_read *r, const vop *v)
 {
     memset(r, 0, sizeof *r);
     r->id.counter = v->counter;
@@ -583,7 +542,7 @@ static int vs_has_inline(const vset *s)
  * value's vbytes (no undo entry, no vset being computed). The tail's room
  * is malloc_usable_size's (glibc lets the caller use it). A failed realloc
  * changes nothing. */
-static mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
+mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
 {
     if (!r->tail || vs_has_inline(&r->vs))
         return r;
@@ -628,7 +587,6 @@ mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, 
     return NULL;
 }
 
-#define map_lookup cairn_doc_map_lookup_
 
 /* Applies one map op with id (counter, actor); preds in document indices. */
 static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
@@ -712,7 +670,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
     if (r) {
         r->vs = out;
         if (nrec)
-            ptab_put_h(&o->keys, nrec, h);
+            cairn_htab_put(&o->keys, nrec, h);
         if (removed)
             ptab_del_ptr(d, &o->keys, rec);
     }
@@ -735,7 +693,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
     return 0;
 }
 
-static ptrdiff_t list_find(const obj *o, uint64_t counter, uint32_t actor)
+ptrdiff_t list_find(const obj *o, uint64_t counter, uint32_t actor)
 {
     for (size_t i = 0; i < o->n; i++)
         if (o->items[i]->counter == counter && o->items[i]->actor == actor)
@@ -752,7 +710,7 @@ static size_t visible_before(const obj *o, size_t pos)
 }
 
 /* Position of the |index|-th visible element, or -1. */
-static ptrdiff_t list_pos(const obj *o, size_t index)
+ptrdiff_t list_pos(const obj *o, size_t index)
 {
     if (index >= o->nvis)
         return -1;
@@ -883,7 +841,7 @@ static int apply_list_elem(cairn_doc *d, obj *o, cairn_opid target, uint64_t cou
 }
 
 /* Applies |op| (document indices) as op id (counter, actor). */
-static int apply_op(cairn_doc *d, const cairn_op *op, uint64_t counter, uint32_t actor)
+int apply_op(cairn_doc *d, const cairn_op *op, uint64_t counter, uint32_t actor)
 {
     obj *o = find_obj(d, op->obj);
     if (!o)
@@ -923,13 +881,13 @@ int cairn_doc_new(cairn_doc **out, const cairn_actor *actor)
     return 0;
 }
 
-static void drop_last_commit(cairn_doc *d)
+void drop_last_commit(cairn_doc *d)
 {
     cairn_change_free(d->last_commit);
     d->last_commit = NULL;
 }
 
-static void pending_clear(cairn_doc *d)
+void pending_clear(cairn_doc *d)
 {
     for (size_t i = 0; i < d->npops; i++) {
         free(d->pops[i].buf);
@@ -993,896 +951,3 @@ int cairn_doc_actor_of(const cairn_doc *doc, cairn_actor *out, cairn_opid id)
     return 0;
 }
 
-/* ---- local edits ----------------------------------------------------------------- */
-
-int cairn_doc_begin(cairn_doc *doc, uint64_t now_ms)
-{
-    if (doc->broken)
-        return doc->broken;
-    if (doc->in_edit || doc->readonly)
-        return CAIRN_ESTATE;
-    drop_last_commit(doc);
-    uint64_t start = doc->max_counter + 1;
-    if (now_ms > start)
-        start = now_ms;
-    if (start >= COUNTER_LIMIT)
-        return CAIRN_EINVAL;
-    doc->p_start = start;
-    doc->p_time = now_ms;
-    doc->in_edit = 1;
-    return 0;
-}
-
-int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 16;
-    while (nc < need)
-        nc *= 2;
-    void *np = xrealloc(*p, nc * size);
-    if (!np)
-        return CAIRN_ENOMEM;
-    *p = np;
-    *cap = nc;
-    return 0;
-}
-#define grow cairn_doc_grow_
-
-static int value_ok(const cairn_value *v)
-{
-    if (!v || v->type > CAIRN_V_COUNTER)
-        return 0;
-    if (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR)
-        return v->v.bytes.len <= CAIRN_CHANGE_MAX_BYTES && (v->v.bytes.ptr || !v->v.bytes.len);
-    return 1;
-}
-
-/* Checks the edit state and reserves the per-edit buffers, so that the apply
- * functions never fail for want of log space. */
-static int edit_prepare(cairn_doc *d)
-{
-    if (d->broken)
-        return d->broken;
-    if (!d->in_edit)
-        return CAIRN_ESTATE;
-    if (d->p_start + d->npops >= COUNTER_LIMIT || d->npops >= UINT32_MAX)
-        return CAIRN_ELIMIT;
-    int rc = grow((void **)&d->pops, &d->pops_cap, d->npops + 1, sizeof *d->pops);
-    if (!rc)
-        rc = grow((void **)&d->undo, &d->undo_cap, d->nundo + 2, sizeof *d->undo);
-    if (!rc)
-        rc = grow((void **)&d->pp, &d->pp_cap, d->npp + 1, sizeof *d->pp);
-    return rc;
-}
-
-/* Builds pending op |p| with copies of key, value bytes and the preds taken
- * from |vs| (all visible ops, or only the winner when |winner_only|). */
-static int pop_build(pop *p, uint8_t action, uint8_t insert, cairn_objid objid, const uint8_t *key,
-                     size_t key_len, cairn_opid elem_id, const cairn_value *v, const vset *vs,
-                     int winner_only)
-{
-    memset(p, 0, sizeof *p);
-    size_t vlen = 0;
-    if (v && (v->type == CAIRN_V_BYTES || v->type == CAIRN_V_STR))
-        vlen = v->v.bytes.len;
-    p->buf = xmalloc(key_len + vlen + 1);
-    if (!p->buf)
-        return CAIRN_ENOMEM;
-    uint32_t npred = vs ? (winner_only && vs->n ? 1 : vs->n) : 0;
-    if (npred) {
-        p->op.pred = xmalloc(npred * sizeof *p->op.pred);
-        if (!p->op.pred) {
-            free(p->buf);
-            p->buf = NULL;
-            return CAIRN_ENOMEM;
-        }
-        const vop *o = vs_ops(vs);
-        for (uint32_t i = 0; i < npred; i++) {
-            p->op.pred[i].counter = o[i].counter;
-            p->op.pred[i].actor = o[i].actor;
-        }
-    }
-    if (key_len)
-        memcpy(p->buf, key, key_len);
-    p->op.action = action;
-    p->op.insert = insert;
-    p->op.obj = objid.counter ? objid : CAIRN_ROOT;
-    p->op.key = p->buf;
-    p->op.key_len = (uint32_t)key_len;
-    p->op.elem = elem_id;
-    if (v) {
-        p->op.value = *v;
-        if (vlen) {
-            memcpy(p->buf + key_len, v->v.bytes.ptr, vlen);
-            p->op.value.v.bytes.ptr = p->buf + key_len;
-        }
-    }
-    p->op.npred = npred;
-    return 0;
-}
-
-/* Applies a built pending op and keeps it, or frees it on failure. */
-static int pop_apply(cairn_doc *d, pop *p, cairn_objid *out)
-{
-    uint64_t counter = d->p_start + d->npops;
-    d->local = 1;
-    int rc = apply_op(d, &p->op, counter, 0);
-    d->local = 0;
-    if (rc) {
-        free(p->buf);
-        free(p->op.pred);
-        return rc;
-    }
-    d->pops[d->npops++] = *p;
-    if (out) {
-        out->counter = counter;
-        out->actor = 0;
-    }
-    return 0;
-}
-
-static int map_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, const uint8_t *key,
-                    size_t key_len, uint8_t action, const cairn_value *v)
-{
-    if (out)
-        *out = CAIRN_ROOT;
-    int rc = edit_prepare(d);
-    if (rc)
-        return rc;
-    obj *o = find_obj(d, objid);
-    if (!o)
-        return CAIRN_ENOOBJ;
-    if (o->type != CAIRN_OBJ_MAP || key_len > CAIRN_CHANGE_MAX_BYTES || (!key && key_len))
-        return CAIRN_EINVAL;
-    if (v && !value_ok(v))
-        return CAIRN_EINVAL;
-    mkey *rec = map_lookup(o, key, (uint32_t)key_len, hash_bytes(d, key, key_len));
-    const vset *vs = rec ? &rec->vs : NULL;
-    if ((action == CAIRN_OP_DEL || action == CAIRN_OP_INC) && !vs)
-        return CAIRN_ENOTFOUND;
-    if (action == CAIRN_OP_INC) {
-        const vop *w = &vs_ops(vs)[0];
-        if (w->kind != VK_SCALAR || w->vtype != CAIRN_V_COUNTER)
-            return CAIRN_EINVAL;
-    }
-    pop p;
-    rc = pop_build(&p, action, 0, objid, key, key_len, CAIRN_ROOT, v, vs, action == CAIRN_OP_INC);
-    if (rc)
-        return rc;
-    return pop_apply(d, &p, out);
-}
-
-int cairn_doc_put(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len,
-                  const cairn_value *v)
-{
-    if (!v)
-        return CAIRN_EINVAL;
-    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_SET, v);
-}
-
-int cairn_doc_put_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj_id, const uint8_t *key,
-                         size_t key_len, int kind)
-{
-    if (kind != CAIRN_OBJ_MAP && kind != CAIRN_OBJ_LIST) {
-        if (out)
-            *out = CAIRN_ROOT;
-        return CAIRN_EINVAL;
-    }
-    return map_edit(doc, out, obj_id, key, key_len,
-                    kind == CAIRN_OBJ_MAP ? CAIRN_OP_MAKE_MAP : CAIRN_OP_MAKE_LIST, NULL);
-}
-
-int cairn_doc_delete(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len)
-{
-    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_DEL, NULL);
-}
-
-int cairn_doc_increment(cairn_doc *doc, cairn_objid obj_id, const uint8_t *key, size_t key_len,
-                        int64_t delta)
-{
-    cairn_value v = {.type = CAIRN_V_INT, .v.i = delta};
-    return map_edit(doc, NULL, obj_id, key, key_len, CAIRN_OP_INC, &v);
-}
-
-/* List edits. |insert|: a new element at |index| (after the visible element
- * index-1); otherwise acts on the element at |index|. */
-static int list_edit(cairn_doc *d, cairn_objid *out, cairn_objid objid, size_t index, int insert,
-                     uint8_t action, const cairn_value *v)
-{
-    if (out)
-        *out = CAIRN_ROOT;
-    int rc = edit_prepare(d);
-    if (rc)
-        return rc;
-    obj *o = find_obj(d, objid);
-    if (!o)
-        return CAIRN_ENOOBJ;
-    if (o->type != CAIRN_OBJ_LIST)
-        return CAIRN_EINVAL;
-    if (v && !value_ok(v))
-        return CAIRN_EINVAL;
-    cairn_opid target = CAIRN_ROOT;
-    const vset *vs = NULL;
-    if (insert) {
-        if (index > o->nvis)
-            return CAIRN_EINVAL;
-        if (index > 0) {
-            const elem *e = o->items[list_pos(o, index - 1)];
-            target.counter = e->counter;
-            target.actor = e->actor;
-        }
-    } else {
-        ptrdiff_t at = list_pos(o, index);
-        if (at < 0)
-            return CAIRN_ENOTFOUND;
-        const elem *e = o->items[at];
-        target.counter = e->counter;
-        target.actor = e->actor;
-        vs = &e->vs;
-        if (action == CAIRN_OP_INC) {
-            const vop *w = &vs_ops(vs)[0];
-            if (w->kind != VK_SCALAR || w->vtype != CAIRN_V_COUNTER)
-                return CAIRN_EINVAL;
-        }
-    }
-    pop p;
-    rc = pop_build(&p, action, (uint8_t)insert, objid, NULL, 0, target, v, vs,
-                   action == CAIRN_OP_INC);
-    if (rc)
-        return rc;
-    return pop_apply(d, &p, out);
-}
-
-int cairn_doc_list_insert(cairn_doc *doc, cairn_objid obj_id, size_t index, const cairn_value *v)
-{
-    if (!v)
-        return CAIRN_EINVAL;
-    return list_edit(doc, NULL, obj_id, index, 1, CAIRN_OP_SET, v);
-}
-
-int cairn_doc_list_insert_object(cairn_doc *doc, cairn_objid *out, cairn_objid obj_id, size_t index,
-                                 int kind)
-{
-    if (kind != CAIRN_OBJ_MAP && kind != CAIRN_OBJ_LIST) {
-        if (out)
-            *out = CAIRN_ROOT;
-        return CAIRN_EINVAL;
-    }
-    return list_edit(doc, out, obj_id, index, 1,
-                     kind == CAIRN_OBJ_MAP ? CAIRN_OP_MAKE_MAP : CAIRN_OP_MAKE_LIST, NULL);
-}
-
-int cairn_doc_list_set(cairn_doc *doc, cairn_objid obj_id, size_t index, const cairn_value *v)
-{
-    if (!v)
-        return CAIRN_EINVAL;
-    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_SET, v);
-}
-
-int cairn_doc_list_delete(cairn_doc *doc, cairn_objid obj_id, size_t index)
-{
-    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_DEL, NULL);
-}
-
-int cairn_doc_list_increment(cairn_doc *doc, cairn_objid obj_id, size_t index, int64_t delta)
-{
-    cairn_value v = {.type = CAIRN_V_INT, .v.i = delta};
-    return list_edit(doc, NULL, obj_id, index, 0, CAIRN_OP_INC, &v);
-}
-
-/* Undoes the log from its end down to |keep| entries, without allocating. */
-static void undo_to(cairn_doc *d, size_t keep)
-{
-    while (d->nundo > keep) {
-        undo *u = &d->undo[--d->nundo];
-        obj *o = u->o;
-        switch (u->what) {
-        case U_MAP: {
-            mkey *r = u->rec;
-            if (u->rec_new) {
-                ptab_del_ptr(d, &o->keys, r);
-                o->nvis -= r->vs.n > 0;
-                vs_free(&r->vs);
-                free(r);
-            } else {
-                r->in_undo = 0;
-                if (u->rec_removed) {
-                    ptab_put(d, &o->keys, r); /* its old slot's room is still there */
-                } else {
-                    o->nvis -= r->vs.n > 0;
-                    vs_free(&r->vs);
-                }
-                o->nvis += u->saved.n > 0;
-                r->vs = u->saved;
-            }
-            break;
-        }
-        case U_ELEM:
-            o->nvis -= u->e->vs.n > 0;
-            vs_free(&u->e->vs);
-            u->e->vs = u->saved;
-            o->nvis += u->saved.n > 0;
-            break;
-        case U_INSERT: {
-            ptrdiff_t at = -1;
-            for (size_t i = o->n; i-- > 0;)
-                if (o->items[i] == u->e) {
-                    at = (ptrdiff_t)i;
-                    break;
-                }
-            if (at >= 0) {
-                memmove(&o->items[at], &o->items[at + 1],
-                        (o->n - (size_t)at - 1) * sizeof *o->items);
-                o->n--;
-            }
-            o->nvis -= u->e->vs.n > 0;
-            vs_free(&u->e->vs);
-            free(u->e);
-            break;
-        }
-        case U_OBJ:
-            ptab_del_ptr(d, &d->objs, o);
-            obj_clear(o);
-            free(o);
-            break;
-        }
-    }
-}
-
-void cairn_doc_rollback(cairn_doc *doc)
-{
-    if (!doc->in_edit)
-        return;
-    undo_to(doc, 0);
-    pending_clear(doc);
-}
-
-/* Forgets the undo log after a commit: frees what it kept alive, then
- * settles the records whose first value died in the edit. A record may have
- * several entries and may be freed by its last (a removal), so the records
- * to settle are picked first, each once (by its last entry), and settled
- * after every entry is done with. */
-static void undo_forget(cairn_doc *d)
-{
-    for (size_t i = d->nundo; i-- > 0;) {
-        undo *u = &d->undo[i];
-        if (u->what == U_MAP) {
-            u->rec_owner = u->rec->in_undo && !u->rec_removed;
-            u->rec->in_undo = 0;
-        }
-    }
-    for (size_t i = 0; i < d->nundo; i++) {
-        undo *u = &d->undo[i];
-        if (u->what == U_MAP || u->what == U_ELEM)
-            vs_free(&u->saved);
-        if (u->what == U_MAP && u->rec_removed)
-            free(u->rec);
-    }
-    for (size_t i = 0; i < d->nundo; i++) {
-        undo *u = &d->undo[i];
-        if (u->what == U_MAP && u->rec_owner)
-            rec_settle(d, u->o, u->rec, u->rec_hash);
-    }
-    d->nundo = 0;
-}
-
-struct actor_ix {
-    cairn_actor a;
-    uint32_t idx;
-};
-
-static int cmp_actor_ix(const void *x, const void *y)
-{
-    return memcmp(((const struct actor_ix *)x)->a.b, ((const struct actor_ix *)y)->a.b,
-                  CAIRN_ACTOR_LEN);
-}
-
-/* Preds in document indices, ascending by (counter, actor bytes) as the
- * encoding wants; few, so insertion sort. */
-static void sort_preds(const cairn_doc *d, cairn_opid *p, uint32_t n)
-{
-    for (uint32_t i = 1; i < n; i++) {
-        cairn_opid x = p[i];
-        uint32_t j = i;
-        while (j > 0 && opcmp(d, p[j - 1].counter, p[j - 1].actor, x.counter, x.actor) > 0) {
-            p[j] = p[j - 1];
-            j--;
-        }
-        p[j] = x;
-    }
-}
-
-/* Document actor index |a| -> index in the change's table. */
-static uint32_t tr_actor(const cairn_doc *d, const uint32_t *others, size_t nothers, uint32_t a)
-{
-    if (a == 0)
-        return 0;
-    size_t lo = 0, hi = nothers;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        int c = memcmp(d->actors[others[mid]].b, d->actors[a].b, CAIRN_ACTOR_LEN);
-        if (c == 0)
-            return (uint32_t)mid + 1;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return 0; /* not reached: every referenced actor was collected */
-}
-
-static cairn_opid tr_id(const cairn_doc *d, const uint32_t *others, size_t nothers, cairn_opid id)
-{
-    cairn_opid r = {id.counter, 0};
-    if (id.counter)
-        r.actor = tr_actor(d, others, nothers, id.actor);
-    return r;
-}
-
-/* Seals the pending ops into a change (in the change's actor indices). */
-static int build_change(cairn_doc *d, cairn_change **out)
-{
-    *out = NULL;
-    int rc = CAIRN_ENOMEM;
-    size_t nref = 0, ntot = 0;
-    for (size_t i = 0; i < d->npops; i++)
-        nref += 2 + d->pops[i].op.npred, ntot += d->pops[i].op.npred;
-    struct actor_ix *ax = xmalloc((nref + 1) * sizeof *ax);
-    uint32_t *others = xmalloc((nref + 1) * sizeof *others);
-    cairn_op *ops = xmalloc(d->npops * sizeof *ops);
-    cairn_opid *preds = xmalloc((ntot + 1) * sizeof *preds);
-    cairn_actor *actors = NULL;
-    if (!ax || !others || !ops || !preds)
-        goto out;
-    size_t n = 0;
-    for (size_t i = 0; i < d->npops; i++) {
-        const cairn_op *op = &d->pops[i].op;
-        if (op->obj.counter && op->obj.actor)
-            ax[n++].idx = op->obj.actor;
-        if (op->elem.counter && op->elem.actor)
-            ax[n++].idx = op->elem.actor;
-        for (uint32_t k = 0; k < op->npred; k++)
-            if (op->pred[k].actor)
-                ax[n++].idx = op->pred[k].actor;
-    }
-    for (size_t i = 0; i < n; i++)
-        ax[i].a = d->actors[ax[i].idx];
-    qsort(ax, n, sizeof *ax, cmp_actor_ix);
-    size_t nothers = 0;
-    for (size_t i = 0; i < n; i++)
-        if (nothers == 0 || others[nothers - 1] != ax[i].idx)
-            others[nothers++] = ax[i].idx;
-    if (nothers + 1 > CAIRN_CHANGE_MAX_ACTORS) {
-        rc = CAIRN_ELIMIT;
-        goto out;
-    }
-    actors = xmalloc((nothers + 1) * sizeof *actors);
-    if (!actors)
-        goto out;
-    actors[0] = d->actors[0];
-    for (size_t i = 0; i < nothers; i++)
-        actors[i + 1] = d->actors[others[i]];
-    size_t pk = 0;
-    for (size_t i = 0; i < d->npops; i++) {
-        const cairn_op *src = &d->pops[i].op;
-        cairn_op *op = &ops[i];
-        *op = *src;
-        op->obj = tr_id(d, others, nothers, src->obj);
-        op->elem = tr_id(d, others, nothers, src->elem);
-        op->pred = &preds[pk];
-        if (src->npred)
-            memcpy(op->pred, src->pred, src->npred * sizeof *op->pred);
-        sort_preds(d, op->pred, src->npred);
-        for (uint32_t k = 0; k < src->npred; k++)
-            preds[pk + k] = tr_id(d, others, nothers, preds[pk + k]);
-        pk += src->npred;
-        if (!op->npred)
-            op->pred = NULL;
-    }
-    cairn_change t;
-    memset(&t, 0, sizeof t);
-    t.actor = d->actors[0];
-    t.seq = cairn_dag_actor_seq(d->dag, &d->actors[0]) + 1;
-    t.start_op = d->p_start;
-    t.time_ms = d->p_time;
-    const cairn_hash *heads;
-    t.ndeps = (uint32_t)cairn_dag_heads(d->dag, &heads);
-    t.deps = (cairn_hash *)heads;
-    t.nactors = (uint32_t)(nothers + 1);
-    t.actors = actors;
-    t.nops = (uint32_t)d->npops;
-    t.ops = ops;
-    rc = cairn_change_new(out, &t);
-out:
-    free(ax);
-    free(others);
-    free(ops);
-    free(preds);
-    free(actors);
-    return rc;
-}
-
-int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_observer *obs)
-{
-    if (out)
-        *out = NULL;
-    drop_last_commit(doc);
-    if (doc->broken)
-        return doc->broken;
-    if (!doc->in_edit)
-        return CAIRN_ESTATE;
-    if (doc->npops == 0) {
-        pending_clear(doc);
-        return 0;
-    }
-    cairn_change *c;
-    int rc = build_change(doc, &c);
-    if (rc)
-        goto fail;
-    cairn_hash h = c->hash;
-    int state;
-    rc = cairn_dag_add(doc->dag, c, &state);
-    if (rc)
-        goto fail;
-    const cairn_change *peek = cairn_dag_peek_ready(doc->dag);
-    if (state != CAIRN_DAG_READY || !peek || cairn_hash_cmp(&peek->hash, &h) != 0) {
-        rc = CAIRN_ESTATE; /* our own change must be ready at once */
-        goto fail;
-    }
-    uint64_t index;
-    cairn_change *r;
-    rc = cairn_dag_order(doc->dag, &index, &r);
-    if (rc) {
-        if (rc == CAIRN_ENOMEM)
-            cairn_dag_discard(doc->dag); /* else it would stay ready */
-        goto fail;
-    }
-    /* The DAG keeps no body; the doc holds this one for |out| until its next
-     * write. The edits' values are already the doc's own copies. */
-    doc->last_commit = r;
-    uint64_t last = doc->p_start + doc->npops - 1;
-    if (last > doc->max_counter)
-        doc->max_counter = last;
-    doc->actor_max[0] = last;
-    if (obs && obs->change_cb)
-        obs->change_cb(obs->arg, r, index, 1);
-    if (obs && obs->patch_cb)
-        for (size_t i = 0; i < doc->npp; i++)
-            obs->patch_cb(obs->arg, &doc->pp[i]);
-    if (obs && obs->change_cb)
-        obs->change_cb(obs->arg, r, index, 0);
-    undo_forget(doc);
-    pending_clear(doc);
-    if (out)
-        *out = r;
-    return 0;
-fail:
-    cairn_doc_rollback(doc);
-    return rc;
-}
-
-/* ---- remote changes -------------------------------------------------------------- */
-
-/* Resolves a reference made inside change |c| by op |i|: checks the actor
- * index and the Lamport rule (an op may name only ops with smaller counters
- * than the change's, or earlier ops of its own change). *own = op index
- * within |c| or -1. */
-static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *own)
-{
-    *own = -1;
-    if (r.counter == 0)
-        return 0;
-    if (r.actor >= c->nactors)
-        return CAIRN_EBADOP;
-    if (r.counter >= c->start_op) {
-        if (r.actor != 0 || r.counter - c->start_op >= i)
-            return CAIRN_EBADOP;
-        *own = (ptrdiff_t)(r.counter - c->start_op);
-    }
-    return 0;
-}
-
-static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
-                       const uint32_t *amap)
-{
-    ptrdiff_t own;
-    int rc = check_ref(c, i, e, &own);
-    if (rc)
-        return rc;
-    if (own >= 0) {
-        const cairn_op *mk = &c->ops[own];
-        if (!mk->insert || mk->obj.counter != c->ops[i].obj.counter ||
-            mk->obj.actor != c->ops[i].obj.actor)
-            return CAIRN_ENOTFOUND;
-        return 0;
-    }
-    if (!list)
-        return CAIRN_ENOTFOUND; /* a list made in this change has only its own elements */
-    return list_find(list, e.counter, amap[e.actor]) >= 0 ? 0 : CAIRN_ENOTFOUND;
-}
-
-/* Validates the whole of |c| against the document before anything applies. */
-static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
-{
-    if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
-        c->nops > COUNTER_LIMIT - c->start_op || cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
-        return CAIRN_EBADOP;
-    for (uint32_t k = 0; k < c->nactors; k++) {
-        int rc = actor_intern(d, &c->actors[k], &amap[k]);
-        if (rc)
-            return rc;
-    }
-    if (c->nops && c->start_op <= d->actor_max[amap[0]])
-        return CAIRN_EBADOP; /* reuses op ids of its author */
-    for (size_t i = 0; i < c->nops; i++) {
-        const cairn_op *op = &c->ops[i];
-        ptrdiff_t own;
-        int rc = check_ref(c, i, op->obj, &own);
-        if (rc)
-            return rc;
-        int type;
-        const obj *o = NULL;
-        if (op->obj.counter == 0) {
-            type = CAIRN_OBJ_MAP;
-            o = &d->root;
-        } else if (own >= 0) {
-            uint8_t a = c->ops[own].action;
-            if (a != CAIRN_OP_MAKE_MAP && a != CAIRN_OP_MAKE_LIST)
-                return CAIRN_ENOOBJ;
-            type = a == CAIRN_OP_MAKE_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST;
-        } else {
-            o = cairn_doc_find_obj_(d, op->obj.counter, amap[op->obj.actor]);
-            if (!o)
-                return CAIRN_ENOOBJ;
-            type = o->type;
-        }
-        if (op->action < CAIRN_OP_MAKE_MAP || op->action > CAIRN_OP_INC)
-            return CAIRN_EBADOP;
-        if (op->action == CAIRN_OP_SET && op->value.type > CAIRN_V_COUNTER)
-            return CAIRN_EBADOP;
-        if (op->action == CAIRN_OP_INC && op->value.type != CAIRN_V_INT)
-            return CAIRN_EBADOP;
-        if (type == CAIRN_OBJ_MAP) {
-            if (op->insert || op->elem.counter)
-                return CAIRN_EBADOP;
-        } else {
-            if (op->insert && (op->action == CAIRN_OP_DEL || op->action == CAIRN_OP_INC))
-                return CAIRN_EBADOP;
-            if (!op->insert && op->elem.counter == 0)
-                return CAIRN_EBADOP;
-            if (op->elem.counter != 0 && (rc = elem_exists(c, i, o, op->elem, amap)) != 0)
-                return rc;
-        }
-        for (uint32_t k = 0; k < op->npred; k++) {
-            if (op->pred[k].counter == 0)
-                return CAIRN_EBADOP;
-            if ((rc = check_ref(c, i, op->pred[k], &own)) != 0)
-                return rc;
-        }
-    }
-    return 0;
-}
-
-static cairn_opid map_id(const uint32_t *amap, cairn_opid id)
-{
-    cairn_opid r = {id.counter, 0};
-    if (id.counter)
-        r.actor = amap[id.actor];
-    return r;
-}
-
-/* Applies a validated, ordered change. */
-static int apply_change(cairn_doc *d, const cairn_change *c, const uint32_t *amap)
-{
-    for (size_t i = 0; i < c->nops; i++) {
-        const cairn_op *src = &c->ops[i];
-        int rc = grow((void **)&d->tpred, &d->tpred_cap, src->npred + 1, sizeof *d->tpred);
-        if (rc)
-            return rc;
-        cairn_op op = *src;
-        op.obj = map_id(amap, src->obj);
-        op.elem = map_id(amap, src->elem);
-        for (uint32_t k = 0; k < src->npred; k++)
-            d->tpred[k] = map_id(amap, src->pred[k]);
-        op.pred = d->tpred;
-        if ((rc = apply_op(d, &op, c->start_op + i, amap[0])) != 0)
-            return rc;
-    }
-    if (c->nops) {
-        uint64_t last = c->start_op + c->nops - 1;
-        if (last > d->max_counter)
-            d->max_counter = last;
-        if (last > d->actor_max[amap[0]])
-            d->actor_max[amap[0]] = last;
-    }
-    return 0;
-}
-
-int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
-{
-    if (doc->broken || doc->in_edit || doc->readonly) {
-        cairn_change_free(c);
-        return doc->broken ? doc->broken : CAIRN_ESTATE;
-    }
-    return cairn_doc_receive_(doc, c, obs);
-}
-
-/* Receive without the read-only check (new_at replays through it). */
-int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
-{
-    drop_last_commit(doc);
-    int state;
-    int rc = cairn_dag_add(doc->dag, c, &state);
-    if (rc)
-        return rc;
-    int first = 0;
-    uint32_t *amap = NULL;
-    size_t amap_cap = 0;
-    const cairn_change *r;
-    while ((r = cairn_dag_peek_ready(doc->dag)) != NULL) {
-        rc = grow((void **)&amap, &amap_cap, r->nactors + 1, sizeof *amap);
-        if (!rc)
-            rc = validate(doc, r, amap);
-        if (rc) {
-            cairn_dag_discard(doc->dag);
-            if (!first)
-                first = rc;
-            continue;
-        }
-        uint64_t index;
-        cairn_change *body;
-        rc = cairn_dag_order(doc->dag, &index, &body);
-        if (rc) {
-            /* the sequence rule discarded it; out of memory leaves it ready,
-             * and retrying here could spin: drop it (a peer resends) */
-            if (rc == CAIRN_ENOMEM)
-                cairn_dag_discard(doc->dag);
-            if (!first)
-                first = rc;
-            continue;
-        }
-        /* The body is ours now: applied, reported, then freed (the DAG or
-         * its loader has the bytes; the doc copied the values it keeps). */
-        if (obs && obs->change_cb)
-            obs->change_cb(obs->arg, body, index, 1);
-        doc->obs = obs;
-        rc = apply_change(doc, body, amap);
-        doc->obs = NULL;
-        if (rc) {
-            doc->broken = rc; /* half-applied: nothing can be trusted now */
-            cairn_change_free(body);
-            free(amap);
-            return rc;
-        }
-        if (obs && obs->change_cb)
-            obs->change_cb(obs->arg, body, index, 0);
-        cairn_change_free(body);
-    }
-    free(amap);
-    return first;
-}
-
-/* ---- reads --------------------------------------------------------------------- */
-
-static const obj *read_obj(const cairn_doc *d, cairn_objid id, int type, int *rc)
-{
-    const obj *o = NULL;
-    if (id.counter == 0 || id.actor < d->nactors)
-        o = cairn_doc_find_obj_(d, id.counter, id.actor);
-    *rc = !o ? CAIRN_ENOOBJ : (type && o->type != type) ? CAIRN_EINVAL : 0;
-    return *rc ? NULL : o;
-}
-
-int cairn_doc_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj_id, const uint8_t *key,
-                  size_t key_len)
-{
-    size_t n;
-    return cairn_doc_get_all(doc, out, 1, &n, obj_id, key, key_len);
-}
-
-int cairn_doc_get_all(const cairn_doc *doc, cairn_read *out, size_t cap, size_t *n,
-                      cairn_objid obj_id, const uint8_t *key, size_t key_len)
-{
-    *n = 0;
-    if (cap)
-        memset(out, 0, sizeof *out);
-    int rc;
-    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_MAP, &rc);
-    if (!o)
-        return rc;
-    if (key_len > UINT32_MAX || (!key && key_len))
-        return CAIRN_EINVAL;
-    const mkey *r = map_lookup(o, key, (uint32_t)key_len, hash_bytes(doc, key, key_len));
-    if (!r)
-        return 0;
-    const vop *v = vs_ops(&r->vs);
-    for (size_t i = 0; i < r->vs.n && i < cap; i++)
-        read_of(&out[i], &v[i]);
-    *n = r->vs.n;
-    return 0;
-}
-
-int cairn_doc_list_get(const cairn_doc *doc, cairn_read *out, cairn_objid obj_id, size_t index)
-{
-    memset(out, 0, sizeof *out);
-    int rc;
-    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_LIST, &rc);
-    if (!o)
-        return rc;
-    ptrdiff_t at = list_pos(o, index);
-    if (at < 0)
-        return CAIRN_ENOTFOUND;
-    read_of(out, &vs_ops(&o->items[at]->vs)[0]);
-    return 0;
-}
-
-int cairn_doc_length(const cairn_doc *doc, size_t *n, cairn_objid obj_id)
-{
-    *n = 0;
-    int rc;
-    const obj *o = read_obj(doc, obj_id, 0, &rc);
-    if (!o)
-        return rc;
-    *n = o->nvis;
-    return 0;
-}
-
-int cairn_doc_map_foreach(const cairn_doc *doc, cairn_objid obj_id, cairn_doc_key_cb cb, void *arg)
-{
-    int rc;
-    const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_MAP, &rc);
-    if (!o)
-        return rc;
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (!r || r->vs.n == 0)
-            continue;
-        cairn_read rd;
-        read_of(&rd, &vs_ops(&r->vs)[0]);
-        if ((rc = cb(arg, r->key, r->key_len, &rd)) != 0)
-            return rc;
-    }
-    return 0;
-}
-
-/* ---- accounting ----------------------------------------------------------- */
-
-static double vs_bytes(const vset *s)
-{
-    double b = 0;
-    const vop *v = vs_ops(s);
-    for (uint32_t i = 0; i < s->n; i++)
-        if (vop_has_bytes(&v[i]))
-            b += (double)malloc_usable_size(vop_bytes(&v[i])) / vop_bytes(&v[i])->refs;
-    if (s->n >= 2)
-        b += (double)malloc_usable_size(s->many);
-    return b;
-}
-
-static double obj_bytes(const obj *o)
-{
-    double b = (double)malloc_usable_size(o->keys.slots) + (double)malloc_usable_size(o->items);
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (r)
-            b += (double)malloc_usable_size((void *)r) + vs_bytes(&r->vs);
-    }
-    for (size_t i = 0; i < o->n; i++)
-        b += (double)malloc_usable_size(o->items[i]) + vs_bytes(&o->items[i]->vs);
-    return b;
-}
-
-size_t cairn_doc_state_bytes_(const cairn_doc *d)
-{
-    double b = (double)malloc_usable_size((void *)d) + obj_bytes(&d->root) +
-               (double)malloc_usable_size(d->objs.slots);
-    for (uint32_t i = 0; i < d->objs.cap; i++) {
-        const obj *o = d->objs.slots[i];
-        if (o)
-            b += (double)malloc_usable_size((void *)o) + obj_bytes(o);
-    }
-    b += (double)malloc_usable_size(d->actors) + (double)malloc_usable_size(d->actor_max) +
-         (double)malloc_usable_size(d->aslots);
-    return (size_t)(b + 0.5);
-}

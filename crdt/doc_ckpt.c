@@ -50,12 +50,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define CAIRN_DOC_IMPL
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 #include "crdt/wire.h"
 
 #define CKPT_VERSION 1
-#define COUNTER_LIMIT (UINT64_C(1) << 62)
 #define MIN_OP_BYTES 3  /* counter, actor, kind */
 #define MIN_KEY_BYTES 5 /* key_len, a one-op vset */
 #define MIN_OBJ_BYTES 4 /* id, type, an empty body */
@@ -628,7 +628,7 @@ static int load_objects(loader *l)
         o->type = type;
         o->hash = cairn_doc_hash_id_(d, o->counter, o->actor);
         /* In the table before its contents, so that the document frees it. */
-        cairn_doc_ptab_put_h_(&d->objs, o, o->hash);
+        cairn_htab_put(&d->objs, o, o->hash);
         prev = o;
         if ((rc = load_obj(l, o)))
             return rc;

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define CAIRN_DOC_IMPL
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 

@@ -2,9 +2,10 @@
 #define CAIRN_DOC_INT_H
 
 /*
- * Internals of the document, shared by doc.c (state, edits, receive) and
- * doc_dump.c (canonical dump, new_at). Nothing outside crdt/doc*.c includes
- * this header.
+ * Internals of the document, shared by doc.c (state, the op code),
+ * doc_edit.c (local edits), doc_receive.c (changes from peers), doc_query.c
+ * (reads), doc_ckpt.c (checkpoints) and doc_dump.c (canonical dump,
+ * new_at). Nothing outside crdt/doc*.c includes this header but the tests.
  */
 
 #include <stddef.h>
@@ -13,6 +14,11 @@
 #include <sodium.h>
 
 #include "crdt/doc.h"
+#include "crdt/htab.h"
+
+/* Op counters and clocks stay below this (a hostile change cannot push the
+ * clock to overflow). */
+#define COUNTER_LIMIT (UINT64_C(1) << 62)
 
 enum { VK_SCALAR = 1, VK_MAP = 2, VK_LIST = 3 };
 
@@ -99,14 +105,9 @@ typedef struct elem {
     vset vs;
 } elem;
 
-/* Open-addressing table of pointers: the document's object table (entries
- * are obj, whose first field is their hash) or a map's keys (mkey, hashed
- * from the key); linear probing, backward-shift deletion, load <= 3/4. */
-typedef struct ptab {
-    void **slots;
-    uint32_t cap; /* 0 or a power of two */
-    uint32_t count;
-} ptab;
+/* The document's object table (entries are obj, whose first field is their
+ * hash) and each map's keys (mkey, hashed from the key): crdt/htab.h. */
+typedef cairn_htab ptab;
 
 typedef struct obj {
     uint32_t hash;
@@ -147,7 +148,7 @@ struct cairn_doc {
     uint32_t nactors, actors_cap;
     uint32_t *aslots; /* actor intern table: index + 1, 0 = empty */
     uint32_t acap;
-    unsigned char hkey[crypto_shorthash_KEYBYTES];
+    unsigned char hkey[CAIRN_HTAB_KEYBYTES];
 
     obj root;
     ptab objs;
@@ -189,8 +190,9 @@ uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len);
 uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor);
 /* Room for |extra| more entries at load <= 3/4 (CAIRN_ELIMIT past 2^31 slots). */
 int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra);
-/* Puts |e| (hash |h|) into a reserved slot. */
-void cairn_doc_ptab_put_h_(ptab *t, void *e, uint32_t h);
+/* The tables' rehash callbacks (arg: the document). */
+uint32_t cairn_doc_obj_hash_(const void *arg, const void *e);
+uint32_t cairn_doc_key_hash_(const void *arg, const void *e);
 int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 /* Releases a vset: its ops' bytes (by reference count) and its array. */
@@ -198,6 +200,61 @@ void cairn_doc_vs_free_(vset *s);
 /* Grows array *p of |size|-byte elements to hold |need| (doubling). */
 int cairn_doc_grow_(void **p, size_t *cap, size_t need, size_t size);
 mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h);
+
+/* ---- doc.c's building blocks for the other doc*.c files ---- */
+/* Allocation through the failure injection (cairn_doc_fail_alloc_). */
+void *cairn_doc_xmalloc_(size_t n);
+void *cairn_doc_xcalloc_(size_t n, size_t size);
+void *cairn_doc_xrealloc_(void *p, size_t n);
+/* Puts |e| into room reserved in |t| (the doc's objects or a map's keys);
+ * takes it out. */
+void cairn_doc_ptab_put_(const cairn_doc *d, ptab *t, void *e);
+void cairn_doc_ptab_del_ptr_(const cairn_doc *d, ptab *t, const void *e);
+/* The object |id| or NULL. */
+obj *cairn_doc_find_obj_mut_(cairn_doc *d, cairn_objid id);
+/* Frees an object's records and elements (not the object). */
+void cairn_doc_obj_clear_(obj *o);
+/* A map record whose first value died takes its single value into its own
+ * allocation (see doc.c); returns it, maybe moved. |h|: its hash or 0. */
+mkey *cairn_doc_rec_settle_(cairn_doc *d, obj *o, mkey *r, uint32_t h);
+/* What a read reports for visible op |v|. */
+void cairn_doc_read_of_(cairn_read *r, const vop *v);
+/* Position in o->items of element (counter, actor), or -1; of the
+ * |index|-th visible element, or -1. */
+ptrdiff_t cairn_doc_list_find_(const obj *o, uint64_t counter, uint32_t actor);
+ptrdiff_t cairn_doc_list_pos_(const obj *o, size_t index);
+/* Applies one op with id (counter, actor) (document actor indices). */
+int cairn_doc_apply_op_(cairn_doc *d, const cairn_op *op, uint64_t counter, uint32_t actor);
+/* Frees what cairn_doc_commit handed out; the pending local ops. */
+void cairn_doc_drop_last_commit_(cairn_doc *d);
+void cairn_doc_pending_clear_(cairn_doc *d);
+
+/* Short names inside crdt/doc*.c (which define CAIRN_DOC_IMPL first). */
+#ifdef CAIRN_DOC_IMPL
+#define opcmp cairn_doc_opcmp_
+#define hash_bytes cairn_doc_hash_bytes_
+#define hash_id cairn_doc_hash_id_
+#define ptab_reserve cairn_doc_ptab_reserve_
+#define actor_find cairn_doc_actor_find_
+#define actor_intern cairn_doc_actor_intern_
+#define vs_free cairn_doc_vs_free_
+#define grow cairn_doc_grow_
+#define map_lookup cairn_doc_map_lookup_
+#define xmalloc cairn_doc_xmalloc_
+#define xcalloc cairn_doc_xcalloc_
+#define xrealloc cairn_doc_xrealloc_
+#define ptab_put cairn_doc_ptab_put_
+#define ptab_del_ptr cairn_doc_ptab_del_ptr_
+#define find_obj cairn_doc_find_obj_mut_
+#define obj_clear cairn_doc_obj_clear_
+#define rec_settle cairn_doc_rec_settle_
+#define read_of cairn_doc_read_of_
+#define list_find cairn_doc_list_find_
+#define list_pos cairn_doc_list_pos_
+#define apply_op cairn_doc_apply_op_
+#define drop_last_commit cairn_doc_drop_last_commit_
+#define pending_clear cairn_doc_pending_clear_
+#endif
 
 /* 0 if the document's internal invariants hold (tables find what they hold,
  * visible sets sorted and within the actors' clocks, object references

@@ -103,6 +103,10 @@ struct cairn_sync_state {
     size_t nlast_need;
     uint8_t *sent; /* bitmap over our apply indices: sent, not acknowledged */
     size_t sent_bytes;
+    /* The last message's filter base and sample, sorted: hashes the peer
+     * has, common as soon as we have them too (cairn_sync_applied). */
+    cairn_hash *recv_common;
+    size_t nrecv_common;
 };
 
 void cairn_sync_limits_default(cairn_sync_limits *l)
@@ -589,6 +593,7 @@ void cairn_sync_state_free(cairn_sync_state *s)
     free(s->last_heads);
     free(s->last_need);
     free(s->sent);
+    free(s->recv_common);
     free(s);
 }
 
@@ -1130,22 +1135,141 @@ static int advance_shared(cairn_sync_state *s, const cairn_dag *d, const cairn_s
     return 0;
 }
 
-int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, size_t len,
-                       const cairn_doc_observer *obs)
+/* A stable topological order of a message's changes: each comes after the
+ * changes of the same message it depends on, and otherwise keeps its place
+ * (a generated message is already in the sender's apply order, so it stays
+ * as it is). Changes whose dependencies are elsewhere are not held back:
+ * the document buffers them. Duplicates keep their first place. Iterative
+ * depth-first, so a hostile chain cannot exhaust the stack. */
+struct pos {
+    const cairn_hash *h;
+    size_t i;
+};
+
+static int pos_cmp_q(const void *a, const void *b)
 {
+    const struct pos *x = a, *y = b;
+    int c = cairn_hash_cmp(x->h, y->h);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+static int pos_hash_cmp_q(const void *a, const void *b)
+{
+    return cairn_hash_cmp(((const struct pos *)a)->h, ((const struct pos *)b)->h);
+}
+
+static int dep_order(cairn_change **c, size_t n)
+{
+    if (n < 2)
+        return 0;
+    struct pos *byh = malloc(n * sizeof *byh);
+    size_t *stack = malloc(n * sizeof *stack), *dep = malloc(n * sizeof *dep);
+    uint8_t *seen = calloc(n, 1);
+    cairn_change **out = malloc(n * sizeof *out);
+    int rc = CAIRN_ENOMEM;
+    if (!byh || !stack || !dep || !seen || !out)
+        goto done;
+    for (size_t i = 0; i < n; i++)
+        byh[i] = (struct pos){&c[i]->hash, i};
+    qsort(byh, n, sizeof *byh, pos_cmp_q);
+    size_t k = 0;
+    for (size_t root = 0; root < n; root++) {
+        if (seen[root])
+            continue;
+        size_t top = 0;
+        stack[top] = root;
+        dep[top++] = 0;
+        seen[root] = 1;
+        while (top) {
+            size_t i = stack[top - 1];
+            const cairn_change *ch = c[i];
+            size_t next = n;
+            while (dep[top - 1] < ch->ndeps && next == n) {
+                struct pos key = {&ch->deps[dep[top - 1]++], 0};
+                struct pos *hit = bsearch(&key, byh, n, sizeof *byh, pos_hash_cmp_q);
+                if (!hit)
+                    continue;
+                while (hit > byh && cairn_hash_cmp(hit[-1].h, key.h) == 0)
+                    hit--; /* the first copy */
+                if (!seen[hit->i])
+                    next = hit->i;
+            }
+            if (next == n) {
+                out[k++] = c[i];
+                top--;
+            } else {
+                seen[next] = 1;
+                stack[top] = next;
+                dep[top++] = 0;
+            }
+        }
+    }
+    memcpy(c, out, n * sizeof *c);
+    rc = 0;
+done:
+    free(byh);
+    free(stack);
+    free(dep);
+    free(seen);
+    free(out);
+    return rc;
+}
+
+/* The doc-dependent half of a receive, run on a receive (against what the
+ * caller had applied before the message) and again on cairn_sync_applied
+ * (against what it has applied since). */
+static int settle(cairn_sync_state *s, const cairn_dag *d)
+{
+    cairn_sync_msg view = {0};
+    view.heads = s->their;
+    view.nheads = s->ntheir;
+    view.since = s->recv_common;
+    view.nsince = s->nrecv_common;
+    int rc = advance_shared(s, d, &view);
+    if (rc)
+        return rc;
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(d, &heads);
+    if (hashes_eq(heads, nheads, s->their, s->ntheir) && s->sent)
+        memset(s->sent, 0, s->sent_bytes); /* all acknowledged */
+    return 0;
+}
+
+void cairn_sync_changes_free(cairn_change **changes, size_t n)
+{
+    for (size_t i = 0; changes && i < n; i++)
+        cairn_change_free(changes[i]);
+    free(changes);
+}
+
+int cairn_sync_receive(cairn_change ***changes, size_t *nchanges, cairn_sync_state *s,
+                       const cairn_doc *doc, const uint8_t *msg, size_t len)
+{
+    *changes = NULL;
+    *nchanges = 0;
     cairn_sync_msg m;
     int rc = cairn_sync_msg_decode(&m, msg, len, &s->lim);
     if (rc)
         return rc;
-    int first = 0;
-    for (size_t i = 0; i < m.nchanges; i++) {
-        cairn_change *c = m.changes[i];
-        m.changes[i] = NULL;
-        rc = cairn_doc_receive(doc, c, obs);
-        if (rc && !first)
-            first = rc;
+    if ((rc = dep_order(m.changes, m.nchanges)))
+        goto done;
+    /* Everything that can fail comes before the state changes. */
+    cairn_hash *common = NULL;
+    size_t ncommon = m.nsince + m.nsample;
+    if (ncommon) {
+        if (!(common = malloc(ncommon * sizeof *common))) {
+            rc = CAIRN_ENOMEM;
+            goto done;
+        }
+        if (m.nsince)
+            memcpy(common, m.since, m.nsince * sizeof *common);
+        if (m.nsample)
+            memcpy(common + m.nsince, m.sample, m.nsample * sizeof *common);
+        ncommon = hashes_normalise(common, ncommon);
     }
-    const cairn_dag *d = cairn_doc_dag(doc);
+    free(s->recv_common);
+    s->recv_common = common;
+    s->nrecv_common = ncommon;
     if (m.hello) {
         /* The peer lost or reset its state for us: what we sent may never
          * have arrived, and it needs our heads again. Not echoed as a hello
@@ -1169,15 +1293,20 @@ int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, 
         memset(&m.filter, 0, sizeof m.filter);
         s->have_filter = 1;
     }
-    if ((rc = advance_shared(s, d, &m)))
+    if ((rc = settle(s, cairn_doc_dag(doc))))
         goto done;
-    const cairn_hash *heads;
-    size_t nheads = cairn_dag_heads(d, &heads);
-    if (hashes_eq(heads, nheads, s->their, s->ntheir) && s->sent)
-        memset(s->sent, 0, s->sent_bytes); /* all acknowledged */
+    *changes = m.changes;
+    *nchanges = m.nchanges;
+    m.changes = NULL;
+    m.nchanges = 0;
 done:
     cairn_sync_msg_destroy(&m);
-    return rc ? rc : first;
+    return rc;
+}
+
+int cairn_sync_applied(cairn_sync_state *s, const cairn_doc *doc)
+{
+    return s->their_valid ? settle(s, cairn_doc_dag(doc)) : 0;
 }
 
 int cairn_sync_peer_has(const cairn_sync_state *s, const cairn_doc *doc, const cairn_hash *h)

@@ -3,14 +3,18 @@
 
 /*
  * The sync protocol between two replicas, sans-I/O: it turns (document,
- * per-peer state, incoming bytes) into (changes applied, outgoing bytes).
- * The transport calls, per peer:
+ * per-peer state, incoming bytes) into (changes to apply, outgoing bytes).
+ * The session never applies anything: the caller owns the document. The
+ * caller calls, per peer:
  *
  *   cairn_sync_generate()  whenever something may have changed (after a
  *                          receive, after local commits, on a timer); it says
  *                          "nothing to send" (*out == NULL) when the peer is
  *                          known to be up to date and nothing is in flight;
- *   cairn_sync_receive()   for every message from the peer;
+ *   cairn_sync_receive()   for every message from the peer: updates the
+ *                          per-peer state and hands back the changes the
+ *                          message carried;
+ *   cairn_sync_applied()   after it applied those changes;
  *   cairn_sync_push()      optionally, to broadcast fresh local changes at
  *                          once (no filter computed);
  *   cairn_sync_reset()     when a message may have been lost (timer,
@@ -18,6 +22,17 @@
  *                          shared heads. A new state (restart) also works.
  *                          The next message says so ("hello"), and the peer
  *                          then forgets what it had in flight to us too.
+ *
+ * THE DURABILITY CONTRACT. Everything the session tells the peer about us
+ * — our heads, what we need, what we send — it reads from the document it
+ * is given at that call; it keeps no copy of a received change and never
+ * claims one on its own. So the caller keeps the peer from ever hearing
+ * "I have it" before it is durable by this one rule: a change is applied to
+ * the document (cairn_doc_receive) only after it is durable. Between
+ * receive and applied the caller may generate or push freely: those speak
+ * of what the document held, which is what is durable. A change the caller
+ * drops (full disk, rejected) is simply not had: the peer is asked for it
+ * again (need) or offers it again after a reset.
  *
  * A message carries the sender's heads, the hashes it knows it is missing
  * (need), optionally a Bloom filter of the sender's changes since a set of
@@ -102,15 +117,27 @@ void cairn_sync_reset(cairn_sync_state *s);
 int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
                         const uint8_t salt[CAIRN_BLOOM_SALT_LEN]);
 
-/* Applies a message from the peer: decodes it completely first (nothing is
- * applied from a malformed message: ETRUNCATED, ELIMIT, ENONCANON,
- * EUNSORTED, EBADVERSION, or the change decoder's code), then hands its
- * changes to cairn_doc_receive (which buffers those whose dependencies are
- * missing; |obs| may be NULL) and updates |s|. If the document rejects a
- * change, the others still apply, the state is updated, and the first such
- * error is returned. */
-int cairn_sync_receive(cairn_doc *doc, cairn_sync_state *s, const uint8_t *msg, size_t len,
-                       const cairn_doc_observer *obs);
+/* Takes in a message from the peer. Decodes it completely first (a
+ * malformed message changes nothing: ETRUNCATED, ELIMIT, ENONCANON,
+ * EUNSORTED, EBADVERSION, or the change decoder's code), then updates |s|
+ * with what the peer said and hands back the changes it carried: *changes
+ * is a new array of *n decoded (hash-verified) changes, array and changes
+ * owned by the caller (cairn_sync_changes_free frees what is left of it),
+ * ordered so that each comes after the changes of the same message it
+ * depends on. Nothing is applied: |doc| is only read. *changes is NULL and
+ * *n 0 on failure or when the message carried none. */
+int cairn_sync_receive(cairn_change ***changes, size_t *n, cairn_sync_state *s,
+                       const cairn_doc *doc, const uint8_t *msg, size_t len);
+
+/* Frees |changes| and the first |n| changes in it (NULL entries skipped). */
+void cairn_sync_changes_free(cairn_change **changes, size_t n);
+
+/* The caller has applied (some of) what receive handed back: the session
+ * looks at |doc| again, so that the peer's heads and hashes it now has
+ * become common ground (the base of later filters, what the peer is known
+ * to hold). Optional for correctness — without it the session learns the
+ * same at the next receive — but it saves a round of filters. ENOMEM. */
+int cairn_sync_applied(cairn_sync_state *s, const cairn_doc *doc);
 
 /* Optimistic push: a message carrying our heads and |changes| (changes of
  * |doc|, e.g. just committed, in apply order, with their canonical bytes:

@@ -7,6 +7,10 @@
  * LEB128, canonical: at most 10 bytes, no overlong form. A reader never
  * passes |end|; a writer that runs out of memory remembers it and ignores
  * every later write, so callers check once at the end.
+ *
+ * It is also the one varint codec of the layers above (header-only, so no
+ * layer links another's internals): server/ packs and scans protobuf with
+ * wire_put_uv, wire_uv_len and wire_uv_pb.
  */
 
 #include <stddef.h>
@@ -46,6 +50,25 @@ static inline int wire_uv(wire_rd *r, uint64_t *out)
             return 0;
         }
     }
+}
+
+/* Protobuf's varint as protobuf-c and grpc-go read it, for messages from
+ * clients: at most 10 bytes, an overlong form accepted, bits past 64
+ * dropped. CAIRN_ETRUNCATED at |end|, CAIRN_EUNMARSHAL past 10 bytes. */
+static inline int wire_uv_pb(wire_rd *r, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < 10; i++) {
+        if (r->p == r->end)
+            return CAIRN_ETRUNCATED;
+        uint8_t b = *r->p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return CAIRN_EUNMARSHAL;
 }
 
 /* A count of items that each take at least |min| bytes, at most |max|:

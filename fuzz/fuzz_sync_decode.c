@@ -11,6 +11,7 @@
 #include "crdt/doc.h"
 #include "crdt/error.h"
 #include "crdt/sync.h"
+#include "tests/unit/sync_apply.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -81,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cairn_sync_state *s = NULL;
     if (cairn_sync_state_new(&s, NULL))
         abort();
-    (void)cairn_sync_receive(d, s, data, size, NULL);
+    (void)sync_apply(d, s, data, size, NULL);
     uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {7};
     uint8_t *out = NULL;
     size_t olen = 0;

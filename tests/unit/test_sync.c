@@ -15,6 +15,7 @@
 #include "crdt/doc.h"
 #include "crdt/error.h"
 #include "crdt/sync.h"
+#include "tests/unit/sync_apply.h"
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -139,7 +140,7 @@ static int sync_pair_obs(cairn_doc *a, const cairn_doc_observer *oa, cairn_sync_
                 any = 1;
                 st->msgs++;
                 st->bytes += len;
-                ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, oto), 0);
+                ck_assert_int_eq(sync_apply(to, stt, m, len, oto), 0);
                 free(m);
             }
             if (!st->rounds_to_converge && same_heads(a, b))
@@ -368,7 +369,7 @@ START_TEST(push_then_sync)
     ck_assert_int_eq(dm.has_filter, 0);
     ck_assert_uint_eq(dm.nchanges, 3);
     cairn_sync_msg_destroy(&dm);
-    ck_assert_int_eq(cairn_sync_receive(b, sb, m, len, NULL), 0);
+    ck_assert_int_eq(sync_apply(b, sb, m, len, NULL), 0);
     free(m);
     assert_same_state(a, b);
     /* Pushing them again sends nothing: they are in flight already. */
@@ -420,7 +421,7 @@ START_TEST(bounded_messages)
             ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, &l), 0);
             ck_assert_uint_le(dm.nchanges, 3);
             cairn_sync_msg_destroy(&dm);
-            ck_assert_int_eq(cairn_sync_receive(to, stt, m, len, NULL), 0);
+            ck_assert_int_eq(sync_apply(to, stt, m, len, NULL), 0);
             free(m);
         }
         if (!any)
@@ -436,11 +437,11 @@ START_TEST(bounded_messages)
     uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0}, *m = NULL;
     size_t len;
     ck_assert_int_eq(cairn_sync_generate(&m, &len, c, st2, salt), 0);
-    ck_assert_int_eq(cairn_sync_receive(a, st1, m, len, NULL), 0);
+    ck_assert_int_eq(sync_apply(a, st1, m, len, NULL), 0);
     free(m);
     ck_assert_int_eq(cairn_sync_generate(&m, &len, a, st1, salt), 0);
     ck_assert_ptr_nonnull(m);
-    ck_assert_int_eq(cairn_sync_receive(c, st2, m, len, NULL), CAIRN_ELIMIT);
+    ck_assert_int_eq(sync_apply(c, st2, m, len, NULL), CAIRN_ELIMIT);
     free(m);
     cairn_sync_state_free(st1);
     cairn_sync_state_free(st2);
@@ -543,7 +544,7 @@ static int net_run(struct net *n, uint64_t *rng, int max_passes)
                 if (!m)
                     continue;
                 any = 1;
-                ck_assert_int_eq(cairn_sync_receive(n->doc[j], n->st[j][i], m, len, NULL), 0);
+                ck_assert_int_eq(sync_apply(n->doc[j], n->st[j][i], m, len, NULL), 0);
                 free(m);
             }
         if (!any)
@@ -617,7 +618,7 @@ static void wire_deliver(struct wire *w, size_t i, cairn_doc *d, cairn_sync_stat
     memmove(&w->m[i], &w->m[i + 1], (w->n - i - 1) * sizeof w->m[0]);
     memmove(&w->len[i], &w->len[i + 1], (w->n - i - 1) * sizeof w->len[0]);
     w->n--;
-    ck_assert_int_eq(cairn_sync_receive(d, s, m, len, NULL), 0);
+    ck_assert_int_eq(sync_apply(d, s, m, len, NULL), 0);
     free(m);
 }
 
@@ -857,7 +858,7 @@ static void sample_msg(uint8_t **m, size_t *len, cairn_doc **keep)
     edit(b, "b", 2, NULL);
     uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {1, 2, 3};
     ck_assert_int_eq(cairn_sync_generate(m, len, a, sa, salt), 0);
-    ck_assert_int_eq(cairn_sync_receive(b, sb, *m, *len, NULL), 0);
+    ck_assert_int_eq(sync_apply(b, sb, *m, *len, NULL), 0);
     free(*m);
     ck_assert_int_eq(cairn_sync_generate(m, len, b, sb, salt), 0);
     cairn_sync_state_free(sa);
@@ -999,7 +1000,7 @@ START_TEST(decode_rejects)
     /* receive() of a bad message leaves the document untouched. */
     cairn_sync_state *s = new_state(NULL);
     uint64_t before = cairn_dag_count(cairn_doc_dag(a));
-    ck_assert_int_eq(cairn_sync_receive(a, s, m, len - 1, NULL), CAIRN_ETRUNCATED);
+    ck_assert_int_eq(sync_apply(a, s, m, len - 1, NULL), CAIRN_ETRUNCATED);
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(a)), before);
     const cairn_hash *th;
     ck_assert_uint_eq(cairn_sync_their_heads(s, &th), 0);
@@ -1027,7 +1028,7 @@ START_TEST(hostile_need_and_heads)
     uint8_t *m;
     size_t len;
     ck_assert_int_eq(cairn_sync_msg_encode(&m, &len, &hm), 0);
-    ck_assert_int_eq(cairn_sync_receive(a, s, m, len, NULL), 0);
+    ck_assert_int_eq(sync_apply(a, s, m, len, NULL), 0);
     uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0};
     uint8_t *out;
     size_t olen;
@@ -1040,7 +1041,7 @@ START_TEST(hostile_need_and_heads)
     cairn_sync_msg_destroy(&dm);
     free(out);
     /* Same message again: nothing new to say. */
-    ck_assert_int_eq(cairn_sync_receive(a, s, m, len, NULL), 0);
+    ck_assert_int_eq(sync_apply(a, s, m, len, NULL), 0);
     ck_assert_int_eq(cairn_sync_generate(&out, &olen, a, s, salt), 0);
     ck_assert_ptr_null(out);
     free(m);
@@ -1200,12 +1201,12 @@ START_TEST(loader_corrupt_body)
             ck_assert_int_eq(rc, 0);
         }
         if (m) {
-            ck_assert_int_eq(cairn_sync_receive(b, sb, m, ml, &ob), 0);
+            ck_assert_int_eq(sync_apply(b, sb, m, ml, &ob), 0);
             free(m);
         }
         ck_assert_int_eq(cairn_sync_generate(&m, &ml, b, sb, salt), 0);
         if (m) {
-            ck_assert_int_eq(cairn_sync_receive(a, sa, m, ml, &oa), 0);
+            ck_assert_int_eq(sync_apply(a, sa, m, ml, &oa), 0);
             free(m);
         }
     }
@@ -1230,6 +1231,86 @@ START_TEST(loader_corrupt_body)
     cairn_doc_free(b);
     bs_free(&ba);
     bs_free(&bb);
+}
+END_TEST
+
+/* The session hands the changes back and applies nothing; until the caller
+ * applies them, what it tells the peer is what the document held. The
+ * changes come back dependencies first even when the message has them
+ * reversed. */
+START_TEST(receive_hands_back)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 21;
+    edit(a, "x", 3, NULL);
+    const cairn_dag *da = cairn_doc_dag(a), *db = cairn_doc_dag(b);
+    cairn_change *rev[3];
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(cairn_dag_load(&rev[i], da, (uint64_t)(2 - i)), 0);
+    const cairn_hash *ha;
+    ck_assert_uint_eq(cairn_dag_heads(da, &ha), 1);
+    cairn_sync_msg m = {0};
+    m.heads = (cairn_hash *)ha;
+    m.nheads = 1;
+    m.changes = rev;
+    m.nchanges = 3;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(cairn_sync_msg_encode(&buf, &len, &m), 0);
+
+    cairn_change **got = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(cairn_sync_receive(&got, &n, sb, b, buf, len), 0);
+    free(buf);
+    ck_assert_uint_eq(n, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert(cairn_hash_cmp(&got[i]->hash, cairn_dag_hash_at(da, (uint64_t)i)) == 0);
+    ck_assert_uint_eq(cairn_dag_count(db), 0); /* nothing applied */
+
+    /* Not applied yet: b's message names no head and asks for a's. */
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN];
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&buf, &len, b, sb, salt), 0);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(cairn_sync_msg_decode(&m, buf, len, NULL), 0);
+    ck_assert_uint_eq(m.nheads, 0);
+    ck_assert_uint_eq(m.nneed, 1);
+    ck_assert(cairn_hash_cmp(&m.need[0], ha) == 0);
+    cairn_sync_msg_destroy(&m);
+    free(buf);
+    const cairn_hash *sh;
+    ck_assert_uint_eq(cairn_sync_shared_heads(sb, &sh), 0);
+
+    /* Applied (the first two only): the session learns it at once. */
+    ck_assert_int_eq(cairn_doc_receive(b, got[0], NULL), 0);
+    ck_assert_int_eq(cairn_doc_receive(b, got[1], NULL), 0);
+    ck_assert_int_eq(cairn_sync_applied(sb, b), 0);
+    ck_assert_uint_eq(cairn_sync_shared_heads(sb, &sh), 0); /* a's head still unknown */
+    ck_assert_int_eq(cairn_doc_receive(b, got[2], NULL), 0);
+    free(got);
+    ck_assert_int_eq(cairn_sync_applied(sb, b), 0);
+    ck_assert_uint_eq(cairn_sync_shared_heads(sb, &sh), 1);
+    ck_assert(cairn_hash_cmp(sh, ha) == 0);
+
+    /* A malformed message hands back nothing. */
+    got = (cairn_change **)&got;
+    n = 7;
+    uint8_t junk[3] = {CAIRN_SYNC_VERSION, 0, 0x80};
+    ck_assert_int_eq(cairn_sync_receive(&got, &n, sb, b, junk, sizeof junk), CAIRN_ETRUNCATED);
+    ck_assert_ptr_null(got);
+    ck_assert_uint_eq(n, 0);
+    cairn_sync_changes_free(NULL, 0);
+
+    struct stats st;
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    for (int i = 0; i < 3; i++)
+        cairn_change_free(rev[i]);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
 }
 END_TEST
 
@@ -1259,6 +1340,7 @@ int main(void)
     tcase_add_test(tc, hostile_need_and_heads);
     tcase_add_test(tc, loader_sync_converges);
     tcase_add_test(tc, loader_corrupt_body);
+    tcase_add_test(tc, receive_hands_back);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

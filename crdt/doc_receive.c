@@ -1,0 +1,219 @@
+/*
+ * Changes from peers (cairn_doc_receive). A change is validated as a whole
+ * against the document — objects and list elements exist or are made
+ * earlier in the same change, actions fit the object, references obey the
+ * Lamport rule, op ids do not reuse the author's — before the DAG orders it
+ * and any op is applied (doc.c), so a rejected change is never applied in
+ * part. Then every buffered change it unblocks follows, in order.
+ */
+#include "crdt/doc.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAIRN_DOC_IMPL
+#include "crdt/doc_int.h"
+#include "crdt/error.h"
+
+/* ---- remote changes -------------------------------------------------------------- */
+
+/* Resolves a reference made inside change |c| by op |i|: checks the actor
+ * index and the Lamport rule (an op may name only ops with smaller counters
+ * than the change's, or earlier ops of its own change). *own = op index
+ * within |c| or -1. */
+static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *own)
+{
+    *own = -1;
+    if (r.counter == 0)
+        return 0;
+    if (r.actor >= c->nactors)
+        return CAIRN_EBADOP;
+    if (r.counter >= c->start_op) {
+        if (r.actor != 0 || r.counter - c->start_op >= i)
+            return CAIRN_EBADOP;
+        *own = (ptrdiff_t)(r.counter - c->start_op);
+    }
+    return 0;
+}
+
+static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
+                       const uint32_t *amap)
+{
+    ptrdiff_t own;
+    int rc = check_ref(c, i, e, &own);
+    if (rc)
+        return rc;
+    if (own >= 0) {
+        const cairn_op *mk = &c->ops[own];
+        if (!mk->insert || mk->obj.counter != c->ops[i].obj.counter ||
+            mk->obj.actor != c->ops[i].obj.actor)
+            return CAIRN_ENOTFOUND;
+        return 0;
+    }
+    if (!list)
+        return CAIRN_ENOTFOUND; /* a list made in this change has only its own elements */
+    return list_find(list, e.counter, amap[e.actor]) >= 0 ? 0 : CAIRN_ENOTFOUND;
+}
+
+/* Validates the whole of |c| against the document before anything applies. */
+static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
+{
+    if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
+        c->nops > COUNTER_LIMIT - c->start_op || cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
+        return CAIRN_EBADOP;
+    for (uint32_t k = 0; k < c->nactors; k++) {
+        int rc = actor_intern(d, &c->actors[k], &amap[k]);
+        if (rc)
+            return rc;
+    }
+    if (c->nops && c->start_op <= d->actor_max[amap[0]])
+        return CAIRN_EBADOP; /* reuses op ids of its author */
+    for (size_t i = 0; i < c->nops; i++) {
+        const cairn_op *op = &c->ops[i];
+        ptrdiff_t own;
+        int rc = check_ref(c, i, op->obj, &own);
+        if (rc)
+            return rc;
+        int type;
+        const obj *o = NULL;
+        if (op->obj.counter == 0) {
+            type = CAIRN_OBJ_MAP;
+            o = &d->root;
+        } else if (own >= 0) {
+            uint8_t a = c->ops[own].action;
+            if (a != CAIRN_OP_MAKE_MAP && a != CAIRN_OP_MAKE_LIST)
+                return CAIRN_ENOOBJ;
+            type = a == CAIRN_OP_MAKE_MAP ? CAIRN_OBJ_MAP : CAIRN_OBJ_LIST;
+        } else {
+            o = cairn_doc_find_obj_(d, op->obj.counter, amap[op->obj.actor]);
+            if (!o)
+                return CAIRN_ENOOBJ;
+            type = o->type;
+        }
+        if (op->action < CAIRN_OP_MAKE_MAP || op->action > CAIRN_OP_INC)
+            return CAIRN_EBADOP;
+        if (op->action == CAIRN_OP_SET && op->value.type > CAIRN_V_COUNTER)
+            return CAIRN_EBADOP;
+        if (op->action == CAIRN_OP_INC && op->value.type != CAIRN_V_INT)
+            return CAIRN_EBADOP;
+        if (type == CAIRN_OBJ_MAP) {
+            if (op->insert || op->elem.counter)
+                return CAIRN_EBADOP;
+        } else {
+            if (op->insert && (op->action == CAIRN_OP_DEL || op->action == CAIRN_OP_INC))
+                return CAIRN_EBADOP;
+            if (!op->insert && op->elem.counter == 0)
+                return CAIRN_EBADOP;
+            if (op->elem.counter != 0 && (rc = elem_exists(c, i, o, op->elem, amap)) != 0)
+                return rc;
+        }
+        for (uint32_t k = 0; k < op->npred; k++) {
+            if (op->pred[k].counter == 0)
+                return CAIRN_EBADOP;
+            if ((rc = check_ref(c, i, op->pred[k], &own)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static cairn_opid map_id(const uint32_t *amap, cairn_opid id)
+{
+    cairn_opid r = {id.counter, 0};
+    if (id.counter)
+        r.actor = amap[id.actor];
+    return r;
+}
+
+/* Applies a validated, ordered change. */
+static int apply_change(cairn_doc *d, const cairn_change *c, const uint32_t *amap)
+{
+    for (size_t i = 0; i < c->nops; i++) {
+        const cairn_op *src = &c->ops[i];
+        int rc = grow((void **)&d->tpred, &d->tpred_cap, src->npred + 1, sizeof *d->tpred);
+        if (rc)
+            return rc;
+        cairn_op op = *src;
+        op.obj = map_id(amap, src->obj);
+        op.elem = map_id(amap, src->elem);
+        for (uint32_t k = 0; k < src->npred; k++)
+            d->tpred[k] = map_id(amap, src->pred[k]);
+        op.pred = d->tpred;
+        if ((rc = apply_op(d, &op, c->start_op + i, amap[0])) != 0)
+            return rc;
+    }
+    if (c->nops) {
+        uint64_t last = c->start_op + c->nops - 1;
+        if (last > d->max_counter)
+            d->max_counter = last;
+        if (last > d->actor_max[amap[0]])
+            d->actor_max[amap[0]] = last;
+    }
+    return 0;
+}
+
+int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
+{
+    if (doc->broken || doc->in_edit || doc->readonly) {
+        cairn_change_free(c);
+        return doc->broken ? doc->broken : CAIRN_ESTATE;
+    }
+    return cairn_doc_receive_(doc, c, obs);
+}
+
+/* Receive without the read-only check (new_at replays through it). */
+int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
+{
+    drop_last_commit(doc);
+    int state;
+    int rc = cairn_dag_add(doc->dag, c, &state);
+    if (rc)
+        return rc;
+    int first = 0;
+    uint32_t *amap = NULL;
+    size_t amap_cap = 0;
+    const cairn_change *r;
+    while ((r = cairn_dag_peek_ready(doc->dag)) != NULL) {
+        rc = grow((void **)&amap, &amap_cap, r->nactors + 1, sizeof *amap);
+        if (!rc)
+            rc = validate(doc, r, amap);
+        if (rc) {
+            cairn_dag_discard(doc->dag);
+            if (!first)
+                first = rc;
+            continue;
+        }
+        uint64_t index;
+        cairn_change *body;
+        rc = cairn_dag_order(doc->dag, &index, &body);
+        if (rc) {
+            /* the sequence rule discarded it; out of memory leaves it ready,
+             * and retrying here could spin: drop it (a peer resends) */
+            if (rc == CAIRN_ENOMEM)
+                cairn_dag_discard(doc->dag);
+            if (!first)
+                first = rc;
+            continue;
+        }
+        /* The body is ours now: applied, reported, then freed (the DAG or
+         * its loader has the bytes; the doc copied the values it keeps). */
+        if (obs && obs->change_cb)
+            obs->change_cb(obs->arg, body, index, 1);
+        doc->obs = obs;
+        rc = apply_change(doc, body, amap);
+        doc->obs = NULL;
+        if (rc) {
+            doc->broken = rc; /* half-applied: nothing can be trusted now */
+            cairn_change_free(body);
+            free(amap);
+            return rc;
+        }
+        if (obs && obs->change_cb)
+            obs->change_cb(obs->arg, body, index, 0);
+        cairn_change_free(body);
+    }
+    free(amap);
+    return first;
+}
+
