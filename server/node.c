@@ -1,7 +1,7 @@
 /*
  * The node: its data dir and store, and the state etcd keeps beside its
- * backend — alarms and the --quota-backend-bytes check (the size from
- * cairn_store_disk_bytes).
+ * backend — alarms and the --quota-backend-bytes check. (The write gate a
+ * snapshot closes is the store's: cairn_store_snapshot.)
  * Nothing here talks gRPC; server.c wires the node to the engine and the
  * services.
  */
@@ -30,8 +30,7 @@ void node_init(cairn_server *srv)
 {
     pthread_mutex_init(&srv->alarm_mu, NULL);
     /* etcd: --quota-backend-bytes 0 means the 2 GiB default; < 0 none. */
-    srv->quota =
-        srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
+    srv->quota = srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
 }
 
 void node_destroy(cairn_server *srv)
@@ -88,8 +87,8 @@ static void store_log(void *arg, int level, const char *msg)
     cairn_log(level, "store: %s", msg);
 }
 
-int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *events_arg, char *err,
-                    size_t errlen)
+int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs,
+                    char *err, size_t errlen)
 {
     const cairn_config *cfg = srv->cfg;
     int rc = ensure_dir(cfg->data_dir, err, errlen);
@@ -111,9 +110,8 @@ int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *ev
     o.initial_cluster = members;
     o.ninitial_cluster = cfg->ninitial_cluster;
     o.max_txn_ops = cfg->max_txn_ops;
-    cairn_store_subscriber hub = {events_cb, events_arg};
-    o.subscribers = &hub;
-    o.nsubscribers = 1;
+    o.subscribers = subs;
+    o.nsubscribers = nsubs;
     o.lease_tick_ms = 100; /* the store revokes expired leases itself */
     o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
@@ -123,11 +121,11 @@ int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *ev
     return rc;
 }
 
-/* ---- quota, alarms ------------------------------------------- */
+/* ---- quota, alarms ------------------------------------------------------- */
 
 uint64_t node_disk_bytes(cairn_server *srv, int fresh)
 {
-    /* A directory walk: at most every 100 ms on the write path. */
+    /* A directory walk (the store's): at most every 100 ms on the write path. */
     uint64_t now = now_ms();
     uint64_t last = atomic_load(&srv->disk_checked_ms);
     if (fresh || last == 0 || now - last >= 100) {
@@ -142,7 +140,8 @@ int node_alarm_set(cairn_server *srv, uint64_t member, int type, int on)
     int changed = 0;
     pthread_mutex_lock(&srv->alarm_mu);
     size_t i = 0;
-    while (i < srv->nalarms && !(srv->alarms[i].member_id == member && srv->alarms[i].type == type))
+    while (i < srv->nalarms &&
+           !(srv->alarms[i].member_id == member && srv->alarms[i].type == type))
         i++;
     if (on && i == srv->nalarms) {
         node_alarm *grown = realloc(srv->alarms, (srv->nalarms + 1) * sizeof *grown);
@@ -176,10 +175,10 @@ int node_quota_check(cairn_server *srv, uint64_t cost)
         return 0;
     if (node_disk_bytes(srv, 0) + cost > (uint64_t)srv->quota) {
         if (node_alarm_set(srv, cairn_store_member_id(srv->store),
-                           ETCDSERVERPB__ALARM_TYPE__NOSPACE, 1))
+                          ETCDSERVERPB__ALARM_TYPE__NOSPACE, 1))
             cairn_log(CAIRN_LOG_WARN,
-                      "backend size %" PRIu64 " + %" PRIu64
-                      " exceeds --quota-backend-bytes %" PRId64 ": NOSPACE alarm raised",
+                      "backend size %" PRIu64 " + %" PRIu64 " exceeds --quota-backend-bytes %" PRId64
+                      ": NOSPACE alarm raised",
                       node_disk_bytes(srv, 0), cost, srv->quota);
         return CAIRN_ENOSPACE;
     }

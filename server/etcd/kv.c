@@ -33,6 +33,7 @@ union kv_resp {
     cairn_put_resp put;
     cairn_delete_resp del;
     cairn_txn_resp txn;
+    cairn_header compact;
 };
 _Static_assert(sizeof(union kv_resp) <= RPC_CALL_SCRATCH, "a KV response fits in the call");
 
@@ -396,8 +397,8 @@ static int put_decode(Etcdserverpb__PutRequest *m, const uint8_t *p, size_t n)
                 return -1;
             m->lease = (int64_t)v;
             break;
-        case 4:   /* prev_kv */
-        case 5:   /* ignore_value */
+        case 4: /* prev_kv */
+        case 5: /* ignore_value */
         case 6: { /* ignore_lease */
             /* protobuf-c takes a bool in any wire type: true if any byte
              * of the field after its tag (a length prefix too) has one of
@@ -626,8 +627,7 @@ static void kv_put(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
-    if (etcd_node(c)->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease &&
-        m->lease == 0) {
+    if (etcd_node(c)->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease && m->lease == 0) {
         cairn_put_req r;
         put_from_pb(&r, m);
         kv_batch_put(c, &r);
@@ -742,7 +742,7 @@ static void compact_done(void *arg, int rc)
     Etcdserverpb__CompactionResponse out;
     Etcdserverpb__ResponseHeader ph;
     etcdserverpb__compaction_response__init(&out);
-    etcd_header(etcd_node(c), &ph, (const cairn_header *)(const void *)c->scratch);
+    etcd_header(etcd_node(c), &ph, &resp_of(c)->compact);
     out.header = &ph;
     rpc_reply(c, &out.base);
 }
@@ -755,9 +755,8 @@ static void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
         c, &etcdserverpb__compaction_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_header *h = (cairn_header *)(void *)c->scratch;
-    int rc = cairn_store_compact_async(etcd_node(c)->store, h, m->revision, m->physical,
-                                       compact_done, c);
+    int rc = cairn_store_compact_async(etcd_node(c)->store, &resp_of(c)->compact, m->revision,
+                                       m->physical, compact_done, c);
     if (rc != 0) /* compact_done will not be called */
         rpc_fail(c, rc, NULL);
 }
@@ -797,8 +796,7 @@ int etcd_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_t
         const Etcdserverpb__PutRequest *pb = (Etcdserverpb__PutRequest *)m;
         Etcdserverpb__PutRequest hand;
         if (put_decode(&hand, req, len) != 0 || hand.key.len != pb->key.len ||
-            hand.value.len != pb->value.len ||
-            (hand.key.len && memcmp(hand.key.data, pb->key.data, pb->key.len)) ||
+            hand.value.len != pb->value.len || (hand.key.len && memcmp(hand.key.data, pb->key.data, pb->key.len)) ||
             (hand.value.len && memcmp(hand.value.data, pb->value.data, pb->value.len)) ||
             (!hand.key.data) != (!pb->key.data) || (!hand.value.data) != (!pb->value.data) ||
             hand.lease != pb->lease || hand.prev_kv != pb->prev_kv ||

@@ -16,11 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(sizeof(cairn_lease_grant_resp) <= RPC_CALL_SCRATCH,
-               "a grant's answer fits the call");
+_Static_assert(sizeof(cairn_lease_grant_resp) <= RPC_CALL_SCRATCH, "a grant's answer fits in the call");
+_Static_assert(sizeof(cairn_header) <= RPC_CALL_SCRATCH, "a revoke's header fits in the call");
 
-/* On the committer: the grant is durable (or the store failed). The answer
- * was kept in the call's scratch. */
+/* On the committer: the grant is durable (or the store failed). */
 static void grant_done(void *arg, int rc)
 {
     rpc_call *c = arg;
@@ -28,7 +27,7 @@ static void grant_done(void *arg, int rc)
         rpc_fail(c, rc, NULL);
         return;
     }
-    const cairn_lease_grant_resp *g = (const cairn_lease_grant_resp *)(const void *)c->scratch;
+    const cairn_lease_grant_resp *g = (const cairn_lease_grant_resp *)(void *)c->scratch;
     Etcdserverpb__ResponseHeader ph;
     etcd_header(etcd_node(c), &ph, &g->header);
     Etcdserverpb__LeaseGrantResponse out;
@@ -36,21 +35,6 @@ static void grant_done(void *arg, int rc)
     out.header = &ph;
     out.id = g->id;
     out.ttl = g->ttl;
-    rpc_reply(c, &out.base);
-}
-
-static void revoke_done(void *arg, int rc)
-{
-    rpc_call *c = arg;
-    if (rc != 0) {
-        rpc_fail(c, rc, NULL);
-        return;
-    }
-    Etcdserverpb__ResponseHeader ph;
-    etcd_header(etcd_node(c), &ph, (const cairn_header *)(const void *)c->scratch);
-    Etcdserverpb__LeaseRevokeResponse out;
-    etcdserverpb__lease_revoke_response__init(&out);
-    out.header = &ph;
     rpc_reply(c, &out.base);
 }
 
@@ -69,10 +53,26 @@ static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
+    /* the answer, kept in the call's scratch for grant_done */
     cairn_lease_grant_resp *g = (cairn_lease_grant_resp *)(void *)c->scratch;
     rc = cairn_store_lease_create_async(srv->store, g, m->id, m->ttl, grant_done, c);
     if (rc != 0) /* grant_done will not be called */
         rpc_fail(c, rc, NULL);
+}
+
+static void revoke_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
+    if (rc != 0) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
+    Etcdserverpb__ResponseHeader ph;
+    etcd_header(etcd_node(c), &ph, (const cairn_header *)(void *)c->scratch);
+    Etcdserverpb__LeaseRevokeResponse out;
+    etcdserverpb__lease_revoke_response__init(&out);
+    out.header = &ph;
+    rpc_reply(c, &out.base);
 }
 
 static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
@@ -190,8 +190,8 @@ static void ka_recv(rpc_call *c, int ok)
         rpc_fail(c, rc, NULL);
         return;
     }
-    Etcdserverpb__LeaseKeepAliveRequest *m =
-        etcdserverpb__lease_keep_alive_request__unpack(NULL, len, bytes);
+    Etcdserverpb__LeaseKeepAliveRequest *m = etcdserverpb__lease_keep_alive_request__unpack(
+        NULL, len, bytes);
     free(bytes);
     if (!m) {
         rpc_fail(c, CAIRN_EUNMARSHAL, ETCD_STREAM_UNMARSHAL);

@@ -121,7 +121,8 @@ static void octal(char *field, size_t width, uint64_t v)
     }
 }
 
-static void tar_header(uint8_t block[512], const char *name, uint64_t size, int dir, uint64_t mtime)
+static void tar_header(uint8_t block[512], const char *name, uint64_t size, int dir,
+                       uint64_t mtime)
 {
     memset(block, 0, 512);
     char *b = (char *)block;
