@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 /* ---- key ranges ----------------------------------------------------------------- */
@@ -266,7 +267,7 @@ static int materialise(cairn_store *s, store_arena *a, const kref *k, cairn_kv *
             if (rc)
                 return rc;
             if (rd.kind == CAIRN_READ_NONE) {
-                fprintf(stderr, "cairn store: index and document disagree on a key\n");
+                cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "index and document disagree on a key");
                 return CAIRN_ECORRUPT;
             }
             const uint8_t *val = (const uint8_t *)"";
@@ -567,7 +568,7 @@ static int put_locked(txctx *t, cairn_put_resp *resp, const cairn_put_req *req)
     uint8_t *rec = malloc(10 + vl);
     if (!rec)
         return CAIRN_ENOMEM;
-    size_t rl = cairn_store_put_varint(rec, (uint64_t)lease);
+    size_t rl = (size_t)(wire_put_uv(rec, (uint64_t)lease) - rec);
     if (vl)
         memcpy(rec + rl, val, vl);
     rl += vl;
@@ -685,8 +686,8 @@ static int tx_finish(txctx *t, int rc, cairn_store_done_cb cb, void *arg)
         }
         int64_t got = c ? s->last_change_rev : 0;
         if (got != t->rev) {
-            fprintf(stderr, "cairn store: change took revision %lld, expected %lld\n",
-                    (long long)got, (long long)t->rev);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "change took revision %lld, expected %lld",
+                            (long long)got, (long long)t->rev);
             atomic_store(&s->failed, CAIRN_ECORRUPT);
             if (!w)
                 return 0; /* queued: the completion reports the failure */

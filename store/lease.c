@@ -511,7 +511,8 @@ static int64_t next_id(cairn_store *s)
     }
 }
 
-int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl)
+int cairn_store_lease_create_async(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
+                                   int64_t ttl, cairn_store_done_cb cb, void *arg)
 {
     memset(resp, 0, sizeof *resp);
     /* etcd: > 9e9 s -> "too large lease TTL"; below the minimum (also 0 and
@@ -530,18 +531,29 @@ int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64
     cairn_objid none = {0, 0};
     if (!rc)
         rc = write_lease(s, id, 1, none, ttl, (int64_t)cairn_store_now_ms(s) + ttl * 1000);
-    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
+    if (!rc) {
+        /* filled before the completion is queued: it may run at once. A
+         * grant takes no revision: the one everything before it made. */
+        cairn_store_fill_header(s, &resp->header, s->rev);
+        resp->id = id;
+        resp->ttl = ttl;
+        rc = cairn_store_enqueue_wait(s, cb, arg, NULL);
+        if (rc)
+            memset(resp, 0, sizeof *resp);
+    }
     pthread_rwlock_unlock(&s->rw);
+    return rc;
+}
+
+int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl)
+{
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int rc = cairn_store_lease_create_async(s, resp, id, ttl, cairn_store_sync_done, &w);
     if (!rc)
         rc = cairn_store_sync_wait_for(&w);
     if (rc)
-        return rc;
-    cairn_store_header(s, &resp->header);
-    resp->id = id;
-    resp->ttl = ttl;
-    return 0;
+        memset(resp, 0, sizeof *resp);
+    return rc;
 }
 
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl)
@@ -552,7 +564,8 @@ int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl)
     return cairn_store_lease_create(s, &r, id, ttl);
 }
 
-int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
+int cairn_store_lease_revoke_async(cairn_store *s, cairn_header *h, int64_t id,
+                                   cairn_store_done_cb cb, void *arg)
 {
     memset(h, 0, sizeof *h);
     pthread_rwlock_wrlock(&s->rw);
@@ -562,15 +575,24 @@ int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
         rc = CAIRN_ELEASENOTFOUND;
     if (!rc)
         rc = revoke_locked(s, l);
-    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (!rc)
-        rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
-    int64_t rev = s->rev;
+    if (!rc) {
+        cairn_store_fill_header(s, h, s->rev); /* before the completion can run */
+        rc = cairn_store_enqueue_wait(s, cb, arg, NULL);
+        if (rc)
+            memset(h, 0, sizeof *h);
+    }
     pthread_rwlock_unlock(&s->rw);
+    return rc;
+}
+
+int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id)
+{
+    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int rc = cairn_store_lease_revoke_async(s, h, id, cairn_store_sync_done, &w);
     if (!rc)
         rc = cairn_store_sync_wait_for(&w);
-    if (!rc)
-        cairn_store_fill_header(s, h, rev);
+    if (rc)
+        memset(h, 0, sizeof *h);
     return rc;
 }
 

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@
 #include <unistd.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 #define FORMAT_VERSION 3u
@@ -141,6 +143,19 @@ static uint64_t real_clock_ms(void *arg)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s->log_cb)
+        s->log_cb(s->log_arg, level, msg);
+    else
+        fprintf(stderr, "cairn store: %s\n", msg);
+}
+
 uint64_t cairn_store_now_ms(cairn_store *s)
 {
     return s->clock_ms(s->clock_arg);
@@ -195,34 +210,34 @@ void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_
     *val_len = 0;
     if (v->type != CAIRN_V_BYTES && v->type != CAIRN_V_STR)
         return;
-    const uint8_t *p = v->v.bytes.ptr, *end = p + v->v.bytes.len;
+    wire_rd r = {v->v.bytes.ptr, v->v.bytes.ptr + v->v.bytes.len};
     uint64_t l;
-    if (cairn_store_get_varint(&p, end, &l) != 0) {
+    if (wire_uv(&r, &l) != 0) { /* truncated, overlong or past 64 bits */
         *val = v->v.bytes.ptr;
         *val_len = v->v.bytes.len;
         return;
     }
     *lease = (int64_t)l;
-    *val = p;
-    *val_len = (size_t)(end - p);
+    *val = r.p;
+    *val_len = wire_left(&r);
 }
 
 /* ---- LevelDB helpers -------------------------------------------------------------- */
 
-static int db_err(char *err)
+static int db_err(cairn_store *s, char *err)
 {
     if (!err)
         return 0;
     int rc = (strstr(err, "Corruption") || strstr(err, "corrupt")) ? CAIRN_ECORRUPT : CAIRN_EIO;
-    fprintf(stderr, "cairn store: leveldb: %s\n", err);
+    cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "leveldb: %s", err);
     leveldb_free(err);
     return rc;
 }
 
 /* Every corruption is reported with what was wrong, then returned. */
-static int corrupt(const char *what)
+static int corrupt(cairn_store *s, const char *what)
 {
-    fprintf(stderr, "cairn store: corrupt database: %s\n", what);
+    cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "corrupt database: %s", what);
     return CAIRN_ECORRUPT;
 }
 
@@ -242,7 +257,7 @@ static int meta_get(cairn_store *s, const char *name, char **v, size_t *vl)
     meta_key(k, &kl, name);
     char *err = NULL;
     *v = leveldb_get(s->db, s->ropt, (const char *)k, kl, vl, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 static void meta_put(leveldb_writebatch_t *b, const char *name, const void *v, size_t vl)
@@ -264,7 +279,7 @@ static int get_orec(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t in
     char *err = NULL;
     *vl = 0;
     *v = leveldb_get(s->db, ro, (const char *)k, 9, vl, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 /* get_orec for the change that made |rev|: a missing record, or one that
@@ -278,7 +293,7 @@ static int get_orec_of_rev(cairn_store *s, const leveldb_readoptions_t *ro, uint
     if (!*v || *vl < 8 || (int64_t)cairn_store_get_be64((const uint8_t *)*v) != rev) {
         leveldb_free(*v);
         *v = NULL;
-        return corrupt("the change of a revision is missing or made another revision");
+        return corrupt(s, "the change of a revision is missing or made another revision");
     }
     return 0;
 }
@@ -302,7 +317,7 @@ static int load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len)
         memcpy(b, v + 8, vl - 8);
     leveldb_free(v);
     if (!b)
-        return vl > 8 ? CAIRN_ENOMEM : corrupt("short change record");
+        return vl > 8 ? CAIRN_ENOMEM : corrupt(s, "short change record");
     *bytes = b;
     *len = vl - 8;
     return 0;
@@ -340,13 +355,14 @@ static void body_cache_free(body_cache *bc)
 
 /* Makes |bc| hold change |index|, decoded from its 'O' value |v| (rev u64
  * BE ++ canonical bytes; |vl| >= 8). */
-static int body_cache_load(body_cache *bc, uint64_t index, const uint8_t *v, size_t vl)
+static int body_cache_load(cairn_store *s, body_cache *bc, uint64_t index, const uint8_t *v,
+                           size_t vl)
 {
     body_cache_free(bc);
     int rc = cairn_change_decode(&bc->c, v + 8, vl - 8, NULL);
     if (rc) {
         bc->c = NULL;
-        return rc == CAIRN_ENOMEM ? rc : corrupt("a stored change does not decode");
+        return rc == CAIRN_ENOMEM ? rc : corrupt(s, "a stored change does not decode");
     }
     bc->index = index;
     return 0;
@@ -358,11 +374,11 @@ int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uin
     *val = NULL;
     *vl = 0;
     if (pos >= c->nops)
-        return corrupt("history record names an op past the change's end");
+        return CAIRN_ECORRUPT;
     const cairn_op *op = &c->ops[pos];
     if (op->action != CAIRN_OP_SET || op->key_len != key_len ||
         (key_len && memcmp(op->key, key, key_len)) || op->obj.counter != kvs_counter)
-        return corrupt("history record names an op that did not set its key");
+        return CAIRN_ECORRUPT;
     int64_t lease;
     cairn_store_parse_record(&op->value, &lease, val, vl);
     return 0;
@@ -380,33 +396,33 @@ static int body_value(cairn_store *s, const leveldb_readoptions_t *ro, body_cach
         size_t n;
         int rc = get_orec_of_rev(s, ro, index, rev, &v, &n);
         if (!rc) {
-            rc = body_cache_load(bc, index, (const uint8_t *)v, n);
+            rc = body_cache_load(s, bc, index, (const uint8_t *)v, n);
             leveldb_free(v);
         }
         if (rc)
             return rc;
     }
-    return cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl);
+    if (cairn_store_krec_body_value(bc->c, s->kvs.counter, pos, key, key_len, val, vl))
+        return corrupt(s, "history record names an op that did not set its key");
+    return 0;
 }
 
 int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
 {
-    const uint8_t *end = p + len;
     memset(r, 0, sizeof *r);
     if (len < 1 || p[0] > KREC_BODY)
-        return corrupt("history record flags");
+        return CAIRN_ECORRUPT;
     r->del = p[0] == KREC_TOMB;
     r->body = p[0] == KREC_BODY;
-    p++;
-    if (cairn_store_get_varint(&p, end, &r->sub) || cairn_store_get_varint(&p, end, &r->cr) ||
-        cairn_store_get_varint(&p, end, &r->ver) || cairn_store_get_varint(&p, end, &r->lease) ||
-        (r->body && cairn_store_get_varint(&p, end, &r->pos)) || (r->body && p != end) ||
-        (r->del && p != end))
-        return corrupt("history record");
+    wire_rd rd = {p + 1, p + len};
+    if (wire_uv(&rd, &r->sub) || wire_uv(&rd, &r->cr) || wire_uv(&rd, &r->ver) ||
+        wire_uv(&rd, &r->lease) || (r->body && wire_uv(&rd, &r->pos)) ||
+        ((r->body || r->del) && wire_left(&rd)))
+        return CAIRN_ECORRUPT;
     if (r->cr > INT64_MAX || r->ver > INT64_MAX) /* read back as int64: never negative */
-        return corrupt("history record revision or version out of range");
-    r->val = p;
-    r->val_len = (size_t)(end - p);
+        return CAIRN_ECORRUPT;
+    r->val = rd.p;
+    r->val_len = wire_left(&rd);
     return 0;
 }
 
@@ -415,7 +431,7 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
 {
     uint64_t index;
     if (cairn_revmap_find(&s->rm, &index, rev))
-        return corrupt("no change made a revision with history");
+        return corrupt(s, "no change made a revision with history");
     uint8_t stackk[256];
     uint8_t *k = key_len + KREC_KEY_HDR <= sizeof stackk ? stackk : malloc(key_len + KREC_KEY_HDR);
     if (!k)
@@ -428,18 +444,19 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + KREC_KEY_HDR, &vl, &err);
     if (k != stackk)
         free(k);
-    int rc = db_err(err);
+    int rc = db_err(s, err);
     if (rc)
         return rc;
     if (!v) {
-        fprintf(stderr, "cairn store: history record of revision %lld missing\n", (long long)rev);
+        cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "history record of revision %lld missing",
+                        (long long)rev);
         return CAIRN_ECORRUPT;
     }
     cairn_store_krec r;
     body_cache bc = {0, NULL};
-    rc = cairn_store_krec_parse(&r, (const uint8_t *)v, vl);
+    rc = cairn_store_krec_parse(&r, (const uint8_t *)v, vl) ? corrupt(s, "history record") : 0;
     if (!rc && r.del) /* a tombstone is never read as a value */
-        rc = corrupt("history read of a deleted key");
+        rc = corrupt(s, "history read of a deleted key");
     if (rc)
         goto out;
     out->create_revision = (int64_t)r.cr;
@@ -563,7 +580,7 @@ static void on_patch(void *arg, const cairn_patch *p)
          * read back from its body, so only listeners and values that came
          * from an older change (a delete that uncovered a conflict) need a
          * copy */
-        if (!s->recovering && (s->events_cb || e->oppos < 0)) {
+        if (!s->recovering && (atomic_load(&s->has_subs) || e->oppos < 0)) {
             e->value = malloc(vl ? vl : 1);
             if (!e->value) {
                 free(e->key);
@@ -691,14 +708,15 @@ static int batch_change(cairn_store *s, const cairn_change *c, uint64_t index, i
         int body = !del && e->oppos >= 0;
         size_t inl = !del && !body ? e->value_len : 0;
         uint8_t hdr[1 + 50];
-        size_t hl = 0;
-        hdr[hl++] = del ? KREC_TOMB : body ? KREC_BODY : 0;
-        hl += cairn_store_put_varint(hdr + hl, (uint64_t)i); /* order in the change */
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->create_rev);
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->version);
-        hl += cairn_store_put_varint(hdr + hl, del ? 0 : (uint64_t)e->lease);
+        hdr[0] = del ? KREC_TOMB : body ? KREC_BODY : 0;
+        uint8_t *h = hdr + 1;
+        h = wire_put_uv(h, (uint64_t)i); /* order in the change */
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->create_rev);
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->version);
+        h = wire_put_uv(h, del ? 0 : (uint64_t)e->lease);
         if (body)
-            hl += cairn_store_put_varint(hdr + hl, (uint64_t)e->oppos);
+            h = wire_put_uv(h, (uint64_t)e->oppos);
+        size_t hl = (size_t)(h - hdr);
         /* key and value side by side: on the stack unless large */
         uint8_t stackr[512];
         size_t kl = KREC_KEY_HDR + e->key_len, need = kl + hl + inl;
@@ -761,15 +779,16 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     s->last_change_rev = rev;
     if (s->recovering) {
         if (rev != s->rec_expect_rev && !s->rec_rc) {
-            fprintf(stderr, "cairn store: replay of change %llu gave revision %lld, stored %lld\n",
-                    (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
+            cairn_store_log(
+                s, CAIRN_STORE_LOG_ERROR, "replay of change %llu gave revision %lld, stored %lld",
+                (unsigned long long)index, (long long)rev, (long long)s->rec_expect_rev);
             s->rec_rc = CAIRN_ECORRUPT;
         }
         ev_clear(s);
         return;
     }
     pend_change *pc = NULL;
-    if (s->events_cb) {
+    if (atomic_load(&s->has_subs)) {
         pc = calloc(1, sizeof *pc);
         if (!pc)
             goto fail_nomem;
@@ -786,7 +805,7 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     pthread_mutex_lock(&s->qmu);
     rc = batch_change(s, c, index, rev);
     if (pc) {
-        /* the events move to the committer, which hands them to events_cb */
+        /* the events move to the committer, which hands them to subscribers */
         pc->ev = s->cur_ev;
         pc->nev = s->cur_nev;
         s->cur_ev = NULL;
@@ -845,7 +864,7 @@ static void *committer_main(void *arg)
     cairn_store *s = arg;
     pthread_mutex_lock(&s->qmu);
     for (;;) {
-        while (!s->stop && s->batch_n == 0 && !s->w_head)
+        while (!s->stop && (s->holding || (s->batch_n == 0 && !s->w_head)))
             pthread_cond_wait(&s->qcv, &s->qmu);
         if (s->stop && s->batch_n == 0 && !s->w_head)
             break;
@@ -856,6 +875,7 @@ static void *committer_main(void *arg)
             s->batch = leveldb_writebatch_create();
             s->batch_n = 0;
         }
+        s->writing = b != NULL;
         pend_change *chs = s->ch_head;
         s->ch_head = NULL;
         s->ch_tail = &s->ch_head;
@@ -867,14 +887,14 @@ static void *committer_main(void *arg)
 
         int rc = atomic_load(&s->failed);
         if (b && !rc && s->before_write_cb && s->before_write_cb(s->before_write_arg, nb)) {
-            fprintf(stderr, "cairn store: write of %zu changes failed (injected)\n", nb);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "write of %zu changes failed (injected)", nb);
             rc = CAIRN_EIO;
             atomic_store(&s->failed, CAIRN_EIO);
         }
         if (b && !rc) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
             if (!rc) {
                 atomic_fetch_add(&s->n_syncs, 1);
                 atomic_fetch_add(&s->n_changes, nb);
@@ -884,20 +904,16 @@ static void *committer_main(void *arg)
         }
         if (b)
             leveldb_writebatch_destroy(b);
-        if (!rc) {
-            pthread_mutex_lock(&s->qmu);
-            if (target > atomic_load(&s->visible))
-                atomic_store(&s->visible, target);
-            pthread_cond_broadcast(&s->dcv);
-            pthread_mutex_unlock(&s->qmu);
-        } else {
-            pthread_mutex_lock(&s->qmu);
-            pthread_cond_broadcast(&s->dcv);
-            pthread_mutex_unlock(&s->qmu);
-        }
+        pthread_mutex_lock(&s->qmu);
+        if (!rc && target > atomic_load(&s->visible))
+            atomic_store(&s->visible, target);
+        s->writing = 0;
+        pthread_cond_broadcast(&s->dcv);
+        pthread_mutex_unlock(&s->qmu);
+        pthread_mutex_lock(&s->sub_mu);
         while (chs) {
             pend_change *n = chs->next;
-            if (!rc && s->events_cb) {
+            if (!rc && s->nsubs) {
                 cairn_event *ev = chs->nev ? calloc(chs->nev, sizeof *ev) : NULL;
                 for (size_t i = 0; ev && i < chs->nev; i++) {
                     const pend_event *e = &chs->ev[i];
@@ -913,17 +929,22 @@ static void *committer_main(void *arg)
                         ev[i].kv.value_len = e->value_len;
                     }
                 }
-                s->events_cb(s->events_arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
-                             ev ? chs->nev : 0);
+                for (size_t i = 0; i < s->nsubs; i++)
+                    s->subs[i].cb(s->subs[i].arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
+                                  ev ? chs->nev : 0);
                 free(ev);
             }
             free_pend_change(chs);
             chs = n;
         }
+        pthread_mutex_unlock(&s->sub_mu);
         while (ws) {
             pend_wait *n = ws->next;
-            if (ws->cb)
+            if (ws->hcb)
+                ws->hcb(ws->arg, rc, rc ? NULL : ws->heads, rc ? 0 : ws->nheads);
+            else if (ws->cb)
                 ws->cb(ws->arg, rc);
+            free(ws->heads);
             free(ws);
             ws = n;
         }
@@ -931,6 +952,45 @@ static void *committer_main(void *arg)
     }
     pthread_mutex_unlock(&s->qmu);
     return NULL;
+}
+
+int cairn_store_subscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = 0;
+    if (s->nsubs == s->subcap) {
+        size_t cap = s->subcap ? s->subcap * 2 : 4;
+        cairn_store_subscriber *n = realloc(s->subs, cap * sizeof *n);
+        if (n) {
+            s->subs = n;
+            s->subcap = cap;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    if (!rc) {
+        s->subs[s->nsubs++] = (cairn_store_subscriber){cb, arg};
+        atomic_store(&s->has_subs, 1);
+    }
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
+}
+
+int cairn_store_unsubscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = CAIRN_ENOTFOUND;
+    for (size_t i = 0; i < s->nsubs; i++) {
+        if (s->subs[i].cb == cb && s->subs[i].arg == arg) {
+            memmove(&s->subs[i], &s->subs[i + 1], (s->nsubs - i - 1) * sizeof *s->subs);
+            s->nsubs--;
+            rc = 0;
+            break;
+        }
+    }
+    atomic_store(&s->has_subs, s->nsubs > 0);
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
 }
 
 int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp)
@@ -1018,7 +1078,7 @@ static int mkdir_p(const char *dir)
 static int create_fresh(cairn_store *s, const cairn_store_options *o)
 {
     /* a checkpoint left beside a database that is gone memoises nothing */
-    if (cairn_ckpt_remove(s->datadir))
+    if (cairn_ckpt_remove(s, s->datadir))
         return CAIRN_EIO;
     const char *token = o->cluster_token ? o->cluster_token : "etcd-cluster";
     const char *name = o->name ? o->name : "default";
@@ -1071,7 +1131,7 @@ static int create_fresh(cairn_store *s, const cairn_store_options *o)
     meta_put(s->batch, "format", fv, 4);
     char *err = NULL;
     leveldb_write(s->db, s->wopt_sync, s->batch, &err);
-    rc = db_err(err);
+    rc = db_err(s, err);
     leveldb_writebatch_clear(s->batch);
     s->batch_n = 0;
     return rc;
@@ -1090,11 +1150,11 @@ static int get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int *pr
         *present = v != NULL;
     if (!v) {
         *out = 0;
-        return present ? 0 : corrupt(name);
+        return present ? 0 : corrupt(s, name);
     }
     if (vl != 8) {
         leveldb_free(v);
-        return corrupt(name);
+        return corrupt(s, name);
     }
     *out = cairn_store_get_be64((const uint8_t *)v);
     leveldb_free(v);
@@ -1120,7 +1180,7 @@ static int compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uin
         for (uint32_t i = 0; i < drop && b; i++) {
             uint64_t index;
             if (cairn_revmap_find(&s->rm, &index, (int64_t)(e->hist[i] & ~CAIRN_IDX_TOMB))) {
-                rc = corrupt("no change made a revision with history");
+                rc = corrupt(s, "no change made a revision with history");
                 goto out;
             }
             uint8_t k[KREC_KEY_HDR];
@@ -1162,6 +1222,7 @@ typedef struct rec_block {
 } rec_block;
 
 typedef struct rec_reader {
+    cairn_store *s; /* for its log */
     leveldb_t *db;
     uint64_t start; /* the first apply index to read */
     pthread_mutex_t mu;
@@ -1220,6 +1281,7 @@ static rec_block *rec_take(rec_reader *r)
 static void *rec_reader_main(void *arg)
 {
     rec_reader *r = arg;
+    cairn_store *s = r->s;
     leveldb_readoptions_t *ro = leveldb_readoptions_create();
     leveldb_readoptions_set_verify_checksums(ro, 1);
     leveldb_readoptions_set_fill_cache(ro, 0);
@@ -1242,7 +1304,7 @@ static void *rec_reader_main(void *arg)
         if (kl != 9 || dl < 8 || cairn_store_get_be64((const uint8_t *)k + 1) != want) {
             char *err = NULL;
             leveldb_iter_get_error(it, &err); /* LevelDB skips a bad block */
-            rc = err ? db_err(err) : corrupt("apply order has a gap or a malformed record");
+            rc = err ? db_err(s, err) : corrupt(s, "apply order has a gap or a malformed record");
             if (rc == CAIRN_EIO)
                 rc = CAIRN_ECORRUPT;
             break;
@@ -1250,8 +1312,8 @@ static void *rec_reader_main(void *arg)
         cairn_change *ch;
         rc = cairn_change_decode(&ch, d + 8, dl - 8, NULL);
         if (rc) {
-            fprintf(stderr, "cairn store: change %llu does not decode: %s\n",
-                    (unsigned long long)want, cairn_strerror(rc));
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "change %llu does not decode: %s",
+                            (unsigned long long)want, cairn_strerror(rc));
             rc = rc == CAIRN_ENOMEM ? rc : CAIRN_ECORRUPT;
             break;
         }
@@ -1273,7 +1335,7 @@ static void *rec_reader_main(void *arg)
     if (!rc) {
         char *err = NULL;
         leveldb_iter_get_error(it, &err);
-        rc = db_err(err);
+        rc = db_err(s, err);
     }
     if (b && b->n)
         rec_put(r, b);
@@ -1299,6 +1361,7 @@ static int replay(cairn_store *s, uint64_t start)
      * of the work run on two cores. */
     rec_reader rr;
     memset(&rr, 0, sizeof rr);
+    rr.s = s;
     rr.db = s->db;
     rr.start = start;
     rr.tail = &rr.head;
@@ -1329,10 +1392,10 @@ static int replay(cairn_store *s, uint64_t start)
             if (!rc)
                 rc = s->obs_rc ? s->obs_rc : s->rec_rc;
             if (!rc && cairn_dag_count(cairn_doc_dag(s->doc)) != want + 1)
-                rc = corrupt("a change's dependencies are not before it");
+                rc = corrupt(s, "a change's dependencies are not before it");
             if (rc) {
-                fprintf(stderr, "cairn store: replay of change %llu failed: %s\n",
-                        (unsigned long long)want, cairn_strerror(rc));
+                cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "replay of change %llu failed: %s",
+                                (unsigned long long)want, cairn_strerror(rc));
                 if (rc != CAIRN_ENOMEM)
                     rc = CAIRN_ECORRUPT;
             }
@@ -1359,7 +1422,7 @@ static int replay(cairn_store *s, uint64_t start)
     pthread_cond_destroy(&rr.cv);
     s->recovering = 0;
     if (!rc && want == 0)
-        rc = corrupt("no genesis change");
+        rc = corrupt(s, "no genesis change");
     return rc;
 }
 
@@ -1409,7 +1472,7 @@ static void *ckpt_side_main(void *arg)
 
 /* Loads the state a checkpoint memoises, when it is this store's and
  * matches the stored changes: *start = the number of changes it covers (0,
- * with one line on stderr saying why, when it is not used; the state is
+ * with one log line saying why, when it is not used; the state is
  * then as before). |compacted| is the stored compaction (-1 none). Only
  * allocation failure is an error: every doubt is a full replay. */
 static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
@@ -1421,8 +1484,9 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
     char whybuf[160];
     int rc = cairn_ckpt_map(&p, &len, s->datadir);
     if (rc) {
-        fprintf(stderr, "cairn store: %s: %s; replaying every stored change\n",
-                rc == CAIRN_ENOTFOUND ? "no checkpoint" : "checkpoint unreadable", s->datadir);
+        cairn_store_log(s, CAIRN_STORE_LOG_INFO, "%s: %s; replaying every stored change",
+                        rc == CAIRN_ENOTFOUND ? "no checkpoint" : "checkpoint unreadable",
+                        s->datadir);
         return 0;
     }
     cairn_ckpt_head h;
@@ -1535,8 +1599,10 @@ out:
             snprintf(whybuf, sizeof whybuf, "loading it: %s", cairn_strerror(rc));
             why = whybuf;
         }
-        fprintf(stderr, "cairn store: checkpoint in %s not used (%s); replaying every stored "
-                        "change\n", s->datadir, why);
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN,
+                        "checkpoint in %s not used (%s); replaying every stored "
+                        "change",
+                        s->datadir, why);
         int rrc = reset_derived(s);
         return rc == CAIRN_ENOMEM ? rc : rrc;
     }
@@ -1555,7 +1621,7 @@ static int recover(cairn_store *s, int use_checkpoint)
         return rc;
     if (!v || vl != CAIRN_ACTOR_LEN) {
         leveldb_free(v);
-        return corrupt("actor id");
+        return corrupt(s, "actor id");
     }
     memcpy(s->actor.b, v, CAIRN_ACTOR_LEN);
     leveldb_free(v);
@@ -1574,8 +1640,10 @@ static int recover(cairn_store *s, int use_checkpoint)
     rc = replay(s, start);
     if (rc && start && rc != CAIRN_ENOMEM) {
         /* the tail did not replay onto the memo: trust only the changes */
-        fprintf(stderr, "cairn store: replay after the checkpoint failed (%s); replaying every "
-                        "stored change\n", cairn_strerror(rc));
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN,
+                        "replay after the checkpoint failed (%s); replaying every "
+                        "stored change",
+                        cairn_strerror(rc));
         s->ckpt_n = 0;
         rc = reset_derived(s);
         if (!rc)
@@ -1619,8 +1687,8 @@ static int write_checkpoint(cairn_store *s)
     free(doc);
     cairn_store_buf_free(&st);
     if (rc)
-        fprintf(stderr, "cairn store: cannot write the checkpoint in %s: %s\n", s->datadir,
-                cairn_strerror(rc));
+        cairn_store_log(s, CAIRN_STORE_LOG_WARN, "cannot write the checkpoint in %s: %s",
+                        s->datadir, cairn_strerror(rc));
     return rc;
 }
 
@@ -1641,7 +1709,7 @@ static int upgrade_format(cairn_store *s)
     char *err = NULL;
     leveldb_write(s->db, s->wopt_sync, b, &err);
     leveldb_writebatch_destroy(b);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 /* Then the records move: each 'K' rev ++ key to 'O' index 'K' key (the
@@ -1671,7 +1739,7 @@ static int move_old_records(cairn_store *s)
                 if (kl < 9 ||
                     cairn_revmap_find(&s->rm, &index,
                                       (int64_t)cairn_store_get_be64((const uint8_t *)k + 1))) {
-                    rc = corrupt("a history record of a revision no change made");
+                    rc = corrupt(s, "a history record of a revision no change made");
                     break;
                 }
                 uint8_t h[KREC_KEY_HDR];
@@ -1689,19 +1757,19 @@ static int move_old_records(cairn_store *s)
             if (++n % 4096 == 0) {
                 char *err = NULL;
                 leveldb_write(s->db, s->wopt_sync, b, &err);
-                rc = db_err(err);
+                rc = db_err(s, err);
                 leveldb_writebatch_clear(b);
             }
         }
         if (!rc) {
             char *err = NULL;
             leveldb_iter_get_error(it, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
         }
         if (!rc && n % 4096) {
             char *err = NULL;
             leveldb_write(s->db, s->wopt_sync, b, &err);
-            rc = db_err(err);
+            rc = db_err(s, err);
             leveldb_writebatch_clear(b);
         }
         leveldb_iter_destroy(it);
@@ -1756,17 +1824,17 @@ static int renew_restored_actor(cairn_store *s, const char *dir, int exists)
         char *err = NULL;
         leveldb_write(s->db, s->wopt_sync, b, &err);
         leveldb_writebatch_destroy(b);
-        rc = db_err(err);
+        rc = db_err(s, err);
         if (rc)
             return rc;
-        fprintf(stderr, "cairn store: %s was restored from a snapshot: actor %s replaced by %s\n",
-                dir, was, now);
+        cairn_store_log(s, CAIRN_STORE_LOG_INFO,
+                        "%s was restored from a snapshot: actor %s replaced by %s", dir, was, now);
     }
     /* Snapshots hold db/ only, but a copied data dir may bring a checkpoint
      * of the old actor: it goes before the marker, so the next open either
      * sees the marker again or no checkpoint (the actor check would refuse
      * it anyway). */
-    int crc = cairn_ckpt_remove(dir);
+    int crc = cairn_ckpt_remove(s, dir);
     if (crc)
         return crc;
     if (unlink(path) != 0 && errno != ENOENT)
@@ -1791,7 +1859,7 @@ static int reopen_db(cairn_store *s)
     leveldb_close(s->db);
     char *err = NULL;
     s->db = leveldb_open(s->dbopt, s->dir, &err);
-    return db_err(err);
+    return db_err(s, err);
 }
 
 int cairn_store_open(cairn_store **out, const cairn_store_options *o)
@@ -1814,6 +1882,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
     pthread_mutex_init(&s->lease_mu, NULL);
+    pthread_mutex_init(&s->sub_mu, NULL);
     pthread_cond_init(&s->lease_cv, NULL);
     s->ch_tail = &s->ch_head;
     s->w_tail = &s->w_head;
@@ -1824,6 +1893,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
+    s->log_cb = o->log_cb;
+    s->log_arg = o->log_arg;
     if (cairn_kindex_init(&s->idx) || cairn_revmap_init(&s->rm))
         goto fail;
     /* etcd: minimum TTL 2 s, restart extension 1 s (election timeout) */
@@ -1837,10 +1908,11 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         goto fail;
     rc = mkdir_p(o->dir);
     if (rc) {
-        fprintf(stderr, "cairn store: cannot create %s: %s\n", o->dir, strerror(errno));
+        cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "cannot create %s: %s", o->dir, strerror(errno));
         goto fail;
     }
     sprintf(s->dir, "%s/db", o->dir);
+    cairn_store_snap_cleanup(o->dir); /* working dirs of snapshots a crash left */
 
     s->dbopt = leveldb_options_create();
     s->cache = leveldb_cache_create_lru(o->cache_bytes ? o->cache_bytes : (8u << 20));
@@ -1860,7 +1932,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     leveldb_writeoptions_set_sync(s->wopt_sync, 1);
     char *err = NULL;
     s->db = leveldb_open(s->dbopt, s->dir, &err);
-    rc = db_err(err);
+    rc = db_err(s, err);
     if (rc)
         goto fail;
 
@@ -1891,8 +1963,9 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
              * not trusted (the next clean close writes a new one) */
             rc = recover(s, 0);
         } else {
-            fprintf(stderr, "cairn store: %s has data format %u; this build reads 1 to %u\n",
-                    s->dir, ver, FORMAT_VERSION);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR,
+                            "%s has data format %u; this build reads 1 to %u", s->dir, ver,
+                            FORMAT_VERSION);
             rc = CAIRN_EBADVERSION;
         }
         if (!rc && ver != FORMAT_VERSION)
@@ -1905,15 +1978,17 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     if (rc)
         goto fail;
     if (!s->kvs_known) {
-        rc = corrupt("no kvs map");
+        rc = corrupt(s, "no kvs map");
         goto fail;
     }
     atomic_store(&s->visible, s->rev);
     s->queued_rev = s->rev;
     cairn_store_lease_restart(s, cairn_store_now_ms(s));
-    /* listeners hear of changes from now on (not of the genesis or replay) */
-    s->events_cb = o->events_cb;
-    s->events_arg = o->events_arg;
+    /* subscribers hear of changes from now on (not of the genesis or replay) */
+    for (size_t i = 0; i < o->nsubscribers && !rc; i++)
+        rc = cairn_store_subscribe(s, o->subscribers[i].cb, o->subscribers[i].arg);
+    if (rc)
+        goto fail;
     if (pthread_create(&s->committer, NULL, committer_main, s)) {
         rc = CAIRN_ENOMEM;
         goto fail;
@@ -1942,6 +2017,11 @@ void cairn_store_close(cairn_store *s)
         pthread_mutex_unlock(&s->qmu);
         pthread_join(s->committer, NULL);
     }
+    /* physical compactions still running on their threads */
+    pthread_mutex_lock(&s->qmu);
+    while (s->compact_jobs)
+        pthread_cond_wait(&s->dcv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
     while (s->ch_head) {
         pend_change *n = s->ch_head->next;
         free_pend_change(s->ch_head);
@@ -1974,6 +2054,8 @@ void cairn_store_close(cairn_store *s)
     cairn_lease_table_destroy(&s->lt);
     pthread_rwlock_destroy(&s->rw);
     pthread_mutex_destroy(&s->lease_mu);
+    pthread_mutex_destroy(&s->sub_mu);
+    free(s->subs);
     pthread_cond_destroy(&s->lease_cv);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
@@ -2045,9 +2127,76 @@ int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len)
 
 /* ---- compaction ------------------------------------------------------------------- */
 
-int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical)
+/* A compaction between its records' durability and its completion: with
+ * |physical|, LevelDB compacts the freed range on a thread of its own (it
+ * may take seconds; the committer must not wait for it). */
+typedef struct compact_job {
+    cairn_store *s;
+    int64_t revision;
+    int physical;
+    cairn_store_done_cb cb;
+    void *arg;
+} compact_job;
+
+static void compact_physical(compact_job *j)
+{
+    cairn_store *s = j->s;
+    uint64_t last;
+    if (cairn_revmap_find(&s->rm, &last, j->revision) == 0) {
+        /* every record of the changes up to the one that made |revision| */
+        uint8_t lo[9], hi[9];
+        lo[0] = hi[0] = 'O';
+        cairn_store_be64(lo + 1, 0);
+        cairn_store_be64(hi + 1, last + 1);
+        leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
+    }
+}
+
+static void compact_job_end(compact_job *j, int rc)
+{
+    cairn_store *s = j->s;
+    j->cb(j->arg, rc);
+    free(j);
+    pthread_mutex_lock(&s->qmu);
+    s->compact_jobs--;
+    pthread_cond_broadcast(&s->dcv);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+static void *compact_main(void *arg)
+{
+    compact_job *j = arg;
+    compact_physical(j);
+    compact_job_end(j, 0);
+    return NULL;
+}
+
+/* On the committer: the compaction record is durable. */
+static void compact_durable(void *arg, int rc)
+{
+    compact_job *j = arg;
+    if (!rc && j->physical) {
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int started = pthread_create(&th, &at, compact_main, j) == 0;
+        pthread_attr_destroy(&at);
+        if (started)
+            return;
+        compact_physical(j); /* no thread to be had: here, late rather than never */
+    }
+    compact_job_end(j, rc);
+}
+
+int cairn_store_compact_async(cairn_store *s, cairn_header *h, int64_t revision, int physical,
+                              cairn_store_done_cb cb, void *arg)
 {
     memset(h, 0, sizeof *h);
+    compact_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return CAIRN_ENOMEM;
+    *j = (compact_job){s, revision, physical, cb, arg};
     pthread_rwlock_wrlock(&s->rw);
     int rc = cairn_store_failed_rc(s);
     if (rc)
@@ -2074,29 +2223,30 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
         goto unlock;
     }
     s->compacted = revision;
-    int64_t cur = s->rev;
-    pthread_rwlock_unlock(&s->rw);
-    cairn_store_sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    rc = cairn_store_enqueue_wait(s, cairn_store_sync_done, &w, NULL);
-    if (rc)
-        return rc;
-    rc = cairn_store_sync_wait_for(&w);
-    if (rc)
-        return rc;
-    uint64_t last;
-    if (physical && cairn_revmap_find(&s->rm, &last, revision) == 0) {
-        /* every record of the changes up to the one that made |revision| */
-        uint8_t lo[9], hi[9];
-        lo[0] = hi[0] = 'O';
-        cairn_store_be64(lo + 1, 0);
-        cairn_store_be64(hi + 1, last + 1);
-        leveldb_compact_range(s->db, (const char *)lo, 9, (const char *)hi, 9);
+    pthread_mutex_lock(&s->qmu);
+    s->compact_jobs++;
+    pthread_mutex_unlock(&s->qmu);
+    cairn_store_fill_header(s, h, s->rev); /* before the completion can run */
+    rc = cairn_store_enqueue_wait(s, compact_durable, j, NULL);
+    if (rc) {
+        memset(h, 0, sizeof *h);
+        pthread_mutex_lock(&s->qmu);
+        s->compact_jobs--;
+        pthread_mutex_unlock(&s->qmu);
+        goto unlock;
     }
-    cairn_store_fill_header(s, h, cur);
+    pthread_rwlock_unlock(&s->rw);
     return 0;
 unlock:
     pthread_rwlock_unlock(&s->rw);
+    free(j);
     return rc;
+}
+
+int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical)
+{
+    SYNC_CALL(cairn_store_compact_async(s, h, revision, physical, cairn_store_sync_done, &w_),
+              memset(h, 0, sizeof *h));
 }
 
 /* ---- history (watch catch-up) ------------------------------------------------------ */
@@ -2195,7 +2345,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
                 break;
             const uint8_t *bv = (const uint8_t *)leveldb_iter_value(it, &vl);
             if (vl < 8) {
-                rc = corrupt("short change record");
+                rc = corrupt(s, "short change record");
                 break;
             }
             cur = (int64_t)cairn_store_get_be64(bv);
@@ -2208,7 +2358,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
             continue;
         }
         if (kl < KREC_KEY_HDR || k[9] != 'K' || index != cur_index || cur == 0) {
-            rc = corrupt("a history record without the change that made it");
+            rc = corrupt(s, "a history record without the change that made it");
             break;
         }
         const uint8_t *hk = k + KREC_KEY_HDR;
@@ -2217,18 +2367,19 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
             continue;
         cairn_store_krec r;
         const uint8_t *rv = (const uint8_t *)leveldb_iter_value(it, &vl);
-        rc = cairn_store_krec_parse(&r, rv, vl);
-        if (rc)
+        if (cairn_store_krec_parse(&r, rv, vl)) {
+            rc = corrupt(s, "history record");
             break;
+        }
         int del = r.del;
         const uint8_t *val = r.val;
         size_t val_len = r.val_len;
         if (r.body) { /* the body is the one this scan just passed */
             if (!bc.c || bc.index != cur_index)
-                rc = body_cache_load(&bc, cur_index, cur_body.p, cur_body.len);
-            if (!rc)
-                rc = cairn_store_krec_body_value(bc.c, s->kvs.counter, r.pos, hk, hkl, &val,
-                                                 &val_len);
+                rc = body_cache_load(s, &bc, cur_index, cur_body.p, cur_body.len);
+            if (!rc &&
+                cairn_store_krec_body_value(bc.c, s->kvs.counter, r.pos, hk, hkl, &val, &val_len))
+                rc = corrupt(s, "history record names an op that did not set its key");
             if (rc)
                 break;
         }
@@ -2267,7 +2418,7 @@ int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8
     if (!rc) {
         char *err = NULL;
         leveldb_iter_get_error(it, &err);
-        rc = db_err(err);
+        rc = db_err(s, err);
     }
     free(v);
     body_cache_free(&bc);
@@ -2287,17 +2438,81 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
     out->changes = atomic_load(&s->n_changes);
 }
 
-uint64_t cairn_store_disk_bytes(cairn_store *s)
+/* ---- replication ------------------------------------------------------------------ */
+
+/* Applies |n| received changes under the write lock (caller holds it),
+ * taking ownership of them; verdicts[i] (may be NULL) as in
+ * cairn_store_receive_changes. Returns CAIRN_EIO / ENOMEM when the store
+ * broke (the rest are freed unapplied). The burst's records are held back
+ * from the committer until the last one is batched: one group commit. */
+static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts)
 {
-    const char *start = "\x00";
-    const char *limit = "\xff\xff";
-    size_t sl = 1, ll = 2;
-    uint64_t size = 0;
-    leveldb_approximate_sizes(s->db, 1, &start, &sl, &limit, &ll, &size);
-    return size;
+    int rc = cairn_store_failed_rc(s);
+    pthread_mutex_lock(&s->qmu);
+    s->holding++;
+    pthread_mutex_unlock(&s->qmu);
+    size_t i = 0;
+    for (; i < n && !rc; i++) {
+        cairn_doc_observer obs;
+        int v = cairn_doc_receive(s->doc, chs[i], cairn_store_observer(s, &obs));
+        rc = s->obs_rc;
+        if (verdicts)
+            verdicts[i] = rc ? rc : v;
+    }
+    for (; i < n; i++) {
+        cairn_change_free(chs[i]);
+        if (verdicts)
+            verdicts[i] = rc;
+    }
+    pthread_mutex_lock(&s->qmu);
+    s->holding--;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return rc;
 }
 
-/* ---- replication ------------------------------------------------------------------ */
+int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                                cairn_store_heads_cb cb, void *arg)
+{
+    pend_wait *w = calloc(1, sizeof *w);
+    pthread_rwlock_wrlock(&s->rw);
+    int rc = w ? 0 : CAIRN_ENOMEM;
+    if (rc) { /* still ours: free them unapplied */
+        for (size_t i = 0; i < n; i++)
+            cairn_change_free(chs[i]);
+        if (verdicts)
+            for (size_t i = 0; i < n; i++)
+                verdicts[i] = rc;
+    } else {
+        rc = receive_locked(s, chs, n, verdicts);
+    }
+    if (!rc) {
+        /* the heads now name only changes queued before this completion */
+        const cairn_hash *h;
+        size_t nh = cairn_dag_heads(cairn_doc_dag(s->doc), &h);
+        w->heads = nh ? malloc(nh * sizeof *w->heads) : NULL;
+        if (nh && !w->heads)
+            rc = CAIRN_ENOMEM;
+        else if (nh)
+            memcpy(w->heads, h, nh * sizeof *w->heads);
+        w->nheads = nh;
+    }
+    if (!rc) {
+        w->hcb = cb;
+        w->arg = arg;
+        pthread_mutex_lock(&s->qmu);
+        *s->w_tail = w;
+        s->w_tail = &w->next;
+        pthread_cond_signal(&s->qcv);
+        pthread_mutex_unlock(&s->qmu);
+        w = NULL;
+    }
+    pthread_rwlock_unlock(&s->rw);
+    if (w)
+        free(w->heads);
+    free(w);
+    return rc;
+}
 
 int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg)
@@ -2307,18 +2522,12 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
     if (rc)
         return rc;
     pthread_rwlock_wrlock(&s->rw);
-    rc = cairn_store_failed_rc(s);
-    if (rc) {
-        cairn_change_free(c);
-        goto out;
-    }
-    cairn_doc_observer obs;
-    rc = cairn_doc_receive(s->doc, c, cairn_store_observer(s, &obs));
+    int v = 0;
+    rc = receive_locked(s, &c, 1, &v);
     if (!rc)
-        rc = s->obs_rc;
+        rc = v;
     if (!rc)
         rc = cairn_store_enqueue_wait(s, cb, arg, NULL);
-out:
     pthread_rwlock_unlock(&s->rw);
     return rc;
 }

@@ -17,9 +17,9 @@
 
 void cairn_store_be64(uint8_t out[8], uint64_t v);
 uint64_t cairn_store_get_be64(const uint8_t *p);
-/* cairn_store_put_varint is in store.h. */
-/* Reads a varint from [*p, end); 0 on success, -1 if truncated or > 10 bytes. */
-int cairn_store_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v);
+/* Varints: crdt/wire.h (canonical LEB128: at most 10 bytes, no overlong
+ * form), in every record and the checkpoint; cairn_store_put_varint
+ * (store.h) is its writer for the server. */
 
 /* SHA-1 (FIPS 180-4), for etcd's member/cluster id rule only. */
 void cairn_store_sha1(uint8_t out[20], const uint8_t *buf, size_t len);
@@ -273,11 +273,11 @@ int cairn_ckpt_write(const char *dir, const cairn_ckpt_head *h, const uint8_t *d
  * cairn_ckpt_unmap. */
 int cairn_ckpt_map(const uint8_t **p, size_t *len, const char *dir);
 void cairn_ckpt_unmap(const uint8_t *p, size_t len);
-/* Removes <dir>/checkpoint (absent is fine; a removal is logged on stderr)
- * and syncs the dir. */
-int cairn_ckpt_remove(const char *dir);
+/* Removes <dir>/checkpoint (absent is fine; a removal is logged) and syncs
+ * the dir. */
+int cairn_ckpt_remove(cairn_store *s, const char *dir);
 
-/* One applied change waiting to become durable (only kept for events_cb). */
+/* One applied change waiting to become durable (only kept for subscribers). */
 typedef struct pend_change {
     struct pend_change *next;
     int64_t rev;
@@ -295,6 +295,9 @@ typedef struct pend_wait {
     void *arg;
     int64_t rev; /* the visible revision once it completes */
     int *rcp;    /* optional: where to store an error for the response */
+    cairn_store_heads_cb hcb; /* instead of |cb|: a batched receive's */
+    cairn_hash *heads;        /* owned; handed to |hcb| */
+    size_t nheads;
 } pend_wait;
 
 struct cairn_store {
@@ -324,10 +327,16 @@ struct cairn_store {
     uint32_t max_txn_ops;
     uint64_t (*clock_ms)(void *);
     void *clock_arg;
-    cairn_store_events_cb events_cb;
-    void *events_arg;
+    /* Subscribers: the committer delivers a group's events under sub_mu;
+     * has_subs tells the observer whether anyone needs a change's copy. */
+    pthread_mutex_t sub_mu;
+    cairn_store_subscriber *subs;
+    size_t nsubs, subcap;
+    _Atomic int has_subs;
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    cairn_store_log_cb log_cb;
+    void *log_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
@@ -358,6 +367,9 @@ struct cairn_store {
     pend_change *ch_head, **ch_tail;
     pend_wait *w_head, **w_tail;
     int64_t queued_rev; /* highest revision whose records are queued */
+    int holding;        /* a burst is being applied: its records go in one group */
+    int writing;        /* the committer is writing a group (snapshot.c waits it out) */
+    int compact_jobs;   /* compactions queued or compacting physically (close waits) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
@@ -372,9 +384,17 @@ struct cairn_store {
     uint32_t lease_tick_ms;
     pthread_t lease_thread;
     int lease_thread_started;
+
+    atomic_uint snap_seq; /* names snapshot working dirs (snapshot.c) */
 };
 
+/* snapshot.c: removes snapshot working dirs a crash left in |data_dir|. */
+void cairn_store_snap_cleanup(const char *data_dir);
+
 /* store.c */
+/* One line of the store's log (options.log_cb, or stderr). */
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int cairn_store_failed_rc(cairn_store *s);
 /* Queues a completion after everything applied so far (caller holds rw
  * write). */
