@@ -2,11 +2,13 @@
 #define CAIRN_WIRE_H
 
 /*
- * Internal to crdt/: the byte reader and writer of the checkpoint format
- * (dag.c writes and reads its section, doc_ckpt.c the rest). Varints are
- * LEB128, canonical: at most 10 bytes, no overlong form. A reader never
- * passes |end|; a writer that runs out of memory remembers it and ignores
- * every later write, so callers check once at the end.
+ * The varint codec and the byte reader and writer of cairn: crdt/ reads and
+ * writes changes' varints, checkpoints and sync messages with it, and the
+ * store's and server's own varints are meant to come here too. Varints are
+ * unsigned LEB128, canonical: at most 10 bytes, value < 2^64, no overlong
+ * form (a trailing 0x00 group is CAIRN_ENONCANON). A reader never passes
+ * |end|; a writer that runs out of memory remembers it and ignores every
+ * later write, so callers check once at the end.
  */
 
 #include <stddef.h>
@@ -23,6 +25,13 @@
 typedef struct wire_rd {
     const uint8_t *p, *end;
 } wire_rd;
+
+/* A reader over |n| bytes at |p| (|p| may be NULL when |n| is 0). */
+static inline wire_rd wire_rd_of(const uint8_t *p, size_t n)
+{
+    wire_rd r = {p, p ? p + n : p};
+    return r;
+}
 
 static inline size_t wire_left(const wire_rd *r)
 {
@@ -46,6 +55,22 @@ static inline int wire_uv(wire_rd *r, uint64_t *out)
             return 0;
         }
     }
+}
+
+/* A varint this process wrote itself (in memory, never from outside): no
+ * bounds, no canonical check. */
+static inline uint64_t wire_uv_trusted(const uint8_t **pp)
+{
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int s = 0;
+    while (*p & 0x80) {
+        v |= (uint64_t)(*p++ & 0x7F) << s;
+        s += 7;
+    }
+    v |= (uint64_t)*p++ << s;
+    *pp = p;
+    return v;
 }
 
 /* A count of items that each take at least |min| bytes, at most |max|:
