@@ -46,6 +46,9 @@
     X(ELEASEEXIST, 9, "etcdserver: lease already exists")                                          \
     X(ELEASETTLTOOLARGE, 11, "etcdserver: too large lease TTL")                                    \
     X(EWATCHCANCELED, 1, "etcdserver: watch canceled")                                             \
+    /* etcd mvcc: a watch create answered "canceled" with this reason. */                          \
+    X(EWATCHEMPTYRANGE, 3, "mvcc: watcher range is empty")                                         \
+    X(EWATCHDUPID, 3, "mvcc: duplicate watch ID provided on the WatchStream")                      \
     X(EMEMBERNOTFOUND, 5, "etcdserver: member not found")                                          \
     X(EREQUESTTOOLARGE, 3, "etcdserver: request is too large")                                     \
     X(ETOOMANYREQUESTS, 8, "etcdserver: too many requests")                                        \

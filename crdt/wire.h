@@ -4,11 +4,13 @@
 /*
  * The varint codec and the byte reader and writer of cairn: crdt/ reads and
  * writes changes' varints, checkpoints and sync messages with it, and the
- * store's and server's own varints are meant to come here too. Varints are
- * unsigned LEB128, canonical: at most 10 bytes, value < 2^64, no overlong
- * form (a trailing 0x00 group is CAIRN_ENONCANON). A reader never passes
- * |end|; a writer that runs out of memory remembers it and ignores every
- * later write, so callers check once at the end.
+ * layers above use it too (header-only, so no layer links another's
+ * internals): server/ packs and scans protobuf with wire_put_uv, wire_uv_len
+ * and wire_uv_pb. Varints are unsigned LEB128, canonical: at most 10
+ * bytes, value < 2^64, no overlong form (a trailing 0x00 group is
+ * CAIRN_ENONCANON); wire_uv_pb is protobuf's laxer reading. A reader never
+ * passes |end|; a writer that runs out of memory remembers it and ignores
+ * every later write, so callers check once at the end.
  */
 
 #include <stddef.h>
@@ -71,6 +73,25 @@ static inline uint64_t wire_uv_trusted(const uint8_t **pp)
     v |= (uint64_t)*p++ << s;
     *pp = p;
     return v;
+}
+
+/* Protobuf's varint as protobuf-c and grpc-go read it, for messages from
+ * clients: at most 10 bytes, an overlong form accepted, bits past 64
+ * dropped. CAIRN_ETRUNCATED at |end|, CAIRN_EUNMARSHAL past 10 bytes. */
+static inline int wire_uv_pb(wire_rd *r, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < 10; i++) {
+        if (r->p == r->end)
+            return CAIRN_ETRUNCATED;
+        uint8_t b = *r->p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return CAIRN_EUNMARSHAL;
 }
 
 /* A count of items that each take at least |min| bytes, at most |max|:

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "crdt/error.h"
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    int rc = rpc_decode_request(data[0] % 7, data + 1, size - 1, 128);
+    int rc = etcd_decode_request(data[0] % 7, data + 1, size - 1, 128);
     if (rc > 0 || (rc < 0 && cairn_error_grpc_status(rc) == 2))
         __builtin_trap(); /* every failure is a row of CAIRN_ERRORS */
     return 0;

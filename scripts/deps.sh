@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Installs every Debian package cairn needs to build, test, fuzz and benchmark.
+# Installs every Debian package cairn needs to build, test and fuzz; with
+# --bench also what only the benchmarks need (scripts/bench.sh): gnuplot for
+# the plots, Go and etcd's Go libraries to build etcd's own load generator
+# (bench/scripts/build-etcd-benchmark.sh).
 # Runs as root (CI, a fresh machine) or through sudo; skips what is present.
 set -euo pipefail
 PKGS=(
@@ -8,8 +11,11 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libjansson-dev libjemalloc-dev
   etcd-server etcd-client
-  python3 python3-grpcio python3-protobuf
+  python3 python3-grpcio python3-protobuf python3-h2
 )
+if [ "${1:-}" = --bench ]; then
+  PKGS+=(gnuplot-nox golang-go golang-etcd-server-dev)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -63,7 +63,8 @@ typedef struct cairn_config {
     int log_level;
     int threads; /* gRPC worker threads; 0 = one per core */
     /* Benchmarks only (--experimental-batch-writes): up to this many
-     * concurrent plain Puts share one change and one revision (kv.c).
+     * concurrent plain Puts share one change and one revision
+     * (etcd/kv_batch.c).
      * 0 = off: one change per Put, as etcd numbers them. */
     uint32_t batch_writes;
 } cairn_config;

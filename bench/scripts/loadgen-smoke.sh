@@ -18,7 +18,7 @@ BIN=$(command -v etcd || true)
 if [ "${2:-}" = --server ]; then NAME=$3; BIN=$4; fi
 [ -x "$BIN" ] || { echo "loadgen-smoke: no $NAME binary" >&2; exit 1; }
 
-. "$(dirname "$0")/lib-servers.sh"
+. "$(dirname "$0")/lib.sh"
 SERVER_PIN=()
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/loadgen-smoke.XXXXXX")
 trap 'lib_cleanup; rm -rf "$WORK"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """probe.py: two small measurements of an etcd-compatible server for
-bench-all.sh, made the same way against etcd and cairn.
+scripts/bench.sh, made the same way against etcd and cairn.
 
 probe.py watch-latency: put -> watch event latency. Opens one Watch stream
 on a key prefix, then makes --count Puts one after another on keys under

@@ -16,6 +16,9 @@
 # compare settings of one binary: e.g. a dir with a symlink to another's
 # cairn and "--threads 1" in cairn.flags.
 #
+# How long: about (DURATION + 3 s) per build and repetition (about 40x the
+# DURATION under callgrind); it prints the total at the end.
+#
 # Bounded: each loadgen run stops by itself, each server start waits at
 # most 30 s, only PIDs started here are stopped. Data in a temp dir under
 # $TMPDIR (default /tmp), removed at exit.
@@ -29,44 +32,33 @@
 # each run is kept, with --out FILE, as FILE.bN.rM.callgrind (for
 # callgrind_annotate) and summarised in FILE.bN.rM.txt (inclusive).
 #
+# With --record DIR it runs `perf record -g` on the server instead of perf
+# stat and writes DIR/bN.rM.perf.txt (self time by symbol and library,
+# inclusive time by symbol): where the CPU of each run went.
+#
 # Usage: bench/scripts/put-cpu.sh [--reps N] [--duration S] [--clients N]
-#          [--keys N] [--workload W] [--callgrind] [--out FILE]
-#          BUILD_DIR [BUILD_DIR ...]
+#          [--keys N] [--workload W] [--callgrind | --record DIR]
+#          [--out FILE] BUILD_DIR [BUILD_DIR ...]
 # Needs: cairn-loadgen in the first BUILD_DIR, etcdctl 3.4 (readiness
 # probe), perf (linux-perf; instructions need perf_event_paranoid <= 2 for
 # user time, root or <= 1 for the kernel's share too).
 set -euo pipefail
 
-REPS=3
-DURATION=5
-CLIENTS=64
-KEYS=10000
-WORKLOAD=put
-OUT=""
-CALLGRIND=0
-BUILDS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --reps) REPS=$2; shift 2 ;;
-    --duration) DURATION=$2; shift 2 ;;
-    --clients) CLIENTS=$2; shift 2 ;;
-    --keys) KEYS=$2; shift 2 ;;
-    --workload) WORKLOAD=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --callgrind) CALLGRIND=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    -*) echo "put-cpu: unknown argument $1" >&2; exit 2 ;;
-    *) BUILDS+=("$(cd "$1" && pwd)"); shift ;;
-  esac
-done
-[ ${#BUILDS[@]} -gt 0 ] || { echo "put-cpu: give at least one build dir" >&2; exit 2; }
+ORIG=$(pwd)
 cd "$(dirname "$0")/../.."
-. bench/scripts/lib-servers.sh
+. bench/scripts/lib.sh
+REPS=3 DURATION=5 CLIENTS=64 KEYS=10000 WORKLOAD=put OUT="" CALLGRIND=0 RECORD=""
+lib_parse put-cpu.sh "reps:REPS duration:DURATION clients:CLIENTS keys:KEYS workload:WORKLOAD out:OUT
+  callgrind=CALLGRIND record:RECORD" "$@"
+BUILDS=()
+for b in "${LIB_ARGS[@]}"; do BUILDS+=("$(cd "$ORIG" && cd "$b" && pwd)"); done
+[ ${#BUILDS[@]} -gt 0 ] || { echo "put-cpu: give at least one build dir" >&2; exit 2; }
 LOADGEN=${BUILDS[0]}/cairn-loadgen
 for b in "${BUILDS[@]}"; do
   [ -x "$b/cairn" ] || { echo "put-cpu: $b/cairn not found" >&2; exit 2; }
 done
 [ -x "$LOADGEN" ] || { echo "put-cpu: $LOADGEN not found" >&2; exit 2; }
+if [ -n "$RECORD" ]; then mkdir -p "$RECORD"; RECORD=$(cd "$RECORD" && pwd); fi
 command -v perf >/dev/null || { echo "put-cpu: perf not installed" >&2; exit 2; }
 
 SERVER_PIN=(taskset -c 0)
@@ -75,7 +67,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/put-cpu.XXXXXX")
 trap 'lib_cleanup; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 CLK_TCK=$(getconf CLK_TCK)
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+T0=$(date +%s)
 sys_ticks() { awk '{ print $15 }' "/proc/$1/stat"; }
 
 echo "put-cpu: $REPS reps x $DURATION s, $WORKLOAD, $CLIENTS clients, $KEYS keys; load average $(cut -d' ' -f1-3 /proc/loadavg)" |
@@ -113,22 +105,31 @@ for rep in $(seq "$REPS"); do
     if [ "$CALLGRIND" = 1 ]; then
       run_load 3 $((rep + 1000))
       callgrind_control -z "$pid" >/dev/null 2>&1
-      c0=$(cpu_ticks "$pid"); s0=$(sys_ticks "$pid")
+      c0=$(lib_cpu_ticks "$pid"); s0=$(sys_ticks "$pid")
       run_load "$DURATION" "$rep"
-      c1=$(cpu_ticks "$pid"); s1=$(sys_ticks "$pid")
+      c1=$(lib_cpu_ticks "$pid"); s1=$(sys_ticks "$pid")
       callgrind_control -d "$pid" >/dev/null 2>&1
       ins=$(awk '/^(summary|totals):/ { print $2; exit }' "$cg.1")
     else
-      perf stat -x, -e instructions,task-clock,context-switches -p "$pid" -o "$WORK/perf.txt" &
+      if [ -n "$RECORD" ]; then
+        perf record -g -F 499 -p "$pid" -o "$WORK/perf.data" >/dev/null 2>&1 &
+      else
+        perf stat -x, -e instructions,task-clock,context-switches -p "$pid" -o "$WORK/perf.txt" &
+      fi
       ppid=$!
-      c0=$(cpu_ticks "$pid"); s0=$(sys_ticks "$pid")
+      c0=$(lib_cpu_ticks "$pid"); s0=$(sys_ticks "$pid")
       run_load "$DURATION" "$rep"
-      c1=$(cpu_ticks "$pid"); s1=$(sys_ticks "$pid")
+      c1=$(lib_cpu_ticks "$pid"); s1=$(sys_ticks "$pid")
       kill -INT "$ppid"
       wait "$ppid" || true
-      ins=$(awk -F, '$3 ~ /^instructions/ { print $1 }' "$WORK/perf.txt")
-      tc=$(awk -F, '$3 ~ /^task-clock/ { print $1 }' "$WORK/perf.txt")
-      cs=$(awk -F, '$3 ~ /^context-switches/ { print $1 }' "$WORK/perf.txt")
+      if [ -n "$RECORD" ]; then
+        lib_perf_report "$WORK/perf.data" "$b/cairn under closed-loop $WORKLOAD, $CLIENTS clients, $DURATION s, rep $rep" \
+          "$RECORD/b$i.r$rep.perf.txt" 2
+      else
+        ins=$(awk -F, '$3 ~ /^instructions/ { print $1 }' "$WORK/perf.txt")
+        tc=$(awk -F, '$3 ~ /^task-clock/ { print $1 }' "$WORK/perf.txt")
+        cs=$(awk -F, '$3 ~ /^context-switches/ { print $1 }' "$WORK/perf.txt")
+      fi
     fi
     lib_cleanup
     IFS=, read -r _ _ _ _ _ _ _ _ _ _ _ _ _ _ ok _ tput _ <"$WORK/row.csv"
@@ -155,4 +156,5 @@ done
       "${BUILDS[$i]}" "$(med 3)" "$(med 5)" "$(med 8)" "$(med 6)" "$(med 7)" "$(med 9)"
   done
 } | tee -a "$WORK/log.txt"
+echo "put-cpu: took $(($(date +%s) - T0)) s" | tee -a "$WORK/log.txt"
 [ -z "$OUT" ] || cp "$WORK/log.txt" "$OUT"

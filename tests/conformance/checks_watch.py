@@ -884,6 +884,52 @@ def _(c):
     return [r, w.events(2), w.quiet()]
 
 
+def _big_revs(c, n, size):
+    """n Puts of `size` bytes each under f/, one revision each."""
+    for i in range(n):
+        c.call("/etcdserverpb.KV/Put",
+               c.M("PutRequest")(key=c.key("f/%d" % i), value=bytes([65 + i]) * size),
+               "PutResponse")
+
+
+def _catchup(c, n, size, fragment):
+    """The replay of n revisions of `size`-byte values, in short."""
+    _big_revs(c, n, size)
+    w, r = created(c, key="f/", end=PREFIX, start=1, fragment=fragment)
+    return [r, _frag_summary(w.events(n)), w.quiet()]
+
+
+@wcheck("watch.fragment.catchup_fragmented")
+def _(c):
+    # Four 700 KiB values (2.8 MB) replayed to a fragmenting watcher: cut
+    # where a fragment would reach max-request-bytes + 512 KiB.
+    return _catchup(c, 4, 700 << 10, True)
+
+
+@wcheck("watch.fragment.catchup_unfragmented")
+def _(c):
+    # The same replay without fragment: one response, whatever its size.
+    return _catchup(c, 4, 700 << 10, False)
+
+
+@wcheck("watch.fragment.limit_past_request_limit")
+def _(c):
+    # Two 900 KiB events (1.8 MB) are past the request limit (1.5 MiB) but
+    # under the limit plus etcd's 512 KiB of gRPC overhead: still one
+    # fragment.
+    return _catchup(c, 4, 900 << 10, True)
+
+
+@wcheck("watch.start.catchup_past_cairn_bound")
+def _(c):
+    # Eight 700 KiB values (5.6 MB) replayed, without and with fragment.
+    _big_revs(c, 8, 700 << 10)
+    w1, r1 = created(c, key="f/", end=PREFIX, start=1)
+    w2, r2 = created(c, key="f/", end=PREFIX, start=1, fragment=True)
+    return [r1, _frag_summary(w1.events(8)), w1.quiet(),
+            r2, _frag_summary(w2.events(8)), w2.quiet()]
+
+
 # ==========================================================================
 # more replay and delete shapes
 

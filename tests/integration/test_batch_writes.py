@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""--experimental-batch-writes (benchmarks only; server/kv.c): with the flag,
+"""--experimental-batch-writes (benchmarks only; server/etcd/kv_batch.c): with the flag,
 concurrent plain Puts share changes, yet every Put is answered OK with the
 revision of the change that holds it, and every key reads back with the
 value and mod_revision its Put was told. Without the flag each Put keeps

@@ -2,15 +2,18 @@
 """Hostile and unusual input against a real cairn process: bad flags, an
 unusable data dir, a port in use, malformed protobuf, random bytes to every
 method, a Txn nested 100000 deep, oversized messages, unknown methods and
-services, unserved services (Auth, membership changes), a garbage Watch stream, concurrent writers, the NOSPACE quota alarm,
-and SIGTERM under load. Every error must be the gRPC status etcd 3.4 gives
+services, unserved services (Auth, membership changes), malformed Watch
+and LeaseKeepAlive requests, bad HTTP/2 request headers (content-type,
+grpc-encoding, the compressed flag, grpc-timeout), concurrent writers, the
+NOSPACE quota alarm, and SIGTERM under load. Every error must be the gRPC status etcd 3.4 gives
 (measured against etcd; texts in crdt/error.h) and the server must keep
 serving and exit 0 on SIGTERM.
 
 Requests are encoded by hand (a few protobuf fields), so no generated code
-is needed; RPCs use grpc's generic unary_unary.
+is needed; RPCs use grpc's generic unary_unary, and the header cases a raw
+HTTP/2 client (python3-h2), since no gRPC client sends them.
 
-Usage: test_faults.py --cairn build/cairn
+Usage: test_faults.py --cairn build/cairn [--etcd etcd]
 """
 
 import argparse
@@ -23,6 +26,10 @@ import sys
 import tempfile
 import threading
 import time
+
+import h2.config  # noqa: E402  python3-h2 (scripts/deps.sh)
+import h2.connection  # noqa: E402
+import h2.events  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
@@ -131,14 +138,7 @@ def grpc_checks(srv):
         st, _ = call(ch, m, b"")
         check(st == "UNIMPLEMENTED", "%s is UNIMPLEMENTED (%s)" % (m, st))
 
-    # A Watch stream fed garbage ends with an error; the server lives on.
-    watch = ch.stream_stream("/etcdserverpb.Watch/Watch", request_serializer=lambda b: b,
-                             response_deserializer=lambda b: b)
-    try:
-        list(watch(iter([b"\xff\xff\xff"]), timeout=10))
-    except grpc.RpcError as e:
-        check(e.code() != grpc.StatusCode.DEADLINE_EXCEEDED,
-              "a Watch stream fed garbage ends (%s)" % e.code())
+    watch_checks(ch)
 
     for m in (KV + "Range", KV + "Put", KV + "Txn", "/etcdserverpb.Maintenance/Status"):
         for bad in (b"\xff\xff\xff", b"\x0a\x05ab", b"\x0b", b"\x0a\xff\xff\xff\xff\x0f"):
@@ -198,6 +198,134 @@ def grpc_checks(srv):
     st, body = call(ch, KV + "Range", range_req(b"w/", b"w0", count_only=True))
     check(st == "OK" and field_int(4, 800) in body, "the 800 keys are there")
     ch.close()
+
+
+# etcd: a malformed request on a stream ends it with INTERNAL, "grpc: failed
+# to unmarshal the received message ...", whether the client keeps its side
+# open or not (measured on etcd 3.4 with these bytes).
+STREAM_UNMARSHAL = "grpc: failed to unmarshal the received message"
+MALFORMED_WATCH = {
+    "garbage": b"\xff\xff\xff",
+    "truncated": b"\x0a\x05ab",
+    "wrong wire type": b"\x08\x01",              # create_request as a varint
+    "length 2^31": b"\x0a" + varint(1 << 31),
+    "length 2^64-1": b"\x0a" + varint((1 << 64) - 1),
+    "11-byte varint": b"\x0a" + b"\xff" * 10 + b"\x01",
+    "field number 0": b"\x00\x01",
+    "field number 2^32": varint((1 << 32) << 3) + b"\x01",
+}
+
+
+def stream_call(ch, method, first, keep_open):
+    """Sends |first| on a bidi stream (and, with |keep_open|, leaves the
+    client's side open); returns (status name, details) of how it ended."""
+    f = ch.stream_stream(method, request_serializer=lambda b: b,
+                         response_deserializer=lambda b: b)
+    hold = threading.Event()
+
+    def reqs():
+        yield first
+        if keep_open:
+            hold.wait(10)
+    try:
+        list(f(reqs(), timeout=5))
+        return ("OK", "")
+    except grpc.RpcError as e:
+        return (e.code().name, e.details())
+    finally:
+        hold.set()
+
+
+def watch_checks(ch):
+    for name, bad in MALFORMED_WATCH.items():
+        for keep_open in (True, False):
+            st, msg = stream_call(ch, "/etcdserverpb.Watch/Watch", bad, keep_open)
+            check(st == "INTERNAL" and msg.startswith(STREAM_UNMARSHAL),
+                  "a %s WatchRequest ends the stream (%s): %s %s" %
+                  (name, "client side open" if keep_open else "half-closed", st, msg))
+        st, msg = call(ch, "/etcdserverpb.Watch/Watch", bad)
+        check(st == "INTERNAL" and msg.startswith(STREAM_UNMARSHAL),
+              "Watch called as a unary call with a %s request: %s %s" % (name, st, msg))
+    # etcd: a field number up to 2^31-1 is an unknown field, skipped; the
+    # stream goes on (here: until the client ends it).
+    st, _ = stream_call(ch, "/etcdserverpb.Watch/Watch", varint((1 << 29) << 3) + b"\x01", False)
+    check(st == "OK", "a WatchRequest with only field 2^29 is skipped (%s)" % st)
+    st, msg = stream_call(ch, "/etcdserverpb.Lease/LeaseKeepAlive", b"\x0a\x05ab", True)
+    check(st == "INTERNAL" and msg.startswith(STREAM_UNMARSHAL),
+          "a truncated LeaseKeepAliveRequest ends the stream: %s %s" % (st, msg))
+    # A good Watch stream still works after all that.
+    st, _ = stream_call(ch, "/etcdserverpb.Watch/Watch", field_bytes(1, field_bytes(1, b"k")),
+                        False)
+    check(st == "OK", "a well-formed Watch stream after the malformed ones (%s)" % st)
+
+
+# ---- HTTP/2 request headers -------------------------------------------------
+
+def h2_call(port, headers, flag=0, body=b"\x0a\x01a", path="/etcdserverpb.KV/Range"):
+    """One request on a fresh HTTP/2 connection with exactly |headers| after
+    the pseudo-headers and te, and a message with compressed flag |flag|.
+    Returns what came back: ("rst", code), or ("status", grpc-status,
+    whether a response message came)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding="utf-8", validate_outbound_headers=False,
+        normalize_outbound_headers=False, validate_inbound_headers=False))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                            (":authority", "127.0.0.1:%d" % port), ("te", "trailers")] + headers)
+    conn.send_data(sid, bytes([flag]) + len(body).to_bytes(4, "big") + body, end_stream=True)
+    s.sendall(conn.data_to_send())
+    status, data = None, False
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return ("eof",)
+            for ev in conn.receive_data(chunk):
+                if isinstance(ev, h2.events.StreamReset):
+                    return ("rst", int(ev.error_code))
+                if isinstance(ev, h2.events.DataReceived):
+                    data = data or len(ev.data) > 0
+                    conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    for k, v in ev.headers:
+                        if k == "grpc-status":
+                            status = int(v)
+                if isinstance(ev, h2.events.StreamEnded):
+                    return ("status", status, data)
+            s.sendall(conn.data_to_send())
+    finally:
+        s.close()
+
+
+GRPC_CT = ("content-type", "application/grpc")
+RST_PROTOCOL_ERROR = ("rst", 1)
+# name: headers, compressed flag, etcd 3.4's answer (measured), cairn's.
+# etcd refuses every one without running the method; gRPC core 1.51 hides
+# all five from cairn (no content-type or grpc-encoding in the request's
+# metadata, the message's bytes as sent, a bad grpc-timeout as none: see
+# server/rpc/engine.c), so cairn serves them: a known difference, pinned
+# here so that a gRPC core that starts refusing them is noticed.
+FRONT_DOOR = {
+    "content-type text/html": ([("content-type", "text/html")], 0,
+                               RST_PROTOCOL_ERROR, ("status", 0, True)),
+    "no content-type": ([], 0, RST_PROTOCOL_ERROR, ("status", 0, True)),
+    "compressed, no grpc-encoding": ([GRPC_CT], 1, ("status", 13, False), ("status", 0, True)),
+    "compressed, unknown grpc-encoding": ([GRPC_CT, ("grpc-encoding", "bogus")], 1,
+                                          ("status", 12, False), ("status", 0, True)),
+    "garbage grpc-timeout": ([GRPC_CT, ("grpc-timeout", "garbage")], 0,
+                             RST_PROTOCOL_ERROR, ("status", 0, True)),
+}
+
+
+def front_door_checks(port, kind):
+    check(h2_call(port, [GRPC_CT]) == ("status", 0, True),
+          "%s: a well-formed raw HTTP/2 Range is served" % kind)
+    for name, (headers, flag, etcd_answer, cairn_answer) in FRONT_DOOR.items():
+        want = etcd_answer if kind == "etcd" else cairn_answer
+        got = h2_call(port, headers, flag)
+        check(got == want, "%s: a request with %s: %r (expected %r)" % (kind, name, got, want))
 
 
 def quota_checks(binary):
@@ -284,6 +412,7 @@ def sigterm_under_load(binary):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", required=True)
+    ap.add_argument("--etcd", help="etcd 3.4: the header cases are run against it too")
     a = ap.parse_args()
     binary = os.path.abspath(a.cairn)
 
@@ -297,12 +426,21 @@ def main():
     try:
         srv.start()
         grpc_checks(srv)
+        front_door_checks(srv.client_port, "cairn")
         check(srv.proc.poll() is None, "the server is alive after every fault")
     finally:
         if failures:
             print("---- cairn log (tail) ----\n" + srv.read_log()[-3000:])
         check(srv.stop() == 0, "cairn exits 0 on SIGTERM after the faults")
         srv.cleanup()
+    if a.etcd:
+        etcd = Server("etcd", a.etcd)
+        try:
+            etcd.start()
+            front_door_checks(etcd.client_port, "etcd")
+        finally:
+            etcd.stop()
+            etcd.cleanup()
     quota_checks(binary)
     sigterm_under_load(binary)
     if failures:

@@ -1,15 +1,25 @@
 /*
  * server/: etcd-style flag parsing (both value forms, defaults that depend
  * on other flags, every rejection path), URL to gRPC address conversion,
- * and the crc32c that HashKV uses. The RPCs themselves are tested end to
- * end against real processes in tests/integration/.
+ * the crc32c that HashKV uses, and the gRPC engine with a service of the
+ * test's own (registration, the handler's argument, per-call contexts,
+ * grpc-go's unknown-method texts, the stopping hook) through gRPC core's
+ * client API on 127.0.0.1. etcd's RPCs are tested end to end against real
+ * processes in tests/integration/.
  */
 #include <check.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
 #include "crdt/error.h"
-#include "server/rpc.h"
+#include "server/etcd/etcd.h"
 #include "server/server.h"
 
 static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
@@ -184,9 +194,9 @@ END_TEST
 START_TEST(crc32c_vectors)
 {
     /* The standard check value of CRC-32C, and chaining. */
-    ck_assert_uint_eq(rpc_crc32c(0, "123456789", 9), 0xE3069283u);
-    ck_assert_uint_eq(rpc_crc32c(rpc_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
-    ck_assert_uint_eq(rpc_crc32c(0, "", 0), 0);
+    ck_assert_uint_eq(etcd_crc32c(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(etcd_crc32c(etcd_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+    ck_assert_uint_eq(etcd_crc32c(0, "", 0), 0);
 }
 END_TEST
 
@@ -217,9 +227,9 @@ START_TEST(header_only_matches_protobuf_c)
         Etcdserverpb__PutResponse r;
         etcdserverpb__put_response__init(&r);
         r.header = &h;
-        uint8_t want[128], got[RPC_HEADER_ONLY_MAX];
+        uint8_t want[128], got[ETCD_HEADER_ONLY_MAX];
         size_t wn = protobuf_c_message_pack(&r.base, want);
-        size_t gn = rpc_pack_header_only(got, &h);
+        size_t gn = etcd_pack_header_only(got, &h);
         ck_assert_uint_eq(gn, wn);
         ck_assert_mem_eq(got, want, wn);
     }
@@ -232,6 +242,148 @@ START_TEST(error_rows)
     ck_assert_int_eq(cairn_error_grpc_status(CAIRN_EMSGTOOLARGE), 8);
     ck_assert_int_eq(cairn_error_grpc_status(CAIRN_ENOSUCHMETHOD), 12);
     ck_assert_str_eq(cairn_strerror(CAIRN_EREQUESTTOOLARGE), "etcdserver: request is too large");
+}
+END_TEST
+
+/* ---- the engine, with a service of its own -------------------------------- */
+
+static int echo_token;
+static atomic_int echo_freed, echo_stopping;
+
+static void echo_ctx_free(rpc_call *c)
+{
+    ck_assert_ptr_eq(c->ctx, &echo_token);
+    atomic_fetch_add(&echo_freed, 1);
+}
+
+static void echo_say(rpc_call *c, const uint8_t *req, size_t len)
+{
+    ck_assert_ptr_eq(c->arg, &echo_token);
+    for (size_t i = 0; i < RPC_CALL_SCRATCH; i++)
+        ck_assert_uint_eq(c->scratch[i], 0);
+    c->ctx = &echo_token;
+    c->ctx_free = echo_ctx_free;
+    rpc_reply_raw(c, req, len);
+}
+
+static void echo_fail(rpc_call *c, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    rpc_fail(c, CAIRN_EEMPTYKEY, NULL);
+}
+
+static void echo_stopping_hook(void *arg)
+{
+    ck_assert_ptr_eq(arg, &echo_token);
+    atomic_fetch_add(&echo_stopping, 1);
+}
+
+static const rpc_method echo_methods[] = {
+    {"/test.Echo/Say", RPC_UNARY, echo_say, 2},
+    {"/test.Echo/Fail", RPC_UNARY, echo_fail, 1},
+};
+static const rpc_service echo_service = {"test.Echo", echo_methods, 2, echo_stopping_hook};
+
+/* One unary call of |path| with |req|; the status, its text (in |msg|) and
+ * the answer (in |out|, NUL-terminated, at most |cap| - 1 bytes). */
+static int unary(grpc_channel *ch, const char *path, const char *req, char *msg, size_t msgcap,
+                 char *out, size_t cap)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               grpc_slice_from_static_string(path), NULL,
+                                               deadline, NULL);
+    grpc_slice body = grpc_slice_from_copied_string(req);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array md, trailers;
+    grpc_metadata_array_init(&md);
+    grpc_metadata_array_init(&trailers);
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailers;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ck_assert_int_eq(grpc_call_start_batch(call, ops, 6, &ops, NULL), GRPC_CALL_OK);
+    grpc_event ev = grpc_completion_queue_pluck(cq, &ops, deadline, NULL);
+    ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
+    snprintf(msg, msgcap, "%.*s", (int)GRPC_SLICE_LENGTH(details),
+             (const char *)GRPC_SLICE_START_PTR(details));
+    out[0] = '\0';
+    if (recv) {
+        grpc_byte_buffer_reader rd;
+        ck_assert(grpc_byte_buffer_reader_init(&rd, recv));
+        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+        snprintf(out, cap, "%.*s", (int)GRPC_SLICE_LENGTH(all), (const char *)GRPC_SLICE_START_PTR(all));
+        grpc_slice_unref(all);
+        grpc_byte_buffer_reader_destroy(&rd);
+        grpc_byte_buffer_destroy(recv);
+    }
+    grpc_slice_unref(details);
+    grpc_slice_unref(body);
+    grpc_byte_buffer_destroy(send);
+    grpc_metadata_array_destroy(&md);
+    grpc_metadata_array_destroy(&trailers);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return (int)status;
+}
+
+START_TEST(engine_serves_registered_services_only)
+{
+    rpc_engine *e;
+    rpc_engine_options o = {2, 1024};
+    ck_assert_int_eq(rpc_engine_new(&e, &o), 0);
+    ck_assert_int_eq(rpc_engine_add(e, &echo_service, &echo_token), 0);
+    int port = rpc_engine_listen(e, "127.0.0.1:0");
+    ck_assert_int_gt(port, 0);
+    ck_assert_int_eq(rpc_engine_start(e), 0);
+
+    char target[64], msg[256], out[2048];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel_credentials *cc = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, cc, NULL);
+    grpc_channel_credentials_release(cc);
+
+    ck_assert_int_eq(unary(ch, "/test.Echo/Say", "hello", msg, sizeof msg, out, sizeof out), 0);
+    ck_assert_str_eq(out, "hello");
+    ck_assert_int_eq(unary(ch, "/test.Echo/Say", "again", msg, sizeof msg, out, sizeof out), 0);
+    ck_assert_str_eq(out, "again");
+    ck_assert_int_eq(unary(ch, "/test.Echo/Fail", "", msg, sizeof msg, out, sizeof out), 3);
+    ck_assert_str_eq(msg, "etcdserver: key is not provided");
+    ck_assert_int_eq(unary(ch, "/test.Echo/Nope", "", msg, sizeof msg, out, sizeof out), 12);
+    ck_assert_str_eq(msg, "unknown method Nope for service test.Echo");
+    ck_assert_int_eq(unary(ch, "/etcdserverpb.KV/Range", "", msg, sizeof msg, out, sizeof out), 12);
+    ck_assert_str_eq(msg, "unknown service etcdserverpb.KV");
+    /* etcd: grpc-go's receive limit, before the handler. */
+    char big[1500];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ck_assert_int_eq(unary(ch, "/test.Echo/Say", big, msg, sizeof msg, out, sizeof out), 8);
+    ck_assert_str_eq(msg, "grpc: received message larger than max (1499 vs. 1024)");
+
+    grpc_channel_destroy(ch);
+    rpc_engine_stop(e, 1000);
+    ck_assert_int_eq(atomic_load(&echo_stopping), 1);
+    ck_assert_int_eq(atomic_load(&echo_freed), 2);
+    rpc_engine_free(e);
 }
 END_TEST
 
@@ -250,6 +402,10 @@ static Suite *suite(void)
     tcase_add_test(tc, error_rows);
     tcase_add_test(tc, header_only_matches_protobuf_c);
     suite_add_tcase(s, tc);
+    TCase *te = tcase_create("engine");
+    tcase_set_timeout(te, 60);
+    tcase_add_test(te, engine_serves_registered_services_only);
+    suite_add_tcase(s, te);
     return s;
 }
 

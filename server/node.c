@@ -1,0 +1,223 @@
+/*
+ * The node: its data dir and store, and the state etcd keeps beside its
+ * backend — alarms, the --quota-backend-bytes check, and the write gate
+ * that a snapshot closes (etcd/snapshot.c) while it copies LevelDB's files.
+ * Nothing here talks gRPC; server.c wires the node to the engine and the
+ * services.
+ */
+#include "server/node.h"
+
+#include "crdt/error.h"
+#include "etcdserverpb/rpc.pb-c.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void node_init(cairn_server *srv)
+{
+    pthread_mutex_init(&srv->gate_mu, NULL);
+    pthread_cond_init(&srv->gate_cv, NULL);
+    pthread_mutex_init(&srv->alarm_mu, NULL);
+    /* etcd: --quota-backend-bytes 0 means the 2 GiB default; < 0 none. */
+    srv->quota = srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
+}
+
+void node_destroy(cairn_server *srv)
+{
+    if (srv->store) {
+        cairn_store_close(srv->store);
+        srv->store = NULL;
+    }
+    free(srv->alarms);
+    srv->alarms = NULL;
+    pthread_mutex_destroy(&srv->gate_mu);
+    pthread_cond_destroy(&srv->gate_cv);
+    pthread_mutex_destroy(&srv->alarm_mu);
+}
+
+/* ---- the store ----------------------------------------------------------- */
+
+static int ensure_dir(const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    if (strlen(dir) >= sizeof path) {
+        snprintf(err, errlen, "cannot access data directory %s: path too long", dir);
+        return CAIRN_EIO;
+    }
+    strcpy(path, dir);
+    for (char *p = path + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char saved = *p;
+            *p = '\0';
+            if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+                snprintf(err, errlen, "cannot access data directory: mkdir %s: %s", path,
+                         strerror(errno));
+                return CAIRN_EIO;
+            }
+            *p = saved;
+            if (saved == '\0')
+                break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "cannot access data directory %s: not a directory", dir);
+        return CAIRN_EIO;
+    }
+    if (access(dir, R_OK | W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "cannot access data directory %s: %s", dir, strerror(errno));
+        return CAIRN_EIO;
+    }
+    return 0;
+}
+
+int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *events_arg,
+                    char *err, size_t errlen)
+{
+    const cairn_config *cfg = srv->cfg;
+    int rc = ensure_dir(cfg->data_dir, err, errlen);
+    if (rc != 0)
+        return rc;
+    cairn_store_member *members = calloc(cfg->ninitial_cluster, sizeof *members);
+    if (!members)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
+        members[i].name = cfg->initial_cluster[i].name;
+        members[i].peer_urls = (const char *const *)cfg->initial_cluster[i].peer_urls;
+        members[i].npeer_urls = cfg->initial_cluster[i].npeer_urls;
+    }
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.dir = cfg->data_dir;
+    o.name = cfg->name;
+    o.cluster_token = cfg->initial_cluster_token;
+    o.initial_cluster = members;
+    o.ninitial_cluster = cfg->ninitial_cluster;
+    o.max_txn_ops = cfg->max_txn_ops;
+    o.events_cb = events_cb;
+    o.lease_tick_ms = 100; /* the store revokes expired leases itself */
+    o.events_arg = events_arg;
+    rc = cairn_store_open(&srv->store, &o);
+    free(members);
+    if (rc != 0)
+        snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
+    return rc;
+}
+
+/* ---- write gate, quota, alarms ------------------------------------------- */
+
+void node_write_begin(cairn_server *srv)
+{
+    pthread_mutex_lock(&srv->gate_mu);
+    while (srv->frozen)
+        pthread_cond_wait(&srv->gate_cv, &srv->gate_mu);
+    srv->inflight_writes++;
+    pthread_mutex_unlock(&srv->gate_mu);
+}
+
+void node_write_end(cairn_server *srv)
+{
+    pthread_mutex_lock(&srv->gate_mu);
+    if (--srv->inflight_writes == 0)
+        pthread_cond_broadcast(&srv->gate_cv);
+    pthread_mutex_unlock(&srv->gate_mu);
+}
+
+/* The backend's size: every file of the LevelDB dir (its own estimate
+ * leaves out the write-ahead log, so a young store would weigh 0 bytes). */
+static uint64_t db_bytes(const char *data_dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/db", data_dir) >= (int)sizeof path)
+        return 0;
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    uint64_t total = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.' || strncmp(e->d_name, "LOG", 3) == 0)
+            continue;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            total += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+uint64_t node_disk_bytes(cairn_server *srv, int fresh)
+{
+    /* A directory walk: at most every 100 ms on the write path. */
+    uint64_t now = now_ms();
+    uint64_t last = atomic_load(&srv->disk_checked_ms);
+    if (fresh || last == 0 || now - last >= 100) {
+        atomic_store(&srv->disk_checked_ms, now);
+        atomic_store(&srv->disk_bytes, db_bytes(srv->cfg->data_dir));
+    }
+    return atomic_load(&srv->disk_bytes);
+}
+
+int node_alarm_set(cairn_server *srv, uint64_t member, int type, int on)
+{
+    int changed = 0;
+    pthread_mutex_lock(&srv->alarm_mu);
+    size_t i = 0;
+    while (i < srv->nalarms &&
+           !(srv->alarms[i].member_id == member && srv->alarms[i].type == type))
+        i++;
+    if (on && i == srv->nalarms) {
+        node_alarm *grown = realloc(srv->alarms, (srv->nalarms + 1) * sizeof *grown);
+        if (grown) {
+            srv->alarms = grown;
+            srv->alarms[srv->nalarms].member_id = member;
+            srv->alarms[srv->nalarms].type = type;
+            srv->nalarms++;
+            changed = 1;
+        }
+    } else if (!on && i < srv->nalarms) {
+        srv->alarms[i] = srv->alarms[srv->nalarms - 1];
+        srv->nalarms--;
+        changed = 1;
+    }
+    int nospace = 0;
+    for (size_t j = 0; j < srv->nalarms; j++)
+        nospace |= srv->alarms[j].type == ETCDSERVERPB__ALARM_TYPE__NOSPACE;
+    atomic_store(&srv->nospace, nospace);
+    pthread_mutex_unlock(&srv->alarm_mu);
+    return changed;
+}
+
+int node_quota_check(cairn_server *srv, uint64_t cost)
+{
+    /* etcd: with a NOSPACE alarm raised, Put, Txn with a Put and LeaseGrant
+     * fail with "database space exceeded"; deletes and compaction work. */
+    if (atomic_load(&srv->nospace))
+        return CAIRN_ENOSPACE;
+    if (srv->quota < 0)
+        return 0;
+    if (node_disk_bytes(srv, 0) + cost > (uint64_t)srv->quota) {
+        if (node_alarm_set(srv, cairn_store_member_id(srv->store),
+                          ETCDSERVERPB__ALARM_TYPE__NOSPACE, 1))
+            cairn_log(CAIRN_LOG_WARN,
+                      "backend size %" PRIu64 " + %" PRIu64 " exceeds --quota-backend-bytes %" PRId64
+                      ": NOSPACE alarm raised",
+                      node_disk_bytes(srv, 0), cost, srv->quota);
+        return CAIRN_ENOSPACE;
+    }
+    return 0;
+}

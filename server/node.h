@@ -1,0 +1,77 @@
+#ifndef CAIRN_SERVER_NODE_H
+#define CAIRN_SERVER_NODE_H
+
+/*
+ * Internal to server/: the node — its configuration, its store, and what
+ * etcd keeps beside the store and cairn keeps in memory: alarms, the
+ * backend quota, and the write gate a snapshot closes. node.c opens the
+ * store and implements these; server.c puts a node, the gRPC engine and
+ * the services together; etcd/ serves from a node.
+ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/server.h"
+#include "store/store.h"
+
+/* An etcd alarm (AlarmMember). */
+typedef struct node_alarm {
+    uint64_t member_id;
+    int type; /* etcdserverpb AlarmType */
+} node_alarm;
+
+struct cairn_server {
+    const cairn_config *cfg;
+    cairn_store *store;
+    struct rpc_engine *rpc;
+    int *ports;
+    size_t nports;
+
+    /* Write gate: a snapshot freezes writes while it links the LevelDB
+     * files; writers count themselves in and out (node_write_begin/end). */
+    pthread_mutex_t gate_mu;
+    pthread_cond_t gate_cv;
+    int frozen;
+    int64_t inflight_writes;
+
+    /* alarms (etcd keeps them in its backend; cairn in memory) */
+    pthread_mutex_t alarm_mu;
+    node_alarm *alarms;
+    size_t nalarms;
+    atomic_int nospace; /* a NOSPACE alarm is active */
+    int64_t quota;      /* bytes; < 0 = no quota */
+    atomic_uint_least64_t disk_bytes;
+    atomic_uint_least64_t disk_checked_ms;
+
+    atomic_uint snapshot_seq;
+    struct watch_hub *watch;    /* etcd/watch.c */
+    struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
+};
+
+/* Sets up the node's locks and quota from srv->cfg (srv zeroed before). */
+void node_init(cairn_server *srv);
+void node_destroy(cairn_server *srv);
+/* Makes the data dir if needed and opens the store in it, with |events_cb|
+ * (and |events_arg|) as its events callback. On failure writes a message to
+ * |err|: CAIRN_EIO, CAIRN_ECORRUPT, CAIRN_ENOMEM. */
+int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *events_arg,
+                    char *err, size_t errlen);
+
+/* Write gate: node_write_begin waits while a snapshot freezes writes and
+ * counts the write in; node_write_end counts it out (any thread). */
+void node_write_begin(cairn_server *srv);
+void node_write_end(cairn_server *srv);
+
+/* etcd's quota: CAIRN_ENOSPACE if a NOSPACE alarm is active or this write
+ * of about |cost| bytes would pass --quota-backend-bytes (which raises the
+ * alarm, as etcd does). 0 otherwise. */
+int node_quota_check(cairn_server *srv, uint64_t cost);
+/* Raises (|on|) or clears an alarm; returns 1 if the set changed. */
+int node_alarm_set(cairn_server *srv, uint64_t member, int type, int on);
+/* Current backend size in bytes (cached for 100 ms unless |fresh|). */
+uint64_t node_disk_bytes(cairn_server *srv, int fresh);
+
+#endif

@@ -1,0 +1,186 @@
+#ifndef CAIRN_SERVER_RPC_H
+#define CAIRN_SERVER_RPC_H
+
+/*
+ * Internal to server/: the gRPC engine (rpc/engine.c) and one call in
+ * flight. The engine knows no service: a service registers a table of
+ * methods with rpc_engine_add, and the engine hands each call of them to
+ * its handler with the argument given at registration (rpc_call.arg). A
+ * handler must end every call exactly once, with rpc_reply (a message and
+ * status OK), rpc_fail (the single exit for errors), or, for streaming
+ * calls, rpc_stream_send / rpc_stream_recv ... rpc_reply.
+ *
+ * A handler may answer later from another thread (the store's completion
+ * callback): grpc_call_start_batch is thread-safe. The call stays alive
+ * until it is answered. Per-call state of a service lives in |scratch|
+ * (zeroed, RPC_CALL_SCRATCH bytes, no malloc) or in a context of its own
+ * (|ctx|), which the engine hands to |ctx_free| when the call ends.
+ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+typedef struct rpc_call rpc_call;
+typedef struct rpc_engine rpc_engine;
+
+/* A second completion tag for a call that has several operations in
+ * flight at once (a Watch stream receives and sends concurrently). Its
+ * first member matches rpc_call's, so the engine tells them apart. */
+typedef struct rpc_side {
+    int state; /* RPC_SIDE_STATE */
+    void (*fn)(void *arg, int ok);
+    void *arg;
+} rpc_side;
+#define RPC_SIDE_STATE 99
+
+/* Streaming: called (on a worker) when a message sent with rpc_stream_send
+ * is on the wire, or one asked for with rpc_stream_recv arrived (ok = 1),
+ * or the call died (ok = 0). */
+typedef void (*rpc_next_fn)(rpc_call *c, int ok);
+
+/* Handles one request: |req|, |len| are the request bytes (borrowed until
+ * the call ends). Bidi methods get none: they read with rpc_stream_recv. */
+typedef void (*rpc_handler_fn)(rpc_call *c, const uint8_t *req, size_t len);
+
+enum { RPC_UNARY = 0, RPC_SERVER_STREAM = 1, RPC_BIDI = 2 };
+
+typedef struct rpc_method {
+    const char *path; /* "/etcdserverpb.KV/Put" */
+    int kind;         /* RPC_* */
+    rpc_handler_fn fn;
+    int slots; /* requests kept posted per worker */
+} rpc_method;
+
+/* A service: its methods, and an optional hook called once when the engine
+ * stops accepting calls (so that long-lived streams can end). The table is
+ * borrowed and must outlive the engine. */
+typedef struct rpc_service {
+    const char *name; /* "etcdserverpb.KV": for grpc-go's "unknown method" */
+    const rpc_method *methods;
+    size_t nmethods;
+    void (*stopping)(void *arg);
+} rpc_service;
+
+/* Bytes per call for decoding its request without malloc (a Range takes
+ * about 120 of them). With them an rpc_call stays under 1 KiB, so that
+ * glibc serves it from its per-thread cache (up to 1032 bytes): past
+ * that, a malloc costs more than the arena saves. */
+#define RPC_UNPACK_MEM 608
+/* Bytes of per-call service state kept in the call itself (a KV write's
+ * response from the store). */
+#define RPC_CALL_SCRATCH 64
+
+struct rpc_call {
+    int state; /* engine.c's */
+    int entry; /* engine.c's: the registered method's index; -1 = unregistered */
+    rpc_engine *e;
+    struct rpc_worker *w;
+    const rpc_method *method; /* NULL: unregistered */
+    void *arg;                /* the service's, from rpc_engine_add */
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+    int cancelled;             /* from RECV_CLOSE_ON_SERVER */
+    int sent_initial_md;
+    int live; /* counted in the engine's live calls */
+    int end_rc; /* rpc_fail_on_end's */
+    const char *end_detail;
+    grpc_slice status_details;
+    grpc_byte_buffer *send;
+    rpc_next_fn next;
+
+    /* The request's bytes (a unary call's payload as one slice, referenced
+     * rather than copied when it arrived in one piece); kept until the call
+     * ends, so a handler may leave pointers into them with the store. */
+    grpc_slice req_bytes;
+
+    /* protobuf-c's allocations for req_msg come from |unpack_mem| while
+     * they fit (bump allocation; freeing them is a no-op), else from
+     * malloc; |unpack_spilled| counts the latter, and only then is req_msg
+     * walked by protobuf_c_message_free_unpacked. */
+    ProtobufCMessage *req_msg;
+    ProtobufCAllocator unpack_alloc;
+    size_t unpack_used;
+    size_t unpack_spilled;
+
+    /* The service's: |ctx| is handed to |ctx_free| (if set) when the call
+     * ends; |scratch| is zeroed when the call is made. An unregistered
+     * call has no service, and its method's name in |details| instead. */
+    void *ctx;
+    void (*ctx_free)(rpc_call *c);
+    union {
+        _Alignas(16) unsigned char scratch[RPC_CALL_SCRATCH];
+        grpc_call_details details;
+    };
+
+    /* Last, and not zeroed when the call is made (see post in engine.c). */
+    _Alignas(16) unsigned char unpack_mem[RPC_UNPACK_MEM];
+};
+
+/* ---- the engine ---------------------------------------------------------- */
+
+typedef struct rpc_engine_options {
+    int threads; /* workers, each with its own completion queue; 0 = one per core */
+    /* etcd: grpc-go's receive limit (--max-request-bytes + 512 KiB): a
+     * bigger request fails with RESOURCE_EXHAUSTED before its handler. */
+    uint64_t max_recv_bytes;
+} rpc_engine_options;
+
+/* Calls grpc_init (rpc_engine_free the matching grpc_shutdown). */
+int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o);
+/* Registers |svc|'s methods, handled with |arg|; before rpc_engine_start. */
+int rpc_engine_add(rpc_engine *e, const rpc_service *svc, void *arg);
+/* Listens on |addr| ("127.0.0.1:2379"); the port bound, 0 on failure. */
+int rpc_engine_listen(rpc_engine *e, const char *addr);
+/* Starts the workers; calls are served from here on. */
+int rpc_engine_start(rpc_engine *e);
+int rpc_engine_workers(const rpc_engine *e);
+/* Stops accepting calls, calls every service's |stopping| hook, lets calls
+ * in flight finish (cancelling those that take longer than |grace_ms|),
+ * waits until every accepted call is freed and joins the workers. */
+void rpc_engine_stop(rpc_engine *e, int grace_ms);
+void rpc_engine_free(rpc_engine *e);
+
+/* ---- answering ----------------------------------------------------------- */
+
+/* Sends |msg| (packed here; NULL: none, as a stream ends) with status OK
+ * and ends the call. */
+void rpc_reply(rpc_call *c, const ProtobufCMessage *msg);
+/* Sends |n| bytes already packed as the message, with status OK, and ends
+ * the call. */
+void rpc_reply_raw(rpc_call *c, const uint8_t *msg, size_t n);
+/* The one exit for errors: sends |rc|'s gRPC status and message from
+ * CAIRN_ERRORS (|detail|, when not NULL, replaces the message: for texts
+ * that carry a value, like grpc-go's size errors) and ends the call. */
+void rpc_fail(rpc_call *c, int rc, const char *detail);
+/* A stream whose end is decided before it can be sent (a message is still
+ * in flight): the rpc_reply(c, NULL) that ends it fails with |rc| and
+ * |detail| (static, or NULL for the CAIRN_ERRORS text) instead. */
+void rpc_fail_on_end(rpc_call *c, int rc, const char *detail);
+/* Streaming: sends one message; |next| follows (see rpc_next_fn). */
+void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next);
+/* Bidi streaming: receives the next message into c->payload (NULL when the
+ * client has closed its side); |next| follows. */
+void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
+/* Starts |ops| on c's call with |tag| as the completion tag. */
+int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag);
+
+/* |msg| serialised into a new byte buffer (the caller owns it). */
+grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg);
+
+/* Takes c->payload as one malloc()ed buffer (*out, *len), applying the
+ * receive limit. CAIRN_EMSGTOOLARGE / CAIRN_ENOMEM / CAIRN_EUNMARSHAL. */
+int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len);
+
+/* Unpacks |len| bytes of |desc| into c->req_msg (freed with the call).
+ * Returns NULL and fails the call (CAIRN_EUNMARSHAL) on bad bytes. */
+ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc,
+                             const uint8_t *req, size_t len);
+
+#endif

@@ -1,0 +1,121 @@
+/*
+ * The daemon's lifecycle (server.h): a node (node.c) with its store, the
+ * gRPC engine (rpc/) and etcd's services (etcd/) registered on it, one
+ * listener per client URL. This file is the only one that knows all three;
+ * none of them knows this file.
+ *
+ * Order. The watch hub exists before the store opens (the store's events
+ * callback feeds it) and after it closes; the store closes only once the
+ * engine has freed every call (closing it completes or fails every write
+ * still pending); grpc_shutdown comes last.
+ */
+#include "server/server.h"
+
+#include "crdt/error.h"
+#include "server/etcd/etcd.h"
+#include "server/node.h"
+#include "server/rpc/rpc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const rpc_service *const services[] = {
+    &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
+    &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+};
+
+int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    cairn_server *srv = calloc(1, sizeof *srv);
+    if (!srv)
+        return CAIRN_ENOMEM;
+    srv->cfg = cfg;
+    node_init(srv);
+
+    rpc_engine_options eo = {cfg->threads, cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES};
+    int rc = rpc_engine_new(&srv->rpc, &eo);
+    if (rc == 0)
+        rc = watch_hub_new(srv);
+    if (rc == 0)
+        rc = kv_batcher_new(srv);
+    if (rc == 0) {
+        snapshot_cleanup_dir(cfg->data_dir);
+        rc = node_open_store(srv, watch_events_cb, srv, err, errlen);
+    }
+    if (rc != 0)
+        goto fail;
+    watch_hub_ready(srv);
+
+    for (size_t i = 0; i < sizeof services / sizeof services[0]; i++)
+        if ((rc = rpc_engine_add(srv->rpc, services[i], srv)) != 0) {
+            snprintf(err, errlen, "grpc: cannot register the %s service", services[i]->name);
+            goto fail;
+        }
+
+    srv->ports = calloc(cfg->nlisten_client_urls, sizeof *srv->ports);
+    if (!srv->ports) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < cfg->nlisten_client_urls; i++) {
+        char addr[256];
+        if (cairn_url_to_addr(addr, sizeof addr, cfg->listen_client_urls[i]) != 0) {
+            snprintf(err, errlen, "invalid listen client URL %s", cfg->listen_client_urls[i]);
+            rc = CAIRN_EINVAL;
+            goto fail;
+        }
+        srv->ports[i] = rpc_engine_listen(srv->rpc, addr);
+        if (srv->ports[i] == 0) {
+            snprintf(err, errlen, "cannot listen for client traffic on %s (address in use?)",
+                     cfg->listen_client_urls[i]);
+            rc = CAIRN_EIO;
+            goto fail;
+        }
+        srv->nports++;
+    }
+    *out = srv;
+    return 0;
+fail:
+    cairn_server_free(srv);
+    return rc;
+}
+
+int cairn_server_port(const cairn_server *srv, size_t i)
+{
+    return i < srv->nports ? srv->ports[i] : 0;
+}
+
+int cairn_server_start(cairn_server *srv)
+{
+    int rc = rpc_engine_start(srv->rpc);
+    if (rc != 0)
+        return rc;
+    cairn_log(CAIRN_LOG_INFO, "serving etcd's v3 API on %s (%d workers)",
+              srv->cfg->listen_client_urls[0], rpc_engine_workers(srv->rpc));
+    return 0;
+}
+
+void cairn_server_stop(cairn_server *srv, int grace_ms)
+{
+    if (srv->rpc)
+        rpc_engine_stop(srv->rpc, grace_ms);
+    if (srv->store) {
+        cairn_store_close(srv->store);
+        srv->store = NULL;
+    }
+}
+
+void cairn_server_free(cairn_server *srv)
+{
+    if (!srv)
+        return;
+    cairn_server_stop(srv, 0);
+    node_destroy(srv);
+    watch_hub_free(srv);
+    kv_batcher_free(srv);
+    free(srv->ports);
+    rpc_engine_free(srv->rpc);
+    free(srv);
+}
