@@ -407,7 +407,7 @@ static void on_sent(void *arg, int ok)
 static void watch_notify(void *arg)
 {
     wstream *ws = arg;
-    cairn_server *srv = ws->c->srv;
+    cairn_server *srv = etcd_node(ws->c);
     pthread_mutex_lock(&srv->watch->mu);
     if (ws->finished) {
         pthread_mutex_unlock(&srv->watch->mu);
