@@ -9,7 +9,9 @@ header's revision and the compact revision may differ, the hash may not);
 a node killed with SIGKILL while the others write catches up after its
 restart; a watch on node 2 sees a put made on node 1 exactly once; member
 list on any node names all three with their peer and client URLs; endpoint
-status and health answer on each.
+status and health answer on each, and with --cluster on all three through
+one; each port serves only its own services; a garbage peer message and a
+node of another cluster are refused with a log line.
 
 Usage: test_cluster_basic.py --cairn build/cairn
 """
@@ -113,6 +115,13 @@ def main():
         got = sorted((m.get("name"), m["peerURLs"][0], (m.get("clientURLs") or [""])[0])
                      for m in members)
         check(got == want, "member list: %s, want %s" % (got, want))
+        st = n1.json("endpoint", "status", "--cluster")
+        check(sorted(e["Endpoint"] for e in st) ==
+              sorted("http://%s" % n.endpoint for n in nodes),
+              "endpoint status --cluster reaches all three: %s" % [e["Endpoint"] for e in st])
+        r = n2.etcdctl("endpoint", "health", "--cluster", check=False)
+        check(r.returncode == 0 and (r.stdout + r.stderr).count(b"is healthy") == 3,
+              "endpoint health --cluster: %r" % (r.stdout + r.stderr))
         for n in nodes:
             st = n.json("endpoint", "status")
             check(st and st[0]["Status"]["header"]["member_id"] > 0, "endpoint status " + n.name)
