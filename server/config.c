@@ -207,9 +207,9 @@ static int add_peer_dial(cairn_config *cfg, const char *v, char *err, size_t err
     const char *eq = strchr(v, '=');
     const char *colon = eq ? strrchr(eq, ':') : NULL;
     if (!eq || eq == v || !colon || colon == eq + 1 || colon[1] == '\0')
-        return fail(err, errlen,
-                    "invalid value \"%s\" for flag --experimental-peer-dial: expected NAME=HOST:PORT",
-                    v);
+        return fail(
+            err, errlen,
+            "invalid value \"%s\" for flag --experimental-peer-dial: expected NAME=HOST:PORT", v);
     cairn_config_dial *d = realloc(cfg->peer_dials, (cfg->npeer_dials + 1) * sizeof *d);
     if (!d)
         return CAIRN_ENOMEM;

@@ -269,8 +269,8 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len)
     return rc;
 }
 
-int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len,
-                       const cairn_change *const *chs, size_t n)
+int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
+                       size_t n)
 {
     *out = NULL;
     *len = 0;

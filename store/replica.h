@@ -56,8 +56,8 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
  * off the committer thread), in apply order: *out NULL when the peer
  * already has them all. At most the limits' worth are taken; the rest
  * follow through generate. */
-int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len,
-                       const cairn_change *const *chs, size_t n);
+int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
+                       size_t n);
 
 /* Completion of a receive: on the committer thread once what the message
  * carried is durable (rc 0) or the group failed (rc < 0); or on the

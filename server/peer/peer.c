@@ -25,8 +25,8 @@
  */
 #include "server/peer/peer.h"
 
-#include <grpc/grpc.h>
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -444,8 +444,8 @@ static void on_hello(plink *l, const Cairnpb__Hello *h)
         return;
     }
     if (l->dialed && l->p != p) {
-        snprintf(why, sizeof why, "dialed member %s but member %016" PRIx64 " answered",
-                 l->p->name, h->member_id);
+        snprintf(why, sizeof why, "dialed member %s but member %016" PRIx64 " answered", l->p->name,
+                 h->member_id);
         refuse(l, why);
         return;
     }
