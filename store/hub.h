@@ -4,7 +4,7 @@
 /*
  * The watch hub: watchers keyed by range, fed by the store's events, each
  * served batches of events per revision (DESIGN: "Watches"). It knows no
- * gRPC and no protobuf: server/watch.c turns its batches into etcd's
+ * gRPC and no protobuf: server/etcd/watch.c turns its batches into etcd's
  * WatchResponse messages and runs the streams.
  *
  * MODEL. A hub stream (cairn_hub_stream) is a set of watchers delivered in
