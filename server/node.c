@@ -1,7 +1,7 @@
 /*
  * The node: its data dir and store, and the state etcd keeps beside its
- * backend — alarms, the --quota-backend-bytes check, and the write gate
- * that a snapshot closes (etcd/snapshot.c) while it copies LevelDB's files.
+ * backend — alarms and the --quota-backend-bytes check. (The write gate a
+ * snapshot closes is the store's: cairn_store_snapshot.)
  * Nothing here talks gRPC; server.c wires the node to the engine and the
  * services.
  */
@@ -10,7 +10,6 @@
 #include "crdt/error.h"
 #include "etcdserverpb/rpc.pb-c.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,8 +28,6 @@ static uint64_t now_ms(void)
 
 void node_init(cairn_server *srv)
 {
-    pthread_mutex_init(&srv->gate_mu, NULL);
-    pthread_cond_init(&srv->gate_cv, NULL);
     pthread_mutex_init(&srv->alarm_mu, NULL);
     /* etcd: --quota-backend-bytes 0 means the 2 GiB default; < 0 none. */
     srv->quota = srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
@@ -44,8 +41,6 @@ void node_destroy(cairn_server *srv)
     }
     free(srv->alarms);
     srv->alarms = NULL;
-    pthread_mutex_destroy(&srv->gate_mu);
-    pthread_cond_destroy(&srv->gate_cv);
     pthread_mutex_destroy(&srv->alarm_mu);
 }
 
@@ -85,7 +80,14 @@ static int ensure_dir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
-int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *events_arg,
+/* The store's log lines go through the server's logger (--log-level). */
+static void store_log(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    cairn_log(level, "store: %s", msg);
+}
+
+int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs,
                     char *err, size_t errlen)
 {
     const cairn_config *cfg = srv->cfg;
@@ -108,9 +110,10 @@ int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *ev
     o.initial_cluster = members;
     o.ninitial_cluster = cfg->ninitial_cluster;
     o.max_txn_ops = cfg->max_txn_ops;
-    o.events_cb = events_cb;
+    o.subscribers = subs;
+    o.nsubscribers = nsubs;
     o.lease_tick_ms = 100; /* the store revokes expired leases itself */
-    o.events_arg = events_arg;
+    o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
     if (rc != 0)
@@ -118,56 +121,16 @@ int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *ev
     return rc;
 }
 
-/* ---- write gate, quota, alarms ------------------------------------------- */
-
-void node_write_begin(cairn_server *srv)
-{
-    pthread_mutex_lock(&srv->gate_mu);
-    while (srv->frozen)
-        pthread_cond_wait(&srv->gate_cv, &srv->gate_mu);
-    srv->inflight_writes++;
-    pthread_mutex_unlock(&srv->gate_mu);
-}
-
-void node_write_end(cairn_server *srv)
-{
-    pthread_mutex_lock(&srv->gate_mu);
-    if (--srv->inflight_writes == 0)
-        pthread_cond_broadcast(&srv->gate_cv);
-    pthread_mutex_unlock(&srv->gate_mu);
-}
-
-/* The backend's size: every file of the LevelDB dir (its own estimate
- * leaves out the write-ahead log, so a young store would weigh 0 bytes). */
-static uint64_t db_bytes(const char *data_dir)
-{
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/db", data_dir) >= (int)sizeof path)
-        return 0;
-    DIR *d = opendir(path);
-    if (!d)
-        return 0;
-    uint64_t total = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        struct stat st;
-        if (e->d_name[0] == '.' || strncmp(e->d_name, "LOG", 3) == 0)
-            continue;
-        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
-            total += (uint64_t)st.st_size;
-    }
-    closedir(d);
-    return total;
-}
+/* ---- quota, alarms ------------------------------------------------------- */
 
 uint64_t node_disk_bytes(cairn_server *srv, int fresh)
 {
-    /* A directory walk: at most every 100 ms on the write path. */
+    /* A directory walk (the store's): at most every 100 ms on the write path. */
     uint64_t now = now_ms();
     uint64_t last = atomic_load(&srv->disk_checked_ms);
     if (fresh || last == 0 || now - last >= 100) {
         atomic_store(&srv->disk_checked_ms, now);
-        atomic_store(&srv->disk_bytes, db_bytes(srv->cfg->data_dir));
+        atomic_store(&srv->disk_bytes, cairn_store_disk_bytes(srv->store));
     }
     return atomic_load(&srv->disk_bytes);
 }

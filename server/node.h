@@ -4,7 +4,7 @@
 /*
  * Internal to server/: the node — its configuration, its store, and what
  * etcd keeps beside the store and cairn keeps in memory: alarms, the
- * backend quota, and the write gate a snapshot closes. node.c opens the
+ * backend quota. node.c opens the
  * store and implements these; server.c puts a node, the gRPC engine and
  * the services together; etcd/ serves from a node.
  */
@@ -30,13 +30,6 @@ struct cairn_server {
     int *ports;
     size_t nports;
 
-    /* Write gate: a snapshot freezes writes while it links the LevelDB
-     * files; writers count themselves in and out (node_write_begin/end). */
-    pthread_mutex_t gate_mu;
-    pthread_cond_t gate_cv;
-    int frozen;
-    int64_t inflight_writes;
-
     /* alarms (etcd keeps them in its backend; cairn in memory) */
     pthread_mutex_t alarm_mu;
     node_alarm *alarms;
@@ -46,7 +39,6 @@ struct cairn_server {
     atomic_uint_least64_t disk_bytes;
     atomic_uint_least64_t disk_checked_ms;
 
-    atomic_uint snapshot_seq;
     struct watch_hub *watch;    /* etcd/watch.c */
     struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
 };
@@ -54,16 +46,11 @@ struct cairn_server {
 /* Sets up the node's locks and quota from srv->cfg (srv zeroed before). */
 void node_init(cairn_server *srv);
 void node_destroy(cairn_server *srv);
-/* Makes the data dir if needed and opens the store in it, with |events_cb|
- * (and |events_arg|) as its events callback. On failure writes a message to
- * |err|: CAIRN_EIO, CAIRN_ECORRUPT, CAIRN_ENOMEM. */
-int node_open_store(cairn_server *srv, cairn_store_events_cb events_cb, void *events_arg,
+/* Makes the data dir if needed and opens the store in it, with |subs|
+ * (borrowed for the call) as its first subscribers, in that order. On
+ * failure writes a message to |err|: CAIRN_EIO, CAIRN_ECORRUPT, CAIRN_ENOMEM. */
+int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs,
                     char *err, size_t errlen);
-
-/* Write gate: node_write_begin waits while a snapshot freezes writes and
- * counts the write in; node_write_end counts it out (any thread). */
-void node_write_begin(cairn_server *srv);
-void node_write_end(cairn_server *srv);
 
 /* etcd's quota: CAIRN_ENOSPACE if a NOSPACE alarm is active or this write
  * of about |cost| bytes would pass --quota-backend-bytes (which raises the

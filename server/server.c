@@ -41,8 +41,8 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     if (rc == 0)
         rc = kv_batcher_new(srv);
     if (rc == 0) {
-        snapshot_cleanup_dir(cfg->data_dir);
-        rc = node_open_store(srv, watch_events_cb, srv, err, errlen);
+        cairn_store_subscriber hub = {watch_events_cb, srv};
+        rc = node_open_store(srv, &hub, 1, err, errlen);
     }
     if (rc != 0)
         goto fail;

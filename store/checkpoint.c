@@ -5,7 +5,7 @@
  * truth: the 'O' records stay the truth, and every doubt about the memo
  * (checksum, format, identity, the stored change N-1, compaction since)
  * sends the store back to a full replay. This file only encodes and decodes
- * bytes and writes them atomically; store.c decides when a memo applies.
+ * bytes and writes them atomically; recover.c decides when a memo applies.
  *
  * The store's part of the payload is the revision map (a handful of runs)
  * and the key index in key order: keys front-coded against the previous
@@ -17,8 +17,8 @@
  * and the revision map must be one the observer could have built. Trailing
  * bytes are an error. Allocation is bounded by a constant times the input.
  *
- * Leases are not in the file: store.c re-derives the lease table from the
- * loaded document and key index with the observer's own code (lease.c,
+ * Leases are not in the file: recover.c re-derives the lease table from the
+ * loaded document and key index with the observer's own code (lease_table.c,
  * cairn_store_lease_rebuild), so the two cannot disagree.
  *
  * Writing: temp file in the data dir, write, fsync, rename over the old
@@ -39,6 +39,7 @@
 #include <sodium.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 static const uint8_t MAGIC[8] = {'c', 'a', 'i', 'r', 'n', 'C', 'K', 'P'};
@@ -61,7 +62,7 @@ static uint32_t get_be32(const uint8_t *p)
 static int put_v(store_buf *b, uint64_t v)
 {
     uint8_t x[10];
-    return cairn_store_buf_put(b, x, cairn_store_put_varint(x, v));
+    return cairn_store_buf_put(b, x, (size_t)(wire_put_uv(x, v) - x));
 }
 
 int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m)
@@ -104,18 +105,14 @@ int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m)
     return rc;
 }
 
-typedef struct rd {
-    const uint8_t *p, *end;
-} rd;
+/* The state section's reader: crdt/wire.h's, canonical varints only (an
+ * overlong one is corruption, as the header documents). */
+typedef wire_rd rd;
 
 static int get_v(rd *r, uint64_t *v)
 {
-    return cairn_store_get_varint(&r->p, r->end, v) ? CAIRN_ETRUNCATED : 0;
-}
-
-static size_t left(const rd *r)
-{
-    return (size_t)(r->end - r->p);
+    int rc = wire_uv(r, v);
+    return rc == CAIRN_ENONCANON ? CAIRN_ECORRUPT : rc;
 }
 
 static int decode_revmap(rd *r, revmap *m, uint64_t nchanges, int64_t rev)
@@ -124,7 +121,7 @@ static int decode_revmap(rd *r, revmap *m, uint64_t nchanges, int64_t rev)
     int rc = get_v(r, &n);
     if (rc)
         return rc;
-    if (n > left(r) / 2) /* each run takes at least two bytes */
+    if (n > wire_left(r) / 2) /* each run takes at least two bytes */
         return CAIRN_ETRUNCATED;
     int64_t prev_rev = 0;
     uint64_t prev_idx = 0;
@@ -170,10 +167,10 @@ static int decode_index(rd *r, kindex *x, cairn_ckpt_live *lv, int64_t rev)
     int rc = get_v(r, &nkeys);
     if (rc)
         return rc;
-    if (nkeys > left(r) / 7) /* shared, suffix, cr, ver, lease, nhist, one rev */
+    if (nkeys > wire_left(r) / 7) /* shared, suffix, cr, ver, lease, nhist, one rev */
         return CAIRN_ETRUNCATED;
     /* front coding lets a few bytes name a long key: bound the total */
-    uint64_t budget = (uint64_t)left(r) * CAIRN_CKPT_KEY_RATIO + (1u << 20);
+    uint64_t budget = (uint64_t)wire_left(r) * CAIRN_CKPT_KEY_RATIO + (1u << 20);
     const kentry *prev = NULL;
     for (uint64_t k = 0; k < nkeys; k++) {
         uint64_t shared, sfx, cr, ver, lease, nh;
@@ -181,7 +178,7 @@ static int decode_index(rd *r, kindex *x, cairn_ckpt_live *lv, int64_t rev)
             return rc;
         if (shared > (prev ? prev->key_len : 0))
             return CAIRN_ECORRUPT;
-        if (sfx > left(r))
+        if (sfx > wire_left(r))
             return CAIRN_ETRUNCATED;
         if (shared + sfx > budget || shared + sfx > UINT32_MAX)
             return CAIRN_ELIMIT;
@@ -195,7 +192,7 @@ static int decode_index(rd *r, kindex *x, cairn_ckpt_live *lv, int64_t rev)
             return CAIRN_ECORRUPT;
         if (nh == 0)
             return CAIRN_ECORRUPT;
-        if (nh > left(r)) /* one byte at least per revision */
+        if (nh > wire_left(r)) /* one byte at least per revision */
             return CAIRN_ETRUNCATED;
         if (nh > UINT32_MAX)
             return CAIRN_ELIMIT;
@@ -416,14 +413,14 @@ void cairn_ckpt_unmap(const uint8_t *p, size_t len)
         munmap((void *)(uintptr_t)p, len);
 }
 
-int cairn_ckpt_remove(const char *dir)
+int cairn_ckpt_remove(cairn_store *s, const char *dir)
 {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/" CAIRN_CKPT_FILE, dir) >= (int)sizeof path)
         return CAIRN_EINVAL;
     if (unlink(path) != 0)
         return errno == ENOENT ? 0 : CAIRN_EIO;
-    fprintf(stderr, "cairn store: removed %s\n", path);
+    cairn_store_log(s, CAIRN_STORE_LOG_INFO, "removed %s", path);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);

@@ -25,7 +25,8 @@
  * keys written so far (the document already holds their values). The change
  * takes one revision, predicted as current + 1 at the first write and
  * checked against what the observer assigns. An error part-way rolls the
- * document back, so nothing is applied.
+ * document back, so nothing is applied. The blocking Put, DeleteRange and
+ * Txn are the async calls plus a wait, at the end of this file.
  */
 
 #include <stdio.h>
@@ -33,6 +34,7 @@
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 /* ---- key ranges ----------------------------------------------------------------- */
@@ -266,7 +268,7 @@ static int materialise(cairn_store *s, store_arena *a, const kref *k, cairn_kv *
             if (rc)
                 return rc;
             if (rd.kind == CAIRN_READ_NONE) {
-                fprintf(stderr, "cairn store: index and document disagree on a key\n");
+                cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "index and document disagree on a key");
                 return CAIRN_ECORRUPT;
             }
             const uint8_t *val = (const uint8_t *)"";
@@ -567,7 +569,7 @@ static int put_locked(txctx *t, cairn_put_resp *resp, const cairn_put_req *req)
     uint8_t *rec = malloc(10 + vl);
     if (!rec)
         return CAIRN_ENOMEM;
-    size_t rl = cairn_store_put_varint(rec, (uint64_t)lease);
+    size_t rl = (size_t)(wire_put_uv(rec, (uint64_t)lease) - rec);
     if (vl)
         memcpy(rec + rl, val, vl);
     rl += vl;
@@ -685,8 +687,8 @@ static int tx_finish(txctx *t, int rc, cairn_store_done_cb cb, void *arg)
         }
         int64_t got = c ? s->last_change_rev : 0;
         if (got != t->rev) {
-            fprintf(stderr, "cairn store: change took revision %lld, expected %lld\n",
-                    (long long)got, (long long)t->rev);
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "change took revision %lld, expected %lld",
+                            (long long)got, (long long)t->rev);
             atomic_store(&s->failed, CAIRN_ECORRUPT);
             if (!w)
                 return 0; /* queued: the completion reports the failure */
@@ -1162,4 +1164,24 @@ int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_
     if (rc)
         cairn_txn_resp_destroy(resp);
     return rc;
+}
+
+/* ---- blocking wrappers ------------------------------------------------------------- */
+
+int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
+{
+    SYNC_CALL(cairn_store_put_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_put_resp_destroy(resp));
+}
+
+int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
+{
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_delete_resp_destroy(resp));
+}
+
+int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
+{
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_txn_resp_destroy(resp));
 }

@@ -6,7 +6,8 @@
  * document. Every write becomes one change in the cairn_doc (begin / put /
  * delete / commit); the key index, revisions and history are derived from
  * the document's observer callbacks, on the same path that changes from
- * peers take (cairn_store_receive). No path writes a key without a change.
+ * peers take (cairn_store_receive_changes). No path writes a key without a
+ * change. store.c lists the files that implement it.
  *
  * Request and response types mirror etcd's v3 messages (RangeRequest,
  * PutRequest, DeleteRangeRequest, TxnRequest, Compare, RequestOp,
@@ -52,6 +53,8 @@
  * rewrote level 1 over and over: 15% of the server's CPU under put load).
  * About 125-130 bytes a key on disk for one-Put changes of 18-byte keys and
  * 32-byte values (store_bench load: the change body is ~100 of them).
+ * records.c writes and reads these records, recover.c replays them and
+ * moves those of older formats, history.c scans and compacts them.
  *
  *   key                               value
  *   'M' "format"                      u32 BE format version (3)
@@ -98,8 +101,8 @@
  * then each 'K' record moves under its change (the revision map gives the
  * index; the value is unchanged) and 'C' and 'R' records are deleted. Every
  * open does that last step, so a crash part-way is finished by the next.
- * Any other format: CAIRN_EBADVERSION, with a line on stderr naming the
- * format found.
+ * Any other format: CAIRN_EBADVERSION, with a log line naming the format
+ * found.
  *
  * Every record of one group commit is in one WriteBatch, so after a crash
  * the database holds a prefix of the apply order. Reopen replays 'O' in order
@@ -153,7 +156,7 @@
  * must end at change N-1) and the state section all check out and the
  * document and the index agree on the number of live keys; anything else,
  * or a tail that does not replay onto it (a revision that differs from the
- * stored one), is a full replay with one line on stderr saying why. Open
+ * stored one), is a full replay with one log line saying why. Open
  * never writes or removes the file, except: a new data dir and a restored
  * one (the RESTORED marker; snapshots hold db/ only) remove it. Close
  * writes it (temp file, fsync, rename, dir fsync) unless the store failed
@@ -371,14 +374,30 @@ typedef struct cairn_event {
     cairn_kv kv; /* DELETE: key and mod_revision only */
 } cairn_event;
 
-/* Called on the committer thread, in apply order, for every change once it
- * is durable (local or merged), before the writers of its group complete.
- * |rev| is 0 for a change that took no revision (then nev == 0). Everything
- * is borrowed for the call. Must not block and must not call back into the
- * store except async writes. */
+/* A subscriber (the watch hub, the peer broadcaster): called on the
+ * committer thread, in apply order, for every change once it is durable
+ * (local or merged), before the writers of its group complete; every
+ * subscriber gets each change, in the order they subscribed. |rev| is 0 for
+ * a change that took no revision (then nev == 0). Everything is borrowed
+ * for the call. Must not block and must not call back into the store except
+ * async writes (not cairn_store_subscribe / unsubscribe). */
 typedef void (*cairn_store_events_cb)(void *arg, int64_t rev, const cairn_hash *hash,
                                       const uint8_t *change, size_t change_len,
                                       const cairn_event *ev, size_t nev);
+
+typedef struct cairn_store_subscriber {
+    cairn_store_events_cb cb;
+    void *arg;
+} cairn_store_subscriber;
+
+/* Adds a subscriber: it hears of every change applied from now on (a
+ * change applied before the call may or may not reach it; the ones given
+ * in cairn_store_options.subscribers hear of everything after recovery).
+ * CAIRN_ENOMEM. */
+int cairn_store_subscribe(cairn_store *s, cairn_store_events_cb cb, void *arg);
+/* Removes the first subscriber with |cb| and |arg|; once it returns, |cb|
+ * runs no more for it. CAIRN_ENOTFOUND if there is none. */
+int cairn_store_unsubscribe(cairn_store *s, cairn_store_events_cb cb, void *arg);
 
 /* Called once per revision with its events (etcd's order: as the change
  * made them), borrowed for the call. Non-zero stops the scan and is
@@ -391,7 +410,7 @@ typedef int (*cairn_store_history_cb)(void *arg, int64_t rev, const cairn_event 
  * disk, through a LevelDB snapshot (no lock is held while |cb| runs).
  * CAIRN_ECOMPACTED if from < the compacted revision (etcd: watching from a
  * compacted revision). *last (may be NULL) = the last revision covered, so
- * a watcher joins the live stream (events_cb) after it. */
+ * a watcher joins the live stream (its subscriber) after it. */
 int cairn_store_history(cairn_store *s, int64_t *last, int64_t from, const uint8_t *key,
                         size_t key_len, const uint8_t *range_end, size_t range_end_len,
                         cairn_store_history_cb cb, void *arg);
@@ -403,6 +422,19 @@ typedef struct cairn_store_member {
     const char *const *peer_urls;
     size_t npeer_urls;
 } cairn_store_member;
+
+/* Log levels, the server's (server/log.c) numbers. */
+enum {
+    CAIRN_STORE_LOG_DEBUG = 0,
+    CAIRN_STORE_LOG_INFO = 1,
+    CAIRN_STORE_LOG_WARN = 2,
+    CAIRN_STORE_LOG_ERROR = 3
+};
+
+/* One line of the store's log: |msg| (no newline) borrowed for the call.
+ * Called from any of the store's threads, possibly with its locks held:
+ * must not call into the store. */
+typedef void (*cairn_store_log_cb)(void *arg, int level, const char *msg);
 
 typedef struct cairn_store_options {
     const char *dir;           /* data dir; created if missing */
@@ -419,8 +451,10 @@ typedef struct cairn_store_options {
     void *clock_arg;
     /* Actor for a new data dir (tests); NULL = 16 random bytes. */
     const cairn_actor *actor;
-    cairn_store_events_cb events_cb; /* may be NULL */
-    void *events_arg;
+    /* Subscribers from the first change after recovery on (copied; see
+     * cairn_store_subscribe for later ones). */
+    const cairn_store_subscriber *subscribers;
+    size_t nsubscribers;
     /* Test hook: called on the committer thread before each group is
      * written, with the number of changes in it; a non-zero return fails
      * the group as an I/O error would. NULL in production. */
@@ -433,6 +467,10 @@ typedef struct cairn_store_options {
     int64_t lease_min_ttl;
     int64_t lease_restart_extend_ms;
     uint32_t lease_tick_ms;
+    /* Where the store's log lines go; NULL = stderr, every level, each
+     * line prefixed "cairn store: ". */
+    cairn_store_log_cb log_cb;
+    void *log_arg;
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 4 MiB */
     int max_open_files;        /* LevelDB table files kept open (mmap'd); 0 = LevelDB's 1000 */
@@ -459,7 +497,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o);
 
 /* Waits for pending writes to complete, stops the committer, writes the
  * checkpoint (unless the store failed or nothing changed since the one on
- * disk; a write error is a line on stderr, the next open replays), closes. */
+ * disk; a write error is a log line, the next open replays), closes. */
 void cairn_store_close(cairn_store *s);
 
 /* ---- reads --------------------------------------------------------------- */
@@ -505,6 +543,13 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
  * (revision <= the compacted one), CAIRN_EFUTUREREV (> current). *h gets the
  * header. */
 int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
+/* The same, completing through |cb| instead of blocking: 0 = queued with
+ * *h filled now; |cb| runs on the committer once the compaction is
+ * durable, or, with |physical|, on a thread of its own once LevelDB has
+ * compacted the range (close waits for it). < 0: refused, |cb| never
+ * called. */
+int cairn_store_compact_async(cairn_store *s, cairn_header *h, int64_t revision, int physical,
+                              cairn_store_done_cb cb, void *arg);
 
 /* ---- leases (lease.c) ----------------------------------------------------
  * A lease lives in the document (leases[id] = {ttl, deadline}; see DOCUMENT
@@ -528,6 +573,11 @@ typedef struct cairn_lease_grant_resp {
  * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
  * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
 int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
+/* The same, completing on the committer (cairn_store_done_cb) instead of
+ * blocking: 0 = queued, with |resp| filled now (header at the revision of
+ * the grant, id, ttl); < 0 = refused as above, |cb| never called. */
+int cairn_store_lease_create_async(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
+                                   int64_t ttl, cairn_store_done_cb cb, void *arg);
 /* The same with an explicit id and no answer (kept for older callers). */
 int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
 
@@ -535,6 +585,9 @@ int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
  * order (one revision if a key was deleted, none otherwise); returns once
  * durable with *h at the revision then. CAIRN_ELEASENOTFOUND if absent. */
 int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
+/* The same, completing on the committer: 0 = queued with *h filled now. */
+int cairn_store_lease_revoke_async(cairn_store *s, cairn_header *h, int64_t id,
+                                   cairn_store_done_cb cb, void *arg);
 
 /* Renews lease |id|: it now expires TTL seconds from now; *ttl = the
  * granted TTL (etcd answers that, not what remained). Coalesced: a change
@@ -593,6 +646,33 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg);
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
 
+/* Completion of a batched receive: called exactly once, on the committer
+ * thread. rc == 0: every change the burst applied (and every change applied
+ * before it) is durable, and |heads| (sorted, borrowed for the call) are the
+ * store's heads as the burst left them — what the peer may now be told we
+ * have. rc < 0: the group failed (CAIRN_EIO); heads are NULL. */
+typedef void (*cairn_store_heads_cb)(void *arg, int rc, const cairn_hash *heads, size_t nheads);
+
+/* A burst of changes from a peer (decoded: hash and encoding checked), in
+ * ONE write lock and ONE group commit (one fsync), however many there are.
+ * Takes ownership of chs[0..n-1] whatever it returns. Each change goes
+ * through the same observer path as a local write (revisions, index,
+ * events, leases), in the order given; one whose dependencies are missing
+ * is buffered (not durable, not an error) and applied when a later change,
+ * in this burst or another, completes its past.
+ *
+ * Each change is accepted or rejected on its own: a rejected change
+ * (invalid against the document: unknown object, bad reference, wrong seq)
+ * applies nothing, and the others of the burst apply as if it had not been
+ * there (a change that depends on it stays buffered). verdicts (may be
+ * NULL) gets one code per change: 0 applied or buffered, < 0 rejected (an
+ * invalid buffered change that one of them unblocked counts against it).
+ *
+ * Returns 0 when |cb| is queued (also when some changes were rejected), or
+ * CAIRN_EIO / CAIRN_ENOMEM (failed store) with |cb| never called. */
+int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                                cairn_store_heads_cb cb, void *arg);
+
 /* The hash of the change that made |rev| (CAIRN_ENOTFOUND if none, or
  * CAIRN_EFUTUREREV above the visible revision). */
 int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev);
@@ -618,8 +698,36 @@ typedef struct cairn_store_stats {
 } cairn_store_stats;
 void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 
-/* Approximate bytes LevelDB uses on disk for the whole database. */
+/* Bytes of the database on disk: every file of <data dir>/db, LevelDB's
+ * write-ahead log included, its info log not (etcd's backend size). One
+ * directory walk per call. */
 uint64_t cairn_store_disk_bytes(cairn_store *s);
+
+/* ---- snapshots (snapshot.c) ---------------------------------------------- */
+
+/* One file of a snapshot: |name| as in db/, |path| where its copy is. */
+typedef struct cairn_store_snap_file {
+    const char *name;
+    const char *path;
+    uint64_t size;
+} cairn_store_snap_file;
+
+typedef struct cairn_store_snap cairn_store_snap;
+
+/* A consistent copy of the database files (db/ only: no checkpoint, no
+ * marker) in a working dir inside the data dir, taken with every writer and
+ * the store's own threads frozen (see snapshot.c): it holds exactly the
+ * changes applied before the call, all durable. Open a store on a dir
+ * whose db/ holds these files and it has the same keys, revisions and
+ * leases. Tables are hard links, so the copy costs about the size of the
+ * log and the MANIFEST. Errors: CAIRN_EIO (a file could not be copied, or
+ * the store failed), CAIRN_ENOMEM. */
+int cairn_store_snapshot(cairn_store *s, cairn_store_snap **out);
+/* The files of |sn| (borrowed from it); returns their count. */
+size_t cairn_store_snap_files(const cairn_store_snap *sn, const cairn_store_snap_file **files);
+/* Removes the copy and frees |sn| (NULL is fine). Any thread, any time,
+ * also after the store is closed. */
+void cairn_store_snap_free(cairn_store_snap *sn);
 
 /* Appends a LEB128 varint (protobuf's too); returns bytes written (<= 10).
  * Exposed for the server's hand-packed answers. */

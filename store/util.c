@@ -1,15 +1,19 @@
 /*
  * Small helpers for the store: big-endian integers (LevelDB keys sort by
- * bytes, so numbers in keys are big-endian), LEB128 varints (records),
- * SHA-1 (only because etcd derives member and cluster ids from it; written
- * from FIPS 180-4), a bump arena that lets a response own all its memory
- * through one pointer, and a growable buffer.
+ * bytes, so numbers in keys are big-endian), the public varint writer
+ * (crdt/wire.h's, for the server), SHA-1 (only because etcd derives member
+ * and cluster ids from it; written from FIPS 180-4), a bump arena that lets
+ * a response own all its memory through one pointer, a growable buffer, and
+ * the store's log line.
  */
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "crdt/error.h"
+#include "crdt/wire.h"
 #include "store/store_int.h"
 
 void cairn_store_be64(uint8_t out[8], uint64_t v)
@@ -30,29 +34,20 @@ uint64_t cairn_store_get_be64(const uint8_t *p)
 
 size_t cairn_store_put_varint(uint8_t *out, uint64_t v)
 {
-    size_t n = 0;
-    while (v >= 0x80) {
-        out[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    out[n++] = (uint8_t)v;
-    return n;
+    return (size_t)(wire_put_uv(out, v) - out);
 }
 
-int cairn_store_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
 {
-    uint64_t r = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
-        if (*p >= end)
-            return -1;
-        uint8_t b = *(*p)++;
-        r |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *v = r;
-            return 0;
-        }
-    }
-    return -1;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s->log_cb)
+        s->log_cb(s->log_arg, level, msg);
+    else
+        fprintf(stderr, "cairn store: %s\n", msg);
 }
 
 /* ---- SHA-1 ---------------------------------------------------------------- */

@@ -71,8 +71,8 @@ void kv_to_pb(Mvccpb__KeyValue *out, const cairn_kv *kv);
  * With the flag off kv_batcher_new leaves srv->batcher NULL. */
 int kv_batcher_new(cairn_server *srv);
 void kv_batcher_free(cairn_server *srv);
-/* Takes over |c|, a plain Put |r| (pointers into c's request) counted in
- * the write gate: it joins a batch and is answered when that is durable. */
+/* Takes over |c|, a plain Put |r| (pointers into c's request): it joins a
+ * batch and is answered when that is durable. */
 void kv_batch_put(rpc_call *c, const cairn_put_req *r);
 
 /* Decodes and checks one request of |kind| (0 Range, 1 Put, 2 DeleteRange,
@@ -102,7 +102,5 @@ void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8
 uint32_t etcd_crc32c(uint32_t crc, const void *buf, size_t len);
 /* Maintenance.Snapshot (snapshot.c). */
 void maint_snapshot(rpc_call *c, const uint8_t *req, size_t len);
-/* Removes snapshot working dirs left in |data_dir| by a crash. */
-void snapshot_cleanup_dir(const char *data_dir);
 
 #endif

@@ -33,6 +33,7 @@ union kv_resp {
     cairn_put_resp put;
     cairn_delete_resp del;
     cairn_txn_resp txn;
+    cairn_header compact;
 };
 _Static_assert(sizeof(union kv_resp) <= RPC_CALL_SCRATCH, "a KV response fits in the call");
 
@@ -596,7 +597,6 @@ static void put_cleanup(rpc_call *c)
 static void put_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    node_write_end(etcd_node(c));
     if (rc == 0 && !resp_of(c)->put.prev_kv) {
         /* The common Put: the answer is the header alone. */
         Etcdserverpb__ResponseHeader h;
@@ -630,17 +630,14 @@ static void kv_put(rpc_call *c, const uint8_t *req, size_t len)
     if (etcd_node(c)->batcher && !m->prev_kv && !m->ignore_value && !m->ignore_lease && m->lease == 0) {
         cairn_put_req r;
         put_from_pb(&r, m);
-        node_write_begin(etcd_node(c));
         kv_batch_put(c, &r);
         return;
     }
     cairn_put_req r;
     put_from_pb(&r, m);
     c->ctx_free = put_cleanup;
-    node_write_begin(etcd_node(c));
     rc = cairn_store_put_async(etcd_node(c)->store, &resp_of(c)->put, &r, put_done, c);
     if (rc != 0) { /* put_done will not be called; |c| is still ours */
-        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
 }
@@ -653,7 +650,6 @@ static void delete_cleanup(rpc_call *c)
 static void delete_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    node_write_end(etcd_node(c));
     struct arena *a = NULL;
     Etcdserverpb__DeleteRangeResponse out;
     if (rc == 0)
@@ -672,10 +668,8 @@ static void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
     cairn_delete_req r;
     delete_from_pb(&r, m);
     c->ctx_free = delete_cleanup;
-    node_write_begin(etcd_node(c));
     int rc = cairn_store_delete_async(etcd_node(c)->store, &resp_of(c)->del, &r, delete_done, c);
     if (rc != 0) {
-        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
 }
@@ -690,7 +684,6 @@ static void txn_cleanup(rpc_call *c)
 static void txn_done(void *arg, int rc)
 {
     rpc_call *c = arg;
-    node_write_end(etcd_node(c));
     struct arena *a = NULL;
     Etcdserverpb__TxnResponse out;
     if (rc == 0)
@@ -731,12 +724,27 @@ static void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
-    node_write_begin(etcd_node(c));
     rc = cairn_store_txn_async(etcd_node(c)->store, &resp_of(c)->txn, t, txn_done, c);
     if (rc != 0) {
-        node_write_end(etcd_node(c));
         rpc_fail(c, rc, NULL);
     }
+}
+
+/* Once the compaction is durable (and, physical, compacted on disk): from
+ * the committer or the store's compaction thread, never a worker. */
+static void compact_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
+    if (rc != 0) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
+    Etcdserverpb__CompactionResponse out;
+    Etcdserverpb__ResponseHeader ph;
+    etcdserverpb__compaction_response__init(&out);
+    etcd_header(etcd_node(c), &ph, &resp_of(c)->compact);
+    out.header = &ph;
+    rpc_reply(c, &out.base);
 }
 
 static void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
@@ -747,23 +755,10 @@ static void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
         c, &etcdserverpb__compaction_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_header h;
-    memset(&h, 0, sizeof h);
-    /* Compaction blocks this worker while LevelDB deletes history; the
-     * other workers keep serving. */
-    node_write_begin(etcd_node(c));
-    int rc = cairn_store_compact(etcd_node(c)->store, &h, m->revision, m->physical);
-    node_write_end(etcd_node(c));
-    if (rc != 0) {
+    int rc = cairn_store_compact_async(etcd_node(c)->store, &resp_of(c)->compact, m->revision,
+                                       m->physical, compact_done, c);
+    if (rc != 0) /* compact_done will not be called */
         rpc_fail(c, rc, NULL);
-        return;
-    }
-    Etcdserverpb__CompactionResponse out;
-    Etcdserverpb__ResponseHeader ph;
-    etcdserverpb__compaction_response__init(&out);
-    etcd_header(etcd_node(c), &ph, &h);
-    out.header = &ph;
-    rpc_reply(c, &out.base);
 }
 
 /* ---- fuzzing ------------------------------------------------------------- */

@@ -123,7 +123,6 @@ static void batch_done(void *arg, int rc)
     struct kv_batcher *b = k->srv->batcher;
     for (size_t i = 0; i < k->n; i++) {
         rpc_call *c = k->calls[i];
-        node_write_end(k->srv);
         if (rc != 0) {
             rpc_fail(c, rc, NULL);
             continue;
@@ -192,7 +191,6 @@ void kv_batch_put(rpc_call *c, const cairn_put_req *r)
     b->inflight += ngo;
     pthread_mutex_unlock(&b->mu);
     if (!k) {
-        node_write_end(srv);
         rpc_fail(c, CAIRN_ENOMEM, NULL);
     }
     for (int i = 0; i < ngo; i++)

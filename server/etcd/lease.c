@@ -5,8 +5,9 @@
  * after a restart as etcd does). This file only converts messages; etcd's
  * rules (minimum TTL, id choice, "too large lease TTL") live in the store.
  *
- * Grant and revoke wait for their change to be durable (the store offers
- * only blocking calls for them); a keepalive never waits for an fsync.
+ * Grant and revoke are answered from the store's committer once their
+ * change is durable, like a Put: no worker waits for an fsync; a keepalive
+ * never waits for one either.
  */
 #include "server/etcd/etcd.h"
 
@@ -14,6 +15,28 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+_Static_assert(sizeof(cairn_lease_grant_resp) <= RPC_CALL_SCRATCH, "a grant's answer fits in the call");
+_Static_assert(sizeof(cairn_header) <= RPC_CALL_SCRATCH, "a revoke's header fits in the call");
+
+/* On the committer: the grant is durable (or the store failed). */
+static void grant_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
+    if (rc != 0) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
+    const cairn_lease_grant_resp *g = (const cairn_lease_grant_resp *)(void *)c->scratch;
+    Etcdserverpb__ResponseHeader ph;
+    etcd_header(etcd_node(c), &ph, &g->header);
+    Etcdserverpb__LeaseGrantResponse out;
+    etcdserverpb__lease_grant_response__init(&out);
+    out.header = &ph;
+    out.id = g->id;
+    out.ttl = g->ttl;
+    rpc_reply(c, &out.base);
+}
 
 static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
 {
@@ -30,22 +53,25 @@ static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, rc, NULL);
         return;
     }
-    cairn_lease_grant_resp g;
-    memset(&g, 0, sizeof g);
-    node_write_begin(etcd_node(c));
-    rc = cairn_store_lease_create(srv->store, &g, m->id, m->ttl);
-    node_write_end(etcd_node(c));
+    /* the answer, kept in the call's scratch for grant_done */
+    cairn_lease_grant_resp *g = (cairn_lease_grant_resp *)(void *)c->scratch;
+    rc = cairn_store_lease_create_async(srv->store, g, m->id, m->ttl, grant_done, c);
+    if (rc != 0) /* grant_done will not be called */
+        rpc_fail(c, rc, NULL);
+}
+
+static void revoke_done(void *arg, int rc)
+{
+    rpc_call *c = arg;
     if (rc != 0) {
         rpc_fail(c, rc, NULL);
         return;
     }
     Etcdserverpb__ResponseHeader ph;
-    etcd_header(srv, &ph, &g.header);
-    Etcdserverpb__LeaseGrantResponse out;
-    etcdserverpb__lease_grant_response__init(&out);
+    etcd_header(etcd_node(c), &ph, (const cairn_header *)(void *)c->scratch);
+    Etcdserverpb__LeaseRevokeResponse out;
+    etcdserverpb__lease_revoke_response__init(&out);
     out.header = &ph;
-    out.id = g.id;
-    out.ttl = g.ttl;
     rpc_reply(c, &out.base);
 }
 
@@ -57,20 +83,10 @@ static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
         c, &etcdserverpb__lease_revoke_request__descriptor, req, len);
     if (!m)
         return;
-    cairn_header h;
-    node_write_begin(etcd_node(c));
-    int rc = cairn_store_lease_revoke(etcd_node(c)->store, &h, m->id);
-    node_write_end(etcd_node(c));
-    if (rc != 0) {
+    cairn_header *h = (cairn_header *)(void *)c->scratch;
+    int rc = cairn_store_lease_revoke_async(etcd_node(c)->store, h, m->id, revoke_done, c);
+    if (rc != 0)
         rpc_fail(c, rc, NULL);
-        return;
-    }
-    Etcdserverpb__ResponseHeader ph;
-    etcd_header(etcd_node(c), &ph, &h);
-    Etcdserverpb__LeaseRevokeResponse out;
-    etcdserverpb__lease_revoke_response__init(&out);
-    out.header = &ph;
-    rpc_reply(c, &out.base);
 }
 
 static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)

@@ -151,23 +151,39 @@ def norm(lines):
 # Scenarios: each returns its normalised outputs; Fail on a broken rule
 
 def lock_exec(srv, procs):
-    script = 'echo %s-start $ETCD_LOCK_KEY $ETCD_LOCK_REV; sleep 2; echo %s-end'
-    a = Ctl(srv, "lock", "L", "--", "sh", "-c", script % ("A", "A"))
-    procs.append(a)
-    t_a = a.wait_lines(1)
-    b = Ctl(srv, "lock", "L", "--", "sh", "-c", script % ("B", "B"))
-    procs.append(b)
-    ks = wait_keys(srv, "L", 2)      # B's key is there: B is waiting
-    if b.text():
-        raise Fail("B printed %r while A held the lock" % b.text())
-    rc_a, _ = a.wait_exit()
-    t_a_end = a.lines[-1][0]
-    t_b = b.wait_lines(1)
-    rc_b, _ = b.wait_exit()
-    if t_b < t_a_end:
-        raise Fail("B started %.2fs before A ended" % (t_a_end - t_b))
-    if t_b - t_a < 1.8:
-        raise Fail("B started %.2fs after A, inside A's 2 s critical section" % (t_b - t_a))
+    """B waits for A's lock and runs only after A's command ended. The
+    commands write their own start and end times (as in lock_queue: when
+    this test reads their output says nothing on a loaded machine)."""
+    tmp = tempfile.mkdtemp(prefix="cairn-lock-exec-")
+    try:
+        stamps = {n: os.path.join(tmp, n) for n in ("A", "B")}
+        script = ('date +%%s.%%N >%s; echo %s-start $ETCD_LOCK_KEY $ETCD_LOCK_REV; sleep 2; '
+                  'echo %s-end; date +%%s.%%N >>%s')
+        a = Ctl(srv, "lock", "L", "--", "sh", "-c", script % (stamps["A"], "A", "A", stamps["A"]))
+        procs.append(a)
+        a.wait_lines(1)
+        b = Ctl(srv, "lock", "L", "--", "sh", "-c", script % (stamps["B"], "B", "B", stamps["B"]))
+        procs.append(b)
+        ks = wait_keys(srv, "L", 2)      # B's key is there: B is waiting
+        if b.text():
+            raise Fail("B printed %r while A held the lock" % b.text())
+        rc_a, _ = a.wait_exit()
+        b.wait_lines(1)
+        rc_b, _ = b.wait_exit()
+        span = {}
+        for n, path in stamps.items():
+            with open(path) as f:
+                t = [float(x) for x in f.read().split()]
+            if len(t) != 2:
+                raise Fail("%s wrote %d time stamps" % (n, len(t)))
+            span[n] = t
+        if span["B"][0] < span["A"][1]:
+            raise Fail("B started %.3fs before A ended" % (span["A"][1] - span["B"][0]))
+        if span["B"][0] - span["A"][0] < 1.8:
+            raise Fail("B started %.2fs after A, inside A's 2 s critical section"
+                       % (span["B"][0] - span["A"][0]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     a_key, b_key = a.text()[0].split()[1], b.text()[0].split()[1]
     if a_key == b_key or sorted([a_key, b_key]) != sorted(ks):
         raise Fail("lock keys: A %s, B %s, under L/ while waiting: %r" % (a_key, b_key, ks))

@@ -121,10 +121,10 @@ static inline int kv_is(const cairn_kv *kv, const char *k, const char *v, int64_
                   (long long)(kv)->mod_revision, (long long)(kv)->version, (k), (v) ? (v) : "-",   \
                   (int)(c), (int)(m), (int)(ver))
 
-/* Every change a store reports to its events_cb (the first
+/* Every change a store reports to a subscriber (the first
  * CAPTURED_MAX): its bytes, hash and revision, to hand to another store's
- * cairn_store_receive. Pass capture as events_cb and a zeroed captured as
- * events_arg; captured_free releases the bytes. */
+ * cairn_store_receive. Subscribe capture with a zeroed captured as its
+ * argument; captured_free releases the bytes. */
 #define CAPTURED_MAX 64
 
 typedef struct captured {

@@ -229,8 +229,9 @@ static void merge_peer(cairn_store *s, int round)
     o.actor = &peer;
     captured cap;
     memset(&cap, 0, sizeof cap);
-    o.events_cb = capture;
-    o.events_arg = &cap;
+    cairn_store_subscriber sub = {capture, &cap};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
     cairn_store *p = open_store_opts(pd, &o);
     char k[32], v[32];
     for (int i = 0; i < 4; i++) {
@@ -875,6 +876,66 @@ START_TEST(bulk_loaded_index_takes_inserts)
 }
 END_TEST
 
+/* The store logs through options.log_cb, with levels: a missing checkpoint
+ * is news (info), a damaged one a warning. */
+typedef struct log_lines {
+    int n;
+    int level[16];
+    char msg[16][256];
+} log_lines;
+
+static void log_line(void *arg, int level, const char *msg)
+{
+    log_lines *l = arg;
+    if (l->n == 16)
+        return;
+    l->level[l->n] = level;
+    snprintf(l->msg[l->n], sizeof l->msg[0], "%s", msg);
+    l->n++;
+}
+
+static cairn_store *open_logged(const char *dir, log_lines *l)
+{
+    memset(l, 0, sizeof *l);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.log_cb = log_line;
+    o.log_arg = l;
+    return open_store_opts(dir, &o);
+}
+
+START_TEST(logs_through_the_callback)
+{
+    char *dir = make_tmpdir();
+    log_lines l;
+    cairn_store *s = open_logged(dir, &l);
+    put_kv(s, "a", "1");
+    cairn_store_close(s);
+    ck_assert_int_eq(l.n, 0); /* a new store says nothing */
+    char *p = path_in(dir, CAIRN_CKPT_FILE);
+    unlink(p);
+    s = open_logged(dir, &l);
+    cairn_store_close(s);
+    ck_assert_int_eq(l.n, 1);
+    ck_assert_int_eq(l.level[0], CAIRN_STORE_LOG_INFO);
+    ck_assert_ptr_nonnull(strstr(l.msg[0], "no checkpoint"));
+    ck_assert_ptr_null(strchr(l.msg[0], '\n'));
+    size_t len;
+    uint8_t *b = read_file(dir, &len);
+    b[len - 1] ^= 1;
+    write_file(dir, b, len);
+    free(b);
+    s = open_logged(dir, &l);
+    ck_assert_int_eq(cur_rev(s), 2);
+    cairn_store_close(s);
+    ck_assert_int_eq(l.n, 1);
+    ck_assert_int_eq(l.level[0], CAIRN_STORE_LOG_WARN);
+    ck_assert_ptr_nonnull(strstr(l.msg[0], "not used"));
+    free(p);
+    done(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("store_checkpoint");
@@ -882,6 +943,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, identical_to_full_replay, 0, 2);
     tcase_add_test(tc, fresh_store_and_unchanged_reopen);
+    tcase_add_test(tc, logs_through_the_callback);
     tcase_add_test(tc, tail_after_crash);
     tcase_add_loop_test(tc, refused_falls_back, 0, NREJECT);
     tcase_add_test(tc, tail_mismatch_falls_back);

@@ -256,8 +256,9 @@ START_TEST(events_follow_durability)
     static cairn_store *holder;
     cairn_store_options o;
     cairn_store_options_init(&o);
-    o.events_cb = on_events;
-    o.events_arg = &holder;
+    cairn_store_subscriber sub = {on_events, &holder};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
     atomic_store(&ev_last, 1);
     holder = st = open_store_opts(dir, &o);
     put_kv(st, "e1", "a");

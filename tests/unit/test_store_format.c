@@ -199,8 +199,9 @@ static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *ca
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = a;
-    o.events_cb = cap ? capture : NULL;
-    o.events_arg = cap;
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = cap ? 1 : 0;
     return open_store_opts(dir, &o);
 }
 
@@ -727,6 +728,46 @@ START_TEST(stored_revision_mismatch_is_corruption)
 }
 END_TEST
 
+/* One varint codec (crdt/wire.h) reads every record: the canonical forms
+ * every format wrote read back; an overlong or over-64-bit varint in a
+ * history record is corruption, and a kvs value whose lease varint is
+ * overlong reads as its raw bytes (the rule for malformed values). */
+START_TEST(varints_are_canonical)
+{
+    cairn_store_krec r;
+    static const uint8_t ok[] = {2, 3, 0x80, 0x01, 5, 0, 7}; /* body ref, cr 128 */
+    ck_assert_int_eq(cairn_store_krec_parse(&r, ok, sizeof ok), 0);
+    ck_assert_uint_eq(r.sub, 3);
+    ck_assert_uint_eq(r.cr, 128);
+    ck_assert_uint_eq(r.ver, 5);
+    ck_assert_uint_eq(r.pos, 7);
+    static const uint8_t overlong[] = {2, 0x83, 0x00, 2, 5, 0, 7}; /* sub 3 in two bytes */
+    ck_assert_int_eq(cairn_store_krec_parse(&r, overlong, sizeof overlong), CAIRN_ECORRUPT);
+    static const uint8_t wide[] = {1,    0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0x02, 0,    0,    0};
+    ck_assert_int_eq(cairn_store_krec_parse(&r, wide, sizeof wide), CAIRN_ECORRUPT);
+    static const uint8_t trunc[] = {0, 1, 0x80};
+    ck_assert_int_eq(cairn_store_krec_parse(&r, trunc, sizeof trunc), CAIRN_ECORRUPT);
+    /* a value record: lease varint ++ value */
+    static const uint8_t rec[] = {0x85, 0x00, 'v'};
+    cairn_value v = {.type = CAIRN_V_BYTES};
+    v.v.bytes.ptr = rec;
+    v.v.bytes.len = sizeof rec;
+    int64_t lease;
+    const uint8_t *val;
+    size_t vl;
+    cairn_store_parse_record(&v, &lease, &val, &vl);
+    ck_assert_int_eq(lease, 0);
+    ck_assert_uint_eq(vl, sizeof rec);
+    v.v.bytes.ptr = rec + 1; /* 0x00 'v': lease 0, value "v" */
+    v.v.bytes.len = 2;
+    cairn_store_parse_record(&v, &lease, &val, &vl);
+    ck_assert_int_eq(lease, 0);
+    ck_assert_uint_eq(vl, 1);
+    ck_assert_int_eq(val[0], 'v');
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_format");
@@ -741,6 +782,7 @@ int main(void)
     tcase_add_test(tc, bad_reference_is_corruption);
     tcase_add_test(tc, history_without_its_body_is_corruption);
     tcase_add_test(tc, stored_revision_mismatch_is_corruption);
+    tcase_add_test(tc, varints_are_canonical);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -42,8 +42,9 @@ static void open_hub(const cairn_hub_options *o)
     ck_assert_int_eq(cairn_hub_new(&hub, o ? o : &d), 0);
     cairn_store_options so;
     cairn_store_options_init(&so);
-    so.events_cb = cairn_hub_events_cb;
-    so.events_arg = hub;
+    cairn_store_subscriber sub = {cairn_hub_events_cb, hub};
+    so.subscribers = &sub;
+    so.nsubscribers = 1;
     st = open_store_opts(dir, &so);
     cairn_hub_attach(hub, st);
 }

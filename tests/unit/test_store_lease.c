@@ -1,7 +1,8 @@
 /*
  * Leases in the document (store/lease.c): grant, revoke, keepalive,
  * TimeToLive, Leases, expiry with an injected clock, keepalive coalescing,
- * the restart rule, convergence of concurrent revokes, key sets.
+ * the restart rule, convergence of concurrent revokes, key sets, and the
+ * async grant / revoke / compact (completion on the committer).
  *
  * "etcd:" comments quote what etcd 3.4.23 answered (one member, default
  * flags) on 127.0.0.1, asked with etcdctl 3.4:
@@ -100,10 +101,9 @@ static cairn_store *open_lease_store(const char *dir, evlog *l, const cairn_acto
     cairn_store_options_init(&o);
     o.clock_ms = clock_fn;
     o.actor = actor;
-    if (l) {
-        o.events_cb = log_cb;
-        o.events_arg = l;
-    }
+    cairn_store_subscriber sub = {log_cb, l};
+    o.subscribers = &sub;
+    o.nsubscribers = l ? 1 : 0;
     return open_store_opts(dir, &o);
 }
 
@@ -939,6 +939,133 @@ START_TEST(concurrent_keepalives)
 }
 END_TEST
 
+/* ---- async grant, revoke, compact ---------------------------------------- */
+
+/* A completion the test waits for: its rc, whether it ran on the calling
+ * thread, and whether the store had written its group by then. */
+typedef struct done_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc, same_thread;
+    pthread_t caller;
+    cairn_store *s;
+    uint64_t syncs;
+} done_wait;
+
+static void done_init(done_wait *w, cairn_store *s)
+{
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->caller = pthread_self();
+    w->s = s;
+}
+
+static void on_done(void *arg, int rc)
+{
+    done_wait *w = arg;
+    cairn_store_stats st_;
+    cairn_store_get_stats(w->s, &st_);
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->same_thread = pthread_equal(pthread_self(), w->caller);
+    w->syncs = st_.syncs;
+    w->done++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int done_wait_for(done_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    ck_assert_int_eq(w->done, 1);
+    ck_assert(!w->same_thread);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    return w->rc;
+}
+
+static uint64_t syncs_of(cairn_store *s)
+{
+    cairn_store_stats x;
+    cairn_store_get_stats(s, &x);
+    return x.syncs;
+}
+
+START_TEST(async_grant_revoke_compact)
+{
+    done_wait w;
+    cairn_lease_grant_resp g;
+    /* grant: answered now, completed by the committer once written */
+    done_init(&w, st);
+    uint64_t s0 = syncs_of(st);
+    ck_assert_int_eq(cairn_store_lease_create_async(st, &g, 0, 1, on_done, &w), 0);
+    ck_assert_int_ne(g.id, 0);
+    ck_assert_int_eq(g.ttl, 2); /* raised to the minimum, as the blocking call */
+    ck_assert_int_eq(g.header.revision, 1);
+    ck_assert_int_eq(done_wait_for(&w), 0);
+    ck_assert_uint_gt(w.syncs, s0); /* durable before it completed */
+    int64_t id = g.id;
+    /* refusals are immediate, the completion never runs */
+    done_init(&w, st);
+    ck_assert_int_eq(cairn_store_lease_create_async(st, &g, id, 30, on_done, &w),
+                     CAIRN_ELEASEEXIST);
+    ck_assert_int_eq(
+        cairn_store_lease_create_async(st, &g, 5, CAIRN_LEASE_MAX_TTL + 1, on_done, &w),
+        CAIRN_ELEASETTLTOOLARGE);
+    cairn_header h;
+    ck_assert_int_eq(cairn_store_lease_revoke_async(st, &h, 424242, on_done, &w),
+                     CAIRN_ELEASENOTFOUND);
+    ck_assert_int_eq(cairn_store_compact_async(st, &h, 99, 0, on_done, &w), CAIRN_EFUTUREREV);
+    ck_assert_int_eq(w.done, 0);
+    /* revoke: one revision for its keys, in the header at once */
+    ck_assert_int_eq(put_lease(st, "k1", id), 2);
+    ck_assert_int_eq(put_lease(st, "k2", id), 3);
+    done_init(&w, st);
+    ck_assert_int_eq(cairn_store_lease_revoke_async(st, &h, id, on_done, &w), 0);
+    ck_assert_int_eq(h.revision, 4);
+    ck_assert_int_eq(done_wait_for(&w), 0);
+    ck_assert_int_eq(nkeys_live(st), 0);
+    ck_assert_int_eq(ttl_of(st, id, NULL, NULL, 0), -1);
+    /* compact, logical and physical */
+    put_kv(st, "x", "1"); /* 5 */
+    put_kv(st, "x", "2"); /* 6 */
+    done_init(&w, st);
+    ck_assert_int_eq(cairn_store_compact_async(st, &h, 5, 0, on_done, &w), 0);
+    ck_assert_int_eq(h.revision, 6);
+    ck_assert_int_eq(done_wait_for(&w), 0);
+    ck_assert_int_eq(cairn_store_compacted_rev(st), 5);
+    done_init(&w, st);
+    ck_assert_int_eq(cairn_store_compact_async(st, &h, 5, 0, on_done, &w), CAIRN_ECOMPACTED);
+    ck_assert_int_eq(cairn_store_compact_async(st, &h, 6, 1, on_done, &w), 0);
+    ck_assert_int_eq(done_wait_for(&w), 0);
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"x";
+    q.key_len = 1;
+    q.revision = 5;
+    cairn_range_resp r;
+    ck_assert_int_eq(cairn_store_range(st, &r, &q), CAIRN_ECOMPACTED);
+    /* all of it durable */
+    cairn_store_close(st);
+    st = open_lease_store(dir, la, &actor_a);
+    ck_assert_int_eq(cairn_store_compacted_rev(st), 6);
+    ck_assert_int_eq(cur_rev(st), 6);
+    ck_assert_int_eq(ttl_of(st, id, NULL, NULL, 0), -1);
+    /* a physical compaction still running when the store closes is waited
+     * for: its completion runs before close returns */
+    put_kv(st, "x", "3");
+    done_init(&w, st);
+    ck_assert_int_eq(cairn_store_compact_async(st, &h, 7, 1, on_done, &w), 0);
+    cairn_store_close(st);
+    ck_assert_int_eq(w.done, 1);
+    ck_assert_int_eq(w.rc, 0);
+    st = open_lease_store(dir, la, &actor_a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_lease");
@@ -961,6 +1088,7 @@ int main(void)
     tcase_add_test(tc, many_keys_one_revision);
     tcase_add_test(tc, peer_lease_records);
     tcase_add_test(tc, concurrent_keepalives);
+    tcase_add_test(tc, async_grant_revoke_compact);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -8,8 +8,13 @@
  *   loses to the current winner) takes no revision (documented choice);
  * - both converge to the same visible value;
  * - merged changes are durable (they survive a reopen with their revisions)
- *   and a duplicate is harmless.
+ *   and a duplicate is harmless;
+ * - a burst (cairn_store_receive_changes) is one group commit, leaves the
+ *   state one-by-one receives leave, and reports the heads once durable; a
+ *   rejected change in it applies nothing and the others still apply.
  */
+
+#include <pthread.h>
 
 #include "../store/store_test.h"
 
@@ -21,8 +26,9 @@ static cairn_store *open_peer(const char *dir, uint8_t actor_byte, captured *cap
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = a;
-    o.events_cb = capture;
-    o.events_arg = cap;
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
     return open_store_opts(dir, &o);
 }
 
@@ -213,6 +219,307 @@ START_TEST(hostile_values_from_peers)
 }
 END_TEST
 
+/* A peer's change by actor |ab| setting |key| in the object made by op
+ * counter |obj| of the genesis (1 = kvs; anything else names no object). */
+static cairn_change *peer_set(uint8_t ab, uint64_t seq, const cairn_hash *dep, uint64_t obj,
+                              const char *key, const char *val)
+{
+    cairn_actor ga;
+    cairn_change *g = genesis("etcd-cluster", &ga);
+    cairn_change_free(g);
+    cairn_actor actors[2];
+    memset(actors[0].b, ab, CAIRN_ACTOR_LEN);
+    actors[1] = ga;
+    uint8_t rec[64];
+    size_t vl = strlen(val);
+    rec[0] = 0; /* lease 0 */
+    memcpy(rec + 1, val, vl);
+    cairn_op op;
+    memset(&op, 0, sizeof op);
+    op.action = CAIRN_OP_SET;
+    op.obj.counter = obj;
+    op.obj.actor = 1;
+    op.key = (const uint8_t *)key;
+    op.key_len = (uint32_t)strlen(key);
+    op.value.type = CAIRN_V_BYTES;
+    op.value.v.bytes.ptr = rec;
+    op.value.v.bytes.len = vl + 1;
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    t.actor = actors[0];
+    t.seq = seq;
+    t.start_op = 1000 + seq;
+    t.time_ms = 5;
+    t.ndeps = 1;
+    t.deps = (cairn_hash *)dep;
+    t.nactors = 2;
+    t.actors = actors;
+    t.nops = 1;
+    t.ops = &op;
+    cairn_change *c;
+    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
+    return c;
+}
+
+typedef struct heads_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc;
+    cairn_hash heads[8];
+    size_t nheads;
+    int64_t visible; /* the store's visible revision when it ran */
+    cairn_store *s;
+} heads_wait;
+
+static void on_heads(void *arg, int rc, const cairn_hash *h, size_t n)
+{
+    heads_wait *w = arg;
+    cairn_header hd;
+    cairn_store_header(w->s, &hd);
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->nheads = n < 8 ? n : 8;
+    if (n)
+        memcpy(w->heads, h, w->nheads * sizeof *h);
+    w->visible = hd.revision;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Receives a burst and waits for its completion. */
+static void burst(cairn_store *s, cairn_change **chs, size_t n, int *verdicts, heads_wait *w)
+{
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->s = s;
+    ck_assert_int_eq(cairn_store_receive_changes(s, chs, n, verdicts, on_heads, w), 0);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+}
+
+static cairn_change **decode_all(const captured *c, int from, int n)
+{
+    cairn_change **v = calloc((size_t)n, sizeof *v);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(cairn_change_decode(&v[i], c->bytes[from + i], c->len[from + i], NULL), 0);
+    return v;
+}
+
+/* Every key of |a| and |b| with its revisions and value: equal state. */
+static void same_state(cairn_store *a, cairn_store *b)
+{
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"\0";
+    q.key_len = 1;
+    q.range_end = (const uint8_t *)"\0";
+    q.range_end_len = 1;
+    cairn_range_resp ra, rb;
+    ck_assert_int_eq(cairn_store_range(a, &ra, &q), 0);
+    ck_assert_int_eq(cairn_store_range(b, &rb, &q), 0);
+    ck_assert_int_eq(ra.header.revision, rb.header.revision);
+    ck_assert_int_eq(ra.nkvs, rb.nkvs);
+    for (size_t i = 0; i < ra.nkvs; i++) {
+        const cairn_kv *x = &ra.kvs[i], *y = &rb.kvs[i];
+        ck_assert_int_eq(x->key_len, y->key_len);
+        ck_assert_mem_eq(x->key, y->key, x->key_len);
+        ck_assert_int_eq(x->value_len, y->value_len);
+        ck_assert_mem_eq(x->value, y->value, x->value_len);
+        ck_assert_int_eq(x->create_revision, y->create_revision);
+        ck_assert_int_eq(x->mod_revision, y->mod_revision);
+        ck_assert_int_eq(x->version, y->version);
+    }
+    cairn_range_resp_destroy(&ra);
+    cairn_range_resp_destroy(&rb);
+}
+
+START_TEST(burst_is_one_group_commit)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir(), *dc = make_tmpdir();
+    captured ca = {0}, cb = {0}, cc = {0};
+    cairn_store *a = open_peer(da, 0x11, &ca);
+    cairn_store *b = open_peer(db, 0x22, &cb);
+    cairn_store *c = open_peer(dc, 0x33, &cc);
+    enum { N = 12 };
+    char k[16], v[16];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "k%02d", i % 5); /* overwrites: versions move */
+        snprintf(v, sizeof v, "v%d", i);
+        put_kv(a, k, v);
+    }
+    ck_assert_int_eq(ca.n, N);
+    /* c: one by one (N syncs); b: one burst, given in reverse order so all
+     * but the last are buffered first */
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(cairn_store_receive(c, ca.bytes[i], ca.len[i]), 0);
+    cairn_change **chs = decode_all(&ca, 0, N), *rev_chs[N];
+    for (int i = 0; i < N; i++)
+        rev_chs[i] = chs[N - 1 - i];
+    free(chs);
+    cairn_store_stats st0, st1;
+    cairn_store_get_stats(b, &st0);
+    int verdicts[N];
+    heads_wait w;
+    burst(b, rev_chs, N, verdicts, &w);
+    cairn_store_get_stats(b, &st1);
+    ck_assert_int_eq(w.rc, 0);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(verdicts[i], 0);
+    ck_assert_uint_eq(st1.syncs - st0.syncs, 1);
+    ck_assert_uint_eq(st1.changes - st0.changes, N);
+    /* durable and visible when the completion runs */
+    ck_assert_int_eq(w.visible, 1 + N);
+    /* the heads it reports are a's, the change a made last */
+    ck_assert_int_eq(w.nheads, 1);
+    ck_assert_mem_eq(w.heads[0].b, ca.hash[N - 1].b, CAIRN_HASH_LEN);
+    same_state(b, c);
+    same_state(a, b);
+    /* events as for local writes: one per change, in apply order */
+    ck_assert_int_eq(cb.n, N);
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(cb.rev[i], 2 + i);
+        ck_assert_int_eq(cc.rev[i], 2 + i);
+        ck_assert_mem_eq(cb.hash[i].b, cc.hash[i].b, CAIRN_HASH_LEN);
+    }
+    /* durable with its revisions */
+    cairn_store_close(b);
+    captured_free(&cb);
+    b = open_peer(db, 0x22, &cb);
+    same_state(b, c);
+    /* an empty burst completes with the current heads */
+    burst(b, NULL, 0, NULL, &w);
+    ck_assert_int_eq(w.rc, 0);
+    ck_assert_int_eq(w.nheads, 1);
+    ck_assert_mem_eq(w.heads[0].b, ca.hash[N - 1].b, CAIRN_HASH_LEN);
+    captured_free(&ca);
+    captured_free(&cb);
+    captured_free(&cc);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    cairn_store_close(c);
+    rm_rf(da);
+    rm_rf(db);
+    rm_rf(dc);
+    free(da);
+    free(db);
+    free(dc);
+}
+END_TEST
+
+START_TEST(burst_with_a_bad_change)
+{
+    char *d = make_tmpdir();
+    captured cap = {0};
+    cairn_store *s = open_peer(d, 0x11, &cap);
+    cairn_actor ga;
+    cairn_change *g = genesis("etcd-cluster", &ga);
+    /* c1 good; bad names no object (seq 2 of c1's actor); c3 another
+     * actor's good change; c4 depends on bad */
+    cairn_change *c1 = peer_set(0x99, 1, &g->hash, 1, "k1", "one");
+    cairn_change *bad = peer_set(0x99, 2, &c1->hash, 77, "kb", "bad");
+    cairn_change *c3 = peer_set(0x98, 1, &g->hash, 1, "k3", "three");
+    cairn_change *c4 = peer_set(0x99, 3, &bad->hash, 1, "k4", "four");
+    cairn_hash h1 = c1->hash, h3 = c3->hash;
+    cairn_change_free(g);
+    cairn_change *chs[4] = {c1, bad, c3, c4};
+    int verdicts[4] = {1, 1, 1, 1};
+    cairn_store_stats st0, st1;
+    cairn_store_get_stats(s, &st0);
+    heads_wait w;
+    burst(s, chs, 4, verdicts, &w);
+    cairn_store_get_stats(s, &st1);
+    ck_assert_int_eq(w.rc, 0);
+    ck_assert_int_eq(verdicts[0], 0);
+    ck_assert_int_lt(verdicts[1], 0); /* rejected */
+    ck_assert_int_eq(verdicts[2], 0);
+    ck_assert_int_eq(verdicts[3], 0); /* buffered: its dependency never came */
+    ck_assert_uint_eq(st1.syncs - st0.syncs, 1);
+    ck_assert_uint_eq(st1.changes - st0.changes, 2);
+    /* the good ones applied in the order given, nothing of the bad one */
+    expect(s, "k1", "one", 2, 2, 1);
+    expect(s, "k3", "three", 3, 3, 1);
+    ck_assert_int_eq(cur_rev(s), 3);
+    cairn_range_req q = {0};
+    q.key = (const uint8_t *)"k4";
+    q.key_len = 2;
+    cairn_range_resp r;
+    ck_assert_int_eq(cairn_store_range(s, &r, &q), 0);
+    ck_assert_int_eq(r.nkvs, 0);
+    cairn_range_resp_destroy(&r);
+    ck_assert_int_eq(cap.n, 2);
+    /* the heads: the two good changes, sorted */
+    ck_assert_int_eq(w.nheads, 2);
+    int lo = memcmp(h1.b, h3.b, CAIRN_HASH_LEN) < 0;
+    ck_assert_mem_eq(w.heads[0].b, (lo ? h1 : h3).b, CAIRN_HASH_LEN);
+    ck_assert_mem_eq(w.heads[1].b, (lo ? h3 : h1).b, CAIRN_HASH_LEN);
+    /* and so after a replay */
+    cairn_store_close(s);
+    captured_free(&cap);
+    s = open_peer(d, 0x11, &cap);
+    ck_assert_int_eq(cur_rev(s), 3);
+    expect(s, "k3", "three", 3, 3, 1);
+    captured_free(&cap);
+    cairn_store_close(s);
+    rm_rf(d);
+    free(d);
+}
+END_TEST
+
+/* The watch hub and the peer broadcaster both subscribe: each gets every
+ * durable change, local and merged, in apply order; one that unsubscribes
+ * hears no more. */
+START_TEST(every_subscriber_gets_every_change)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    captured ca = {0}, hub = {0}, bc = {0}, late = {0};
+    cairn_store *a = open_peer(da, 0x11, &ca);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    cairn_actor act;
+    memset(act.b, 0x22, CAIRN_ACTOR_LEN);
+    o.actor = &act;
+    cairn_store_subscriber subs[2] = {{capture, &hub}, {capture, &bc}};
+    o.subscribers = subs;
+    o.nsubscribers = 2;
+    cairn_store *b = open_store_opts(db, &o);
+    put_kv(a, "x", "1");
+    put_kv(b, "y", "2");
+    ck_assert_int_eq(cairn_store_receive(b, ca.bytes[0], ca.len[0]), 0);
+    ck_assert_int_eq(cairn_store_subscribe(b, capture, &late), 0);
+    put_kv(b, "z", "3");
+    ck_assert_int_eq(cairn_store_unsubscribe(b, capture, &bc), 0);
+    ck_assert_int_eq(cairn_store_unsubscribe(b, capture, &bc), CAIRN_ENOTFOUND);
+    put_kv(b, "w", "4");
+    ck_assert_int_eq(hub.n, 4);
+    ck_assert_int_eq(bc.n, 3);
+    ck_assert_int_eq(late.n, 2);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(hub.rev[i], 2 + i);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(bc.rev[i], hub.rev[i]);
+        ck_assert_mem_eq(bc.hash[i].b, hub.hash[i].b, CAIRN_HASH_LEN);
+    }
+    ck_assert_mem_eq(hub.hash[1].b, ca.hash[0].b, CAIRN_HASH_LEN); /* the merged one */
+    ck_assert_int_eq(late.rev[0], 4);
+    ck_assert_int_eq(late.rev[1], 5);
+    captured_free(&ca);
+    captured_free(&hub);
+    captured_free(&bc);
+    captured_free(&late);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_merge");
@@ -220,6 +527,9 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, merge_through_the_observer);
     tcase_add_test(tc, hostile_values_from_peers);
+    tcase_add_test(tc, burst_is_one_group_commit);
+    tcase_add_test(tc, burst_with_a_bad_change);
+    tcase_add_test(tc, every_subscriber_gets_every_change);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
