@@ -2,15 +2,16 @@
 #define CAIRN_WIRE_H
 
 /*
- * Internal to crdt/: the byte reader and writer of the checkpoint format
- * (dag.c writes and reads its section, doc_ckpt.c the rest). Varints are
- * LEB128, canonical: at most 10 bytes, no overlong form. A reader never
- * passes |end|; a writer that runs out of memory remembers it and ignores
- * every later write, so callers check once at the end.
+ * crdt/'s byte reader and writer of the checkpoint format (dag.c writes
+ * and reads its section, doc_ckpt.c the rest). Varints are LEB128,
+ * canonical: at most 10 bytes, no overlong form. A reader never passes
+ * |end|; a writer that runs out of memory remembers it and ignores every
+ * later write, so callers check once at the end.
  *
  * It is also the one varint codec of the layers above (header-only, so no
- * layer links another's internals): server/ packs and scans protobuf with
- * wire_put_uv, wire_uv_len and wire_uv_pb.
+ * layer links another's internals): store/ reads and writes its records
+ * with it, server/ packs and scans protobuf with wire_put_uv, wire_uv_len
+ * and wire_uv_pb.
  */
 
 #include <stddef.h>
