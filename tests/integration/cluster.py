@@ -45,6 +45,7 @@ from system_python import grpc  # noqa: E402
 import netproxy  # noqa: E402
 import procs  # noqa: E402
 from harness import load_messages  # noqa: E402
+import wire  # noqa: E402
 
 RPC_TIMEOUT = 5.0
 ALL_KEYS = (b"\x00", b"\x00")     # key, range_end: the whole key space
@@ -63,31 +64,8 @@ def capabilities(binary):
 
 
 def _parse_heads(data):
-    """The heads (field 1, repeated bytes) of a HeadsResponse, by hand."""
-    heads, i = [], 0
-
-    def uv():
-        nonlocal i
-        n = shift = 0
-        while True:
-            b = data[i]
-            i += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return n
-    while i < len(data):
-        tag = uv()
-        if tag & 7 == 2:
-            n = uv()
-            if tag >> 3 == 1:
-                heads.append(bytes(data[i:i + n]))
-            i += n
-        elif tag & 7 == 0:
-            uv()
-        else:
-            raise ValueError("unexpected wire type %d in HeadsResponse" % (tag & 7))
-    return sorted(heads)
+    """The heads (field 1, repeated bytes) of a HeadsResponse, sorted."""
+    return sorted(bytes(h) for h in wire.decode(data).get(1, []))
 
 
 class NodeDown(grpc.RpcError):
