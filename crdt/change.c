@@ -594,13 +594,7 @@ static void w_varint(struct wbuf *w, uint64_t v)
     w_reserve(w, 10);
     if (w->oom)
         return;
-    uint8_t *p = w->p + w->len;
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    w->len = (size_t)(p - w->p);
+    w->len = (size_t)(wire_put_uv(w->p + w->len, v) - w->p);
 }
 
 static void w_opid(struct wbuf *w, cairn_opid id)

@@ -425,7 +425,7 @@ static int reaches(const cairn_dag *d, const cairn_change *c, uint64_t target)
         const uint8_t *p, *end;
         deps_range(d, x, &p, &end);
         while (p < end) {
-            uint64_t dep = x - get_uv(&p);
+            uint64_t dep = x - wire_uv_trusted(&p);
             if (dep < target || BIT(seen, dep - target))
                 continue;
             if (dep == target) {

@@ -280,7 +280,7 @@ int cairn_dag_check_(const cairn_dag *d)
         const uint8_t *p, *end;
         deps_range(d, i, &p, &end);
         while (p < end) {
-            uint64_t delta = get_uv(&p);
+            uint64_t delta = wire_uv_trusted(&p);
             if (delta == 0 || delta > i)
                 goto out;
             SETBIT(isdep, i - delta);

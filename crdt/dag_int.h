@@ -16,6 +16,7 @@
 #include "crdt/dag.h"
 #include "crdt/error.h"
 #include "crdt/htab.h"
+#include "crdt/wire.h"
 
 /* Beyond CAIRN_DAG_MAX_PENDING changes, pending changes are also bounded by
  * their dependency edges and their bytes, so a hostile peer cannot make the
@@ -119,21 +120,6 @@ static inline int reserve(void **p, size_t *cap, size_t need, size_t size)
     *p = np;
     *cap = nc;
     return 0;
-}
-
-/* Reads a varint this file wrote (trusted: no bounds beyond the writer's). */
-static inline uint64_t get_uv(const uint8_t **pp)
-{
-    const uint8_t *p = *pp;
-    uint64_t v = 0;
-    int s = 0;
-    while (*p & 0x80) {
-        v |= (uint64_t)(*p++ & 0x7F) << s;
-        s += 7;
-    }
-    v |= (uint64_t)*p++ << s;
-    *pp = p;
-    return v;
 }
 
 /* SipHash-2-4 with a per-DAG random key over all of the key's bytes (a peer

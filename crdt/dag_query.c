@@ -36,7 +36,7 @@ size_t cairn_dag_deps_at(uint64_t *out, size_t cap, const cairn_dag *d, uint64_t
     deps_range(d, index, &p, &end);
     size_t n = 0;
     while (p < end) {
-        uint64_t dep = index - get_uv(&p);
+        uint64_t dep = index - wire_uv_trusted(&p);
         if (n < cap)
             out[n] = dep;
         n++;
@@ -187,7 +187,7 @@ static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *
         const uint8_t *p, *end;
         deps_range(d, x, &p, &end);
         while (p < end) {
-            uint64_t dep = x - get_uv(&p);
+            uint64_t dep = x - wire_uv_trusted(&p);
             if (dep < floor || SEEN(dep))
                 continue;
             SET(dep);
@@ -347,7 +347,7 @@ int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const
         const uint8_t *p, *end;
         deps_range(d, i, &p, &end);
         while (p < end) {
-            uint64_t y = i - get_uv(&p);
+            uint64_t y = i - wire_uv_trusted(&p);
             if (!BIT(seen, y)) {
                 SETBIT(seen, y);
                 if (t)

@@ -76,6 +76,7 @@
 
 #include "crdt/dag.h"
 #include "crdt/error.h"
+#include "crdt/wire.h"
 
 #define STATE_VERSION 0x01
 
@@ -202,65 +203,12 @@ static int sent_mark(cairn_sync_state *s, uint64_t i)
     return 0;
 }
 
-/* ---- byte output -------------------------------------------------------- */
+/* ---- bytes in and out: crdt/wire.h ------------------------------------- */
 
-struct out {
-    uint8_t *p;
-    size_t len, cap;
-    int err;
-};
-
-static void put(struct out *o, const void *src, size_t n)
+static void put_hashes(wire_wr *o, const cairn_hash *h, size_t n)
 {
-    if (o->err || n == 0)
-        return;
-    if (o->len + n > o->cap) {
-        size_t nc = o->cap ? o->cap : 256;
-        while (nc < o->len + n)
-            nc *= 2;
-        uint8_t *np = realloc(o->p, nc);
-        if (!np) {
-            o->err = CAIRN_ENOMEM;
-            return;
-        }
-        o->p = np;
-        o->cap = nc;
-    }
-    memcpy(o->p + o->len, src, n);
-    o->len += n;
-}
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static void put_varint(struct out *o, uint64_t v)
-{
-    uint8_t b[10];
-    size_t n = 0;
-    while (v >= 0x80) {
-        b[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    b[n++] = (uint8_t)v;
-    put(o, b, n);
-}
-
-static void put_u8(struct out *o, uint8_t v)
-{
-    put(o, &v, 1);
-}
-
-static void put_hashes(struct out *o, const cairn_hash *h, size_t n)
-{
-    put_varint(o, n);
-    put(o, h, n * sizeof *h);
+    wire_uv_w(o, n);
+    wire_bytes_w(o, h, n * sizeof *h);
 }
 
 static int strictly_sorted(const cairn_hash *h, size_t n)
@@ -271,44 +219,17 @@ static int strictly_sorted(const cairn_hash *h, size_t n)
     return 1;
 }
 
-/* ---- byte input --------------------------------------------------------- */
-
-struct in {
-    const uint8_t *p;
-    size_t left;
-};
-
-static int get_varint(struct in *r, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (unsigned i = 0;; i++) {
-        if (!r->left)
-            return CAIRN_ETRUNCATED;
-        uint8_t b = *r->p++;
-        r->left--;
-        if (i == 9 && b > 1)
-            return CAIRN_ENONCANON; /* beyond 64 bits */
-        x |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            if (i > 0 && b == 0)
-                return CAIRN_ENONCANON; /* not minimal */
-            *v = x;
-            return 0;
-        }
-    }
-}
-
 /* A list of hashes: count <= |max| (ELIMIT), bytes present (ETRUNCATED),
  * strictly ascending (EUNSORTED). *h points into the input. */
-static int get_hashes(struct in *r, const uint8_t **h, size_t *n, uint64_t max)
+static int get_hashes(wire_rd *r, const uint8_t **h, size_t *n, uint64_t max)
 {
     uint64_t c;
-    int rc = get_varint(r, &c);
+    int rc = wire_uv(r, &c);
     if (rc)
         return rc;
     if (c > max)
         return CAIRN_ELIMIT;
-    if (c > r->left / CAIRN_HASH_LEN)
+    if (c > wire_left(r) / CAIRN_HASH_LEN)
         return CAIRN_ETRUNCATED;
     *h = r->p;
     *n = (size_t)c;
@@ -316,7 +237,6 @@ static int get_hashes(struct in *r, const uint8_t **h, size_t *n, uint64_t max)
         if (memcmp(r->p + (i - 1) * CAIRN_HASH_LEN, r->p + i * CAIRN_HASH_LEN, CAIRN_HASH_LEN) >= 0)
             return CAIRN_EUNSORTED;
     r->p += c * CAIRN_HASH_LEN;
-    r->left -= c * CAIRN_HASH_LEN;
     return 0;
 }
 
@@ -324,24 +244,24 @@ static int get_hashes(struct in *r, const uint8_t **h, size_t *n, uint64_t max)
 
 static int encode_msg(uint8_t **out, size_t *len, const cairn_sync_msg *m)
 {
-    struct out o = {0};
-    put_u8(&o, CAIRN_SYNC_VERSION);
-    put_u8(&o, (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0) | (m->hello ? 4 : 0)));
+    wire_wr o = {0};
+    wire_u8_w(&o, CAIRN_SYNC_VERSION);
+    wire_u8_w(&o, (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0) | (m->hello ? 4 : 0)));
     put_hashes(&o, m->heads, m->nheads);
     put_hashes(&o, m->need, m->nneed);
     if (m->has_sample)
         put_hashes(&o, m->sample, m->nsample);
     if (m->has_filter) {
         put_hashes(&o, m->since, m->nsince);
-        put_u8(&o, (uint8_t)m->filter.probes);
-        put(&o, m->filter.salt, CAIRN_BLOOM_SALT_LEN);
-        put_varint(&o, m->filter.nbytes);
-        put(&o, m->filter.bits, m->filter.nbytes);
+        wire_u8_w(&o, (uint8_t)m->filter.probes);
+        wire_bytes_w(&o, m->filter.salt, CAIRN_BLOOM_SALT_LEN);
+        wire_uv_w(&o, m->filter.nbytes);
+        wire_bytes_w(&o, m->filter.bits, m->filter.nbytes);
     }
-    put_varint(&o, m->nchanges);
+    wire_uv_w(&o, m->nchanges);
     for (size_t i = 0; i < m->nchanges; i++) {
-        put_varint(&o, m->changes[i]->len);
-        put(&o, m->changes[i]->bytes, m->changes[i]->len);
+        wire_uv_w(&o, m->changes[i]->len);
+        wire_bytes_w(&o, m->changes[i]->bytes, m->changes[i]->len);
     }
     if (o.err) {
         free(o.p);
@@ -385,8 +305,8 @@ static int parse(struct view *v, const uint8_t *buf, size_t len, const cairn_syn
     memset(v, 0, sizeof *v);
     if (len > l->max_msg_bytes)
         return CAIRN_ELIMIT;
-    struct in r = {buf, len};
-    if (r.left < 2)
+    wire_rd r = wire_rd_of(buf, len);
+    if (wire_left(&r) < 2)
         return CAIRN_ETRUNCATED;
     if (buf[0] != CAIRN_SYNC_VERSION)
         return CAIRN_EBADVERSION;
@@ -396,7 +316,6 @@ static int parse(struct view *v, const uint8_t *buf, size_t len, const cairn_syn
     v->has_filter = buf[1] & 1;
     v->has_sample = (buf[1] >> 1) & 1;
     r.p += 2;
-    r.left -= 2;
     int rc;
     if ((rc = get_hashes(&r, &v->heads, &v->nheads, l->max_heads)) ||
         (rc = get_hashes(&r, &v->need, &v->nneed, l->max_need)))
@@ -406,50 +325,47 @@ static int parse(struct view *v, const uint8_t *buf, size_t len, const cairn_syn
     if (v->has_filter) {
         if ((rc = get_hashes(&r, &v->since, &v->nsince, l->max_heads)))
             return rc;
-        if (r.left < 1 + CAIRN_BLOOM_SALT_LEN)
+        if (wire_left(&r) < 1 + CAIRN_BLOOM_SALT_LEN)
             return CAIRN_ETRUNCATED;
         v->probes = r.p[0];
         if (v->probes == 0 || v->probes > CAIRN_BLOOM_MAX_PROBES)
             return CAIRN_ENONCANON;
         v->salt = r.p + 1;
         r.p += 1 + CAIRN_BLOOM_SALT_LEN;
-        r.left -= 1 + CAIRN_BLOOM_SALT_LEN;
         uint64_t nb;
-        if ((rc = get_varint(&r, &nb)))
+        if ((rc = wire_uv(&r, &nb)))
             return rc;
         if (nb > l->max_filter_bytes)
             return CAIRN_ELIMIT;
-        if (nb > r.left)
+        if (nb > wire_left(&r))
             return CAIRN_ETRUNCATED;
         v->bits = r.p;
         v->nbytes = (size_t)nb;
         r.p += nb;
-        r.left -= nb;
     }
     uint64_t nc;
-    if ((rc = get_varint(&r, &nc)))
+    if ((rc = wire_uv(&r, &nc)))
         return rc;
     if (nc > l->max_changes)
         return CAIRN_ELIMIT;
-    if (nc > r.left / 2) /* each change takes at least 2 bytes */
+    if (nc > wire_left(&r) / 2) /* each change takes at least 2 bytes */
         return CAIRN_ETRUNCATED;
     v->changes = r.p;
     v->nchanges = (size_t)nc;
     for (uint64_t i = 0; i < nc; i++) {
         uint64_t cl;
-        if ((rc = get_varint(&r, &cl)))
+        if ((rc = wire_uv(&r, &cl)))
             return rc;
         if (cl == 0)
             return CAIRN_ENONCANON;
         if (cl > CAIRN_CHANGE_MAX_BYTES)
             return CAIRN_ELIMIT;
-        if (cl > r.left)
+        if (cl > wire_left(&r))
             return CAIRN_ETRUNCATED;
         r.p += cl;
-        r.left -= cl;
     }
     v->changes_len = (size_t)(r.p - v->changes);
-    if (r.left)
+    if (wire_left(&r))
         return CAIRN_ENONCANON; /* trailing bytes */
     return 0;
 }
@@ -525,16 +441,15 @@ static int build(cairn_sync_msg *m, const struct view *v)
             rc = CAIRN_ENOMEM;
             goto fail;
         }
-        struct in r = {v->changes, v->changes_len};
+        wire_rd r = wire_rd_of(v->changes, v->changes_len);
         for (size_t i = 0; i < v->nchanges; i++) {
-            uint64_t cl;
-            get_varint(&r, &cl); /* validated by parse() */
+            uint64_t cl = 0;
+            wire_uv(&r, &cl); /* validated by parse() */
             rc = cairn_change_decode(&m->changes[i], r.p, (size_t)cl, NULL);
             m->nchanges = i + 1;
             if (rc)
                 goto fail;
             r.p += cl;
-            r.left -= cl;
         }
     }
     return 0;
@@ -601,8 +516,8 @@ int cairn_sync_state_save(uint8_t **out, size_t *len, const cairn_sync_state *s)
 {
     *out = NULL;
     *len = 0;
-    struct out o = {0};
-    put_u8(&o, STATE_VERSION);
+    wire_wr o = {0};
+    wire_u8_w(&o, STATE_VERSION);
     put_hashes(&o, s->shared, s->nshared);
     if (o.err) {
         free(o.p);
@@ -621,19 +536,18 @@ int cairn_sync_state_load(cairn_sync_state **out, const uint8_t *buf, size_t len
     int rc = cairn_sync_state_new(&s, limits);
     if (rc)
         return rc;
-    struct in r = {buf, len};
+    wire_rd r = wire_rd_of(buf, len);
     const uint8_t *h;
     size_t n;
-    if (r.left < 1)
+    if (wire_left(&r) < 1)
         rc = CAIRN_ETRUNCATED;
     else if (buf[0] != STATE_VERSION)
         rc = CAIRN_EBADVERSION;
     if (!rc) {
         r.p++;
-        r.left--;
         rc = get_hashes(&r, &h, &n, s->lim.max_heads);
     }
-    if (!rc && r.left)
+    if (!rc && wire_left(&r))
         rc = CAIRN_ENONCANON;
     if (!rc && (rc = copy_hashes(&s->shared, h, n)) == 0)
         s->nshared = n;
@@ -833,7 +747,7 @@ done:
 
 static size_t hashes_wire(size_t n)
 {
-    return varint_len(n) + n * CAIRN_HASH_LEN;
+    return wire_uv_len(n) + n * CAIRN_HASH_LEN;
 }
 
 static void shells_free(cairn_change *sh, size_t n)
@@ -863,7 +777,7 @@ static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
     for (; i < m; i++) {
         if ((rc = cairn_dag_load_bytes(&sh[i].bytes, &sh[i].len, d, idx[i])))
             break;
-        size_t sz = varint_len(sh[i].len) + sh[i].len;
+        size_t sz = wire_uv_len(sh[i].len) + sh[i].len;
         if ((i > 0 && total + sz > l->target_msg_bytes) || total + sz > l->max_msg_bytes) {
             if (i == 0)
                 rc = CAIRN_ELIMIT;
@@ -1052,7 +966,7 @@ int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc
             break;
         /* The caller's change is the ordered one (same hash): send its bytes. */
         const cairn_change *c = changes[i];
-        size_t sz = varint_len(c->len) + c->len;
+        size_t sz = wire_uv_len(c->len) + c->len;
         if ((k > 0 && used + sz > s->lim.target_msg_bytes) || used + sz > s->lim.max_msg_bytes)
             break;
         used += sz;

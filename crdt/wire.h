@@ -2,15 +2,15 @@
 #define CAIRN_WIRE_H
 
 /*
- * Internal to crdt/: the byte reader and writer of the checkpoint format
- * (dag.c writes and reads its section, doc_ckpt.c the rest). Varints are
- * LEB128, canonical: at most 10 bytes, no overlong form. A reader never
+ * The varint codec and the byte reader and writer of cairn: crdt/ reads and
+ * writes changes' varints, checkpoints and sync messages with it, and the
+ * layers above use it too (header-only, so no layer links another's
+ * internals): server/ packs and scans protobuf with wire_put_uv, wire_uv_len
+ * and wire_uv_pb. Varints are unsigned LEB128, canonical: at most 10
+ * bytes, value < 2^64, no overlong form (a trailing 0x00 group is
+ * CAIRN_ENONCANON); wire_uv_pb is protobuf's laxer reading. A reader never
  * passes |end|; a writer that runs out of memory remembers it and ignores
  * every later write, so callers check once at the end.
- *
- * It is also the one varint codec of the layers above (header-only, so no
- * layer links another's internals): server/ packs and scans protobuf with
- * wire_put_uv, wire_uv_len and wire_uv_pb.
  */
 
 #include <stddef.h>
@@ -27,6 +27,13 @@
 typedef struct wire_rd {
     const uint8_t *p, *end;
 } wire_rd;
+
+/* A reader over |n| bytes at |p| (|p| may be NULL when |n| is 0). */
+static inline wire_rd wire_rd_of(const uint8_t *p, size_t n)
+{
+    wire_rd r = {p, p ? p + n : p};
+    return r;
+}
 
 static inline size_t wire_left(const wire_rd *r)
 {
@@ -50,6 +57,22 @@ static inline int wire_uv(wire_rd *r, uint64_t *out)
             return 0;
         }
     }
+}
+
+/* A varint this process wrote itself (in memory, never from outside): no
+ * bounds, no canonical check. */
+static inline uint64_t wire_uv_trusted(const uint8_t **pp)
+{
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int s = 0;
+    while (*p & 0x80) {
+        v |= (uint64_t)(*p++ & 0x7F) << s;
+        s += 7;
+    }
+    v |= (uint64_t)*p++ << s;
+    *pp = p;
+    return v;
 }
 
 /* Protobuf's varint as protobuf-c and grpc-go read it, for messages from

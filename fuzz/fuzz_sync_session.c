@@ -4,7 +4,9 @@
  * tiny messages; history samples even for short histories); every following byte is an operation:
  * local edits on either side (keys from the input, so writes conflict), optimistic pushes,
  * generating a message into the network, delivering any in-flight message
- * (reordering), dropping or duplicating one, a timer reset, a restart that
+ * (reordering) — applying what it carried at once, or holding it back like
+ * a store whose commit is still in flight (applied before that node's next
+ * delivery, while the session goes on talking) —, dropping or duplicating one, a timer reset, a restart that
  * loses the sync state or reloads its saved form. Then the network becomes reliable: after one
  * reset on each side, ping-pong must go quiet within a bound and both replicas must hold the same
  * heads and the same state. Honest messages are never rejected.
@@ -47,6 +49,9 @@ struct sim {
     cairn_sync_limits lim;
     uint64_t clock;
     uint8_t salt_ctr;
+    /* Received but not applied yet (the session must not claim them). */
+    cairn_change **held[2];
+    size_t nheld[2], capheld[2];
 };
 
 static void wire_put(struct wire *w, uint8_t *m, size_t len)
@@ -139,14 +144,46 @@ static void generate(struct sim *s, int node, int *sent)
         wire_put(&s->w[1 - node], m, len);
 }
 
-static void deliver(struct sim *s, int node, size_t i)
+/* Applies what |node| held back, then tells its session. */
+static void apply_held(struct sim *s, int node)
+{
+    for (size_t i = 0; i < s->nheld[node]; i++)
+        if (cairn_doc_receive(s->doc[node], s->held[node][i], NULL))
+            abort(); /* an honest peer's change was refused */
+    s->nheld[node] = 0;
+    if (cairn_sync_applied(s->st[node], s->doc[node]))
+        abort();
+}
+
+static void deliver(struct sim *s, int node, size_t i, int hold)
 {
     uint8_t *m;
     size_t len;
     wire_take(&s->w[node], i, &m, &len);
-    if (sync_apply(s->doc[node], s->st[node], m, len, NULL))
-        abort(); /* an honest peer's message was refused */
+    if (!hold) {
+        apply_held(s, node);
+        if (sync_apply(s->doc[node], s->st[node], m, len, NULL))
+            abort(); /* an honest peer's message was refused */
+        free(m);
+        return;
+    }
+    cairn_change **c;
+    size_t n;
+    if (cairn_sync_receive(&c, &n, s->st[node], s->doc[node], m, len))
+        abort();
     free(m);
+    if (s->nheld[node] + n > s->capheld[node]) {
+        size_t cap = 2 * (s->nheld[node] + n);
+        cairn_change **p = realloc(s->held[node], cap * sizeof *p);
+        if (!p)
+            abort();
+        s->held[node] = p;
+        s->capheld[node] = cap;
+    }
+    if (n)
+        memcpy(s->held[node] + s->nheld[node], c, n * sizeof *c);
+    s->nheld[node] += n;
+    free(c);
 }
 
 static int same_heads(const cairn_doc *a, const cairn_doc *b)
@@ -199,10 +236,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             generate(&s, node, NULL);
             break;
         case 4:
-        case 5:
+        case 5: /* 5: hold back what it carried */
             pos++;
             if (s.w[node].n)
-                deliver(&s, node, arg % s.w[node].n);
+                deliver(&s, node, arg % s.w[node].n, op % 10 == 5);
             break;
         case 6: /* drop */
             pos++;
@@ -254,6 +291,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             wire_take(&s.w[i], 0, &m, &len);
             free(m);
         }
+        apply_held(&s, i);
         cairn_sync_reset(s.st[i]);
     }
     uint64_t total =
@@ -263,10 +301,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int a = 0, b = 0;
         generate(&s, 0, &a);
         if (a)
-            deliver(&s, 1, 0);
+            deliver(&s, 1, 0, 0);
         generate(&s, 1, &b);
         if (b)
-            deliver(&s, 0, 0);
+            deliver(&s, 0, 0, 0);
         if (!a && !b)
             break;
     }
@@ -292,6 +330,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < 2; i++) {
         cairn_sync_state_free(s.st[i]);
         cairn_doc_free(s.doc[i]);
+        free(s.held[i]);
     }
     return 0;
 }

@@ -5,7 +5,7 @@
  * truth: the 'O' records stay the truth, and every doubt about the memo
  * (checksum, format, identity, the stored change N-1, compaction since)
  * sends the store back to a full replay. This file only encodes and decodes
- * bytes and writes them atomically; store.c decides when a memo applies.
+ * bytes and writes them atomically; recover.c decides when a memo applies.
  *
  * The store's part of the payload is the revision map (a handful of runs)
  * and the key index in key order: keys front-coded against the previous
@@ -17,8 +17,8 @@
  * and the revision map must be one the observer could have built. Trailing
  * bytes are an error. Allocation is bounded by a constant times the input.
  *
- * Leases are not in the file: store.c re-derives the lease table from the
- * loaded document and key index with the observer's own code (lease.c,
+ * Leases are not in the file: recover.c re-derives the lease table from the
+ * loaded document and key index with the observer's own code (lease_table.c,
  * cairn_store_lease_rebuild), so the two cannot disagree.
  *
  * Writing: temp file in the data dir, write, fsync, rename over the old

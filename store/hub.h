@@ -4,7 +4,7 @@
 /*
  * The watch hub: watchers keyed by range, fed by the store's events, each
  * served batches of events per revision (DESIGN: "Watches"). It knows no
- * gRPC and no protobuf: server/watch.c turns its batches into etcd's
+ * gRPC and no protobuf: server/etcd/watch.c turns its batches into etcd's
  * WatchResponse messages and runs the streams.
  *
  * MODEL. A hub stream (cairn_hub_stream) is a set of watchers delivered in
@@ -84,7 +84,7 @@ void cairn_hub_attach(cairn_hub *h, cairn_store *s);
  * freed. */
 void cairn_hub_free(cairn_hub *h);
 
-/* The store's events callback (cairn_store_events_cb); |arg| is the hub. */
+/* A store subscriber (cairn_store_events_cb); |arg| is the hub. */
 void cairn_hub_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
                          size_t change_len, const cairn_event *ev, size_t nev);
 

@@ -25,7 +25,8 @@
  * keys written so far (the document already holds their values). The change
  * takes one revision, predicted as current + 1 at the first write and
  * checked against what the observer assigns. An error part-way rolls the
- * document back, so nothing is applied.
+ * document back, so nothing is applied. The blocking Put, DeleteRange and
+ * Txn are the async calls plus a wait, at the end of this file.
  */
 
 #include <stdio.h>
@@ -1163,4 +1164,24 @@ int cairn_store_txn_async(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_
     if (rc)
         cairn_txn_resp_destroy(resp);
     return rc;
+}
+
+/* ---- blocking wrappers ------------------------------------------------------------- */
+
+int cairn_store_put(cairn_store *s, cairn_put_resp *resp, const cairn_put_req *req)
+{
+    SYNC_CALL(cairn_store_put_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_put_resp_destroy(resp));
+}
+
+int cairn_store_delete(cairn_store *s, cairn_delete_resp *resp, const cairn_delete_req *req)
+{
+    SYNC_CALL(cairn_store_delete_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_delete_resp_destroy(resp));
+}
+
+int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *req)
+{
+    SYNC_CALL(cairn_store_txn_async(s, resp, req, cairn_store_sync_done, &w_),
+              cairn_txn_resp_destroy(resp));
 }

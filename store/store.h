@@ -6,7 +6,8 @@
  * document. Every write becomes one change in the cairn_doc (begin / put /
  * delete / commit); the key index, revisions and history are derived from
  * the document's observer callbacks, on the same path that changes from
- * peers take (cairn_store_receive). No path writes a key without a change.
+ * peers take (cairn_store_receive_changes). No path writes a key without a
+ * change. store.c lists the files that implement it.
  *
  * Request and response types mirror etcd's v3 messages (RangeRequest,
  * PutRequest, DeleteRangeRequest, TxnRequest, Compare, RequestOp,
@@ -52,6 +53,8 @@
  * rewrote level 1 over and over: 15% of the server's CPU under put load).
  * About 125-130 bytes a key on disk for one-Put changes of 18-byte keys and
  * 32-byte values (store_bench load: the change body is ~100 of them).
+ * records.c writes and reads these records, recover.c replays them and
+ * moves those of older formats, history.c scans and compacts them.
  *
  *   key                               value
  *   'M' "format"                      u32 BE format version (3)

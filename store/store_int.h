@@ -119,7 +119,7 @@ uint64_t cairn_kindex_at(const kentry *e, int64_t rev, uint32_t *pos);
 /* Byte-wise key comparison as etcd orders keys. */
 int cairn_store_keycmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
 
-/* ---- leases (lease.c) -----------------------------------------------------
+/* ---- the lease table (lease_table.c) ---------------------------------------
  * The lease table: every lease id the document or the key index mentions.
  * Derived only from applied changes (the observer calls the hooks below), so
  * it is the same on every node that applied the same changes, and recovery
@@ -155,7 +155,24 @@ typedef struct lease_table {
     int64_t restart_extend_ms;
 } lease_table;
 
+/* The document's field names in leases[id]. */
+#define LEASE_TTL_KEY "ttl"
+#define LEASE_DEADLINE_KEY "deadline"
+
 int cairn_lease_table_init(lease_table *t, int64_t min_ttl, int64_t restart_extend_ms);
+/* The entry of lease |id| (live or not), or NULL. */
+lease_ent *cairn_lease_find(const lease_table *t, int64_t id);
+/* leases[id]'s key in the document: the id, 8 bytes BE. */
+static inline void cairn_lease_doc_key(uint8_t k[8], int64_t id)
+{
+    cairn_store_be64(k, (uint64_t)id);
+}
+/* A lease's effective deadline: max(deadline, local_deadline). */
+static inline int64_t cairn_lease_deadline(const lease_ent *l)
+{
+    int64_t local = atomic_load(&l->local_deadline);
+    return l->deadline > local ? l->deadline : local;
+}
 void cairn_lease_table_destroy(lease_table *t);
 /* Observer hooks (caller holds rw write). A patch on anything but kvs. */
 int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p);
@@ -168,7 +185,7 @@ int cairn_store_lease_settle(cairn_store *s);
  * same hooks and settle as the observer, so it is the table a full replay
  * leaves. The table must be empty. */
 int cairn_store_lease_rebuild(cairn_store *s, kentry *const *leased, size_t nleased);
-/* After recovery: etcd's restart rule (see lease.c). */
+/* After recovery: etcd's restart rule (lease.c says why). */
 void cairn_store_lease_restart(cairn_store *s, uint64_t now_ms);
 int cairn_store_lease_thread_start(cairn_store *s, uint32_t tick_ms);
 void cairn_store_lease_thread_stop(cairn_store *s);
@@ -375,7 +392,7 @@ struct cairn_store {
     pthread_t committer;
     int committer_started;
 
-    /* Leases (lease.c): the table is under rw; the expiry thread's own
+    /* Leases (lease_table.c, lease.c): the table is under rw; the expiry thread's own
      * state under lease_mu. */
     lease_table lt;
     pthread_mutex_t lease_mu;
@@ -388,21 +405,138 @@ struct cairn_store {
     atomic_uint snap_seq; /* names snapshot working dirs (snapshot.c) */
 };
 
+/* ---- small accessors ----------------------------------------------------- */
+
+/* One line of the store's log (options.log_cb, or stderr). util.c */
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static inline int cairn_store_failed_rc(cairn_store *s)
+{
+    return atomic_load(&s->failed);
+}
+
+static inline uint64_t cairn_store_now_ms(cairn_store *s)
+{
+    return s->clock_ms(s->clock_arg);
+}
+
+static inline void cairn_store_fill_header(const cairn_store *s, cairn_header *h, int64_t rev)
+{
+    h->cluster_id = s->cluster_id;
+    h->member_id = s->member_id;
+    h->revision = rev;
+    h->raft_term = 2; /* etcd: a fresh single-member cluster answers raft_term 2 */
+}
+
+/* ---- the store's parts (store.c lists them) ------------------------------ */
+
 /* snapshot.c: removes snapshot working dirs a crash left in |data_dir|. */
 void cairn_store_snap_cleanup(const char *data_dir);
 
-/* store.c */
-/* One line of the store's log (options.log_cb, or stderr). */
-void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int cairn_store_failed_rc(cairn_store *s);
+/* identity.c */
+/* A new data dir: identity from the options, the genesis and the identity
+ * records, written at once. CAIRN_EINVAL if |name| is not a member. */
+int cairn_store_create_fresh(cairn_store *s, const cairn_store_options *o);
+/* A restored dir (CAIRN_STORE_RESTORE_MARKER in |dir|) draws a new actor;
+ * |exists|: the database holds a store already. */
+int cairn_store_renew_restored_actor(cairn_store *s, const char *dir, int exists);
+
+/* records.c (layout: store.h) */
+#define STORE_FORMAT 3u    /* the format this build writes */
+#define STORE_FORMAT_V1 1u /* older: also 'C' and 'R' records, values in 'K' (opens; see open) */
+#define STORE_FORMAT_V2 2u /* older: history records under 'K' rev (opens; see open) */
+#define KREC_TOMB 1        /* history record flag: the key was deleted at this revision */
+#define KREC_BODY 2        /* history record flag: the value is op |pos| of the change's body */
+#define KREC_KEY_HDR 10    /* a history record's key: 'O' index u64 BE 'K', then the key */
+
+/* Writes the first KREC_KEY_HDR bytes of the history record key of change
+ * |index|. */
+static inline void krec_key_hdr(uint8_t *k, uint64_t index)
+{
+    k[0] = 'O';
+    cairn_store_be64(k + 1, index);
+    k[9] = 'K';
+}
+
+/* A LevelDB error (NULL: none) -> 0, CAIRN_EIO or CAIRN_ECORRUPT, logged;
+ * frees |err|. */
+int cairn_store_db_err(cairn_store *s, char *err);
+/* Logs what was corrupt; returns CAIRN_ECORRUPT. */
+int cairn_store_corrupt(cairn_store *s, const char *what);
+/* 'M' name: get into a new buffer (*v NULL if absent; leveldb_free it), put
+ * into a batch. */
+int cairn_store_meta_get(cairn_store *s, const char *name, char **v, size_t *vl);
+void cairn_store_meta_put(leveldb_writebatch_t *b, const char *name, const void *v, size_t vl);
+void cairn_store_meta_put_u64(leveldb_writebatch_t *b, const char *name, uint64_t v);
+/* 'M' name as a u64. With |present| NULL the record must exist; otherwise
+ * *present says whether it does (and *out is 0 if not). */
+int cairn_store_get_meta_u64(cairn_store *s, const char *name, uint64_t *out, int *present);
+/* The 'O' record of change |index| (rev u64 BE ++ canonical bytes): *v is
+ * NULL if there is none (leveldb_free it otherwise). */
+int cairn_store_get_orec(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t index, char **v,
+                         size_t *vl);
+/* The same for the change that made |rev|: missing, or made another
+ * revision, is corruption ('O' is never deleted). */
+int cairn_store_get_orec_of_rev(cairn_store *s, const leveldb_readoptions_t *ro, uint64_t index,
+                                int64_t rev, char **v, size_t *vl);
+/* The document's body loader (cairn_dag_load_cb): change |index|'s body
+ * from its 'O' record. */
+int cairn_store_load_body(void *arg, uint64_t index, uint8_t **bytes, size_t *len);
+/* A new document for |s| whose change bodies load from 'O'. */
+int cairn_store_new_doc(cairn_store *s);
+/* The change that made a revision, decoded, kept while the next lookups
+ * name the same one (a history scan reads every event of a revision). */
+typedef struct body_cache {
+    uint64_t index;
+    cairn_change *c;
+} body_cache;
+void cairn_store_body_cache_free(body_cache *bc);
+/* Makes |bc| hold change |index|, decoded from its 'O' value |v| (rev u64
+ * BE ++ canonical bytes; |vl| >= 8). */
+int cairn_store_body_cache_load(cairn_store *s, body_cache *bc, uint64_t index, const uint8_t *v,
+                                size_t vl);
+/* Appends the change's records to the shared batch (caller holds qmu): its
+ * body under 'O' and one history record per event of the change being
+ * applied. */
+int cairn_store_batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev);
+
+/* apply.c */
+/* The observer every change is applied with (resets obs_rc). */
+extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o);
+/* The root map |name| of |d|. */
+int cairn_store_find_root_map(cairn_doc *d, cairn_objid *out, const char *name);
+/* Frees the events of the change being applied. */
+void cairn_store_ev_clear(cairn_store *s);
+
+/* commit.c */
+int cairn_store_commit_start(cairn_store *s);
+/* Stops the committer once everything queued is written and completed. */
+void cairn_store_commit_stop(cairn_store *s);
 /* Queues a completion after everything applied so far (caller holds rw
  * write). */
 int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp);
 /* Blocks until visible >= rev (no lock held by the caller except maybe rw:
  * the committer never takes rw). Returns CAIRN_EIO if the store failed. */
 int cairn_store_wait_visible(cairn_store *s, int64_t rev);
-uint64_t cairn_store_now_ms(cairn_store *s);
+
+/* recover.c */
+/* Rebuilds the state from the database (with the checkpoint if
+ * |use_checkpoint| and it checks out). */
+int cairn_store_recover(cairn_store *s, int use_checkpoint);
+/* Writes the checkpoint of the store as it is (close: nothing else runs);
+ * skipped when it would be the one already on disk. */
+int cairn_store_write_checkpoint(cairn_store *s);
+/* Formats 1 and 2 -> 3 after their replay: the marker, then the records. */
+int cairn_store_upgrade_format(cairn_store *s);
+int cairn_store_move_old_records(cairn_store *s);
+
+/* history.c */
+/* Applies compaction at |c| to the index; when |b| is not NULL, adds the
+ * deletes of the history records it no longer needs. */
+int cairn_store_compact_index(cairn_store *s, int64_t c, leveldb_writebatch_t *b, uint64_t *ndel);
+
+/* records.c, readers */
 /* Decodes a kvs record: varint lease ++ value. Malformed records read as
  * lease 0 and the raw bytes as value (deterministic on every node). */
 void cairn_store_parse_record(const cairn_value *v, int64_t *lease, const uint8_t **val,
@@ -428,8 +562,6 @@ int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uin
 /* Reads the history record of (rev, key). */
 int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
                           size_t key_len, cairn_kv *out, int want_value);
-extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o);
-void cairn_store_fill_header(const cairn_store *s, cairn_header *h, int64_t rev);
 
 /* Blocking on an async write: initialise with
  * {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, pass
@@ -442,5 +574,19 @@ typedef struct cairn_store_sync_wait {
 void cairn_store_sync_done(void *arg, int rc);
 /* Waits for the completion, destroys the struct's lock and returns its rc. */
 int cairn_store_sync_wait_for(cairn_store_sync_wait *w);
+
+/* Blocking = async + wait. On failure the response is destroyed here, so a
+ * failed blocking call leaves nothing to free. */
+#define SYNC_CALL(call_async, destroy)                                                             \
+    do {                                                                                           \
+        cairn_store_sync_wait w_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};    \
+        int rc_ = (call_async);                                                                    \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+        rc_ = cairn_store_sync_wait_for(&w_);                                                      \
+        if (rc_)                                                                                   \
+            destroy;                                                                               \
+        return rc_;                                                                                \
+    } while (0)
 
 #endif

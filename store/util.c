@@ -3,9 +3,12 @@
  * bytes, so numbers in keys are big-endian), the public varint writer
  * (crdt/wire.h's, for the server), SHA-1 (only because etcd derives member
  * and cluster ids from it; written from FIPS 180-4), a bump arena that lets
- * a response own all its memory through one pointer, and a growable buffer.
+ * a response own all its memory through one pointer, a growable buffer, and
+ * the store's log line.
  */
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +35,19 @@ uint64_t cairn_store_get_be64(const uint8_t *p)
 size_t cairn_store_put_varint(uint8_t *out, uint64_t v)
 {
     return (size_t)(wire_put_uv(out, v) - out);
+}
+
+void cairn_store_log(cairn_store *s, int level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s->log_cb)
+        s->log_cb(s->log_arg, level, msg);
+    else
+        fprintf(stderr, "cairn store: %s\n", msg);
 }
 
 /* ---- SHA-1 ---------------------------------------------------------------- */

@@ -23,7 +23,7 @@ Server: random free 127.0.0.1 ports, a temporary data dir, setpriv
            the RSS growth (a queue per stalled stream would add one each),
            and the writers must keep at least half the control's rate.
   evict    cairn is started with a tiny ring (CAIRN_WATCH_RING_EVENTS, a
-           test knob documented in server/watch.c; etcd ignores it) and
+           test knob documented in server/etcd/watch.c; etcd ignores it) and
            without the live lag bounds (CAIRN_WATCH_LAG_REVS/BYTES), and a
            stalled live watcher lags by far more revisions than the ring
            holds while small and large values are put; afterwards it must
@@ -432,7 +432,7 @@ def case_lag(kind, srv, msgs, args):
         ch.close()
 
 
-# Test knobs of cairn's watch hub (server/watch.c) per case: the evict case
+# Test knobs of cairn's watch hub (server/etcd/watch.c) per case: the evict case
 # shrinks the ring and lifts the live lag bounds, so that only the ring's
 # eviction can make the stalled watcher fall behind.
 KNOBS = {"evict": {"CAIRN_WATCH_LAG_REVS": str(1 << 40), "CAIRN_WATCH_LAG_BYTES": str(1 << 40)}}

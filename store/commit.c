@@ -1,0 +1,248 @@
+/*
+ * The committer: group commit and completions. Writers append their
+ * change's records to the shared batch and queue their completion (apply.c,
+ * under the queue mutex); one thread swaps the batch out, writes it with
+ * sync=true (one fsync for everything queued meanwhile), then publishes the
+ * new visible revision, hands each change's events to every subscriber in
+ * apply order, and completes the waiting callers in order.
+ *
+ * Readers hold the rwlock's read side and filter by the visible revision,
+ * so they never see a change whose batch is not durable; the committer
+ * never takes the rwlock, so a writer may wait for it while holding the
+ * write side. Subscribers are delivered under sub_mu, so an unsubscribe
+ * that returns has seen its last delivery.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "crdt/error.h"
+#include "store/store_int.h"
+
+static void free_pend_change(pend_change *c)
+{
+    for (size_t i = 0; i < c->nev; i++) {
+        free(c->ev[i].key);
+        free(c->ev[i].value);
+    }
+    free(c->ev);
+    free(c->bytes);
+    free(c);
+}
+
+static void *committer_main(void *arg)
+{
+    cairn_store *s = arg;
+    pthread_mutex_lock(&s->qmu);
+    for (;;) {
+        while (!s->stop && (s->holding || (s->batch_n == 0 && !s->w_head)))
+            pthread_cond_wait(&s->qcv, &s->qmu);
+        if (s->stop && s->batch_n == 0 && !s->w_head)
+            break;
+        leveldb_writebatch_t *b = NULL;
+        size_t nb = s->batch_n;
+        if (s->batch_n) {
+            b = s->batch;
+            s->batch = leveldb_writebatch_create();
+            s->batch_n = 0;
+        }
+        s->writing = b != NULL;
+        pend_change *chs = s->ch_head;
+        s->ch_head = NULL;
+        s->ch_tail = &s->ch_head;
+        pend_wait *ws = s->w_head;
+        s->w_head = NULL;
+        s->w_tail = &s->w_head;
+        int64_t target = s->queued_rev;
+        pthread_mutex_unlock(&s->qmu);
+
+        int rc = atomic_load(&s->failed);
+        if (b && !rc && s->before_write_cb && s->before_write_cb(s->before_write_arg, nb)) {
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "write of %zu changes failed (injected)", nb);
+            rc = CAIRN_EIO;
+            atomic_store(&s->failed, CAIRN_EIO);
+        }
+        if (b && !rc) {
+            char *err = NULL;
+            leveldb_write(s->db, s->wopt_sync, b, &err);
+            rc = cairn_store_db_err(s, err);
+            if (!rc) {
+                atomic_fetch_add(&s->n_syncs, 1);
+                atomic_fetch_add(&s->n_changes, nb);
+            }
+            if (rc)
+                atomic_store(&s->failed, CAIRN_EIO);
+        }
+        if (b)
+            leveldb_writebatch_destroy(b);
+        pthread_mutex_lock(&s->qmu);
+        if (!rc && target > atomic_load(&s->visible))
+            atomic_store(&s->visible, target);
+        s->writing = 0;
+        pthread_cond_broadcast(&s->dcv);
+        pthread_mutex_unlock(&s->qmu);
+        pthread_mutex_lock(&s->sub_mu);
+        while (chs) {
+            pend_change *n = chs->next;
+            if (!rc && s->nsubs) {
+                cairn_event *ev = chs->nev ? calloc(chs->nev, sizeof *ev) : NULL;
+                for (size_t i = 0; ev && i < chs->nev; i++) {
+                    const pend_event *e = &chs->ev[i];
+                    ev[i].type = e->type;
+                    ev[i].kv.key = e->key;
+                    ev[i].kv.key_len = e->key_len;
+                    ev[i].kv.mod_revision = chs->rev;
+                    if (e->type == CAIRN_EVENT_PUT) {
+                        ev[i].kv.create_revision = e->create_rev;
+                        ev[i].kv.version = e->version;
+                        ev[i].kv.lease = e->lease;
+                        ev[i].kv.value = e->value;
+                        ev[i].kv.value_len = e->value_len;
+                    }
+                }
+                for (size_t i = 0; i < s->nsubs; i++)
+                    s->subs[i].cb(s->subs[i].arg, chs->rev, &chs->hash, chs->bytes, chs->len, ev,
+                                  ev ? chs->nev : 0);
+                free(ev);
+            }
+            free_pend_change(chs);
+            chs = n;
+        }
+        pthread_mutex_unlock(&s->sub_mu);
+        while (ws) {
+            pend_wait *n = ws->next;
+            if (ws->hcb)
+                ws->hcb(ws->arg, rc, rc ? NULL : ws->heads, rc ? 0 : ws->nheads);
+            else if (ws->cb)
+                ws->cb(ws->arg, rc);
+            free(ws->heads);
+            free(ws);
+            ws = n;
+        }
+        pthread_mutex_lock(&s->qmu);
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return NULL;
+}
+
+int cairn_store_subscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = 0;
+    if (s->nsubs == s->subcap) {
+        size_t cap = s->subcap ? s->subcap * 2 : 4;
+        cairn_store_subscriber *n = realloc(s->subs, cap * sizeof *n);
+        if (n) {
+            s->subs = n;
+            s->subcap = cap;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    if (!rc) {
+        s->subs[s->nsubs++] = (cairn_store_subscriber){cb, arg};
+        atomic_store(&s->has_subs, 1);
+    }
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
+}
+
+int cairn_store_unsubscribe(cairn_store *s, cairn_store_events_cb cb, void *arg)
+{
+    pthread_mutex_lock(&s->sub_mu);
+    int rc = CAIRN_ENOTFOUND;
+    for (size_t i = 0; i < s->nsubs; i++) {
+        if (s->subs[i].cb == cb && s->subs[i].arg == arg) {
+            memmove(&s->subs[i], &s->subs[i + 1], (s->nsubs - i - 1) * sizeof *s->subs);
+            s->nsubs--;
+            rc = 0;
+            break;
+        }
+    }
+    atomic_store(&s->has_subs, s->nsubs > 0);
+    pthread_mutex_unlock(&s->sub_mu);
+    return rc;
+}
+
+int cairn_store_enqueue_wait(cairn_store *s, cairn_store_done_cb cb, void *arg, int *rcp)
+{
+    pend_wait *w = calloc(1, sizeof *w);
+    if (!w)
+        return CAIRN_ENOMEM;
+    w->cb = cb;
+    w->arg = arg;
+    w->rcp = rcp;
+    pthread_mutex_lock(&s->qmu);
+    *s->w_tail = w;
+    s->w_tail = &w->next;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return 0;
+}
+
+int cairn_store_wait_visible(cairn_store *s, int64_t rev)
+{
+    pthread_mutex_lock(&s->qmu);
+    while (atomic_load(&s->visible) < rev && !atomic_load(&s->failed))
+        pthread_cond_wait(&s->dcv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
+    return atomic_load(&s->visible) >= rev ? 0 : CAIRN_EIO;
+}
+
+void cairn_store_sync_done(void *arg, int rc)
+{
+    cairn_store_sync_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+int cairn_store_sync_wait_for(cairn_store_sync_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    return w->rc;
+}
+
+void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
+{
+    out->syncs = atomic_load(&s->n_syncs);
+    out->changes = atomic_load(&s->n_changes);
+}
+
+int cairn_store_commit_start(cairn_store *s)
+{
+    if (pthread_create(&s->committer, NULL, committer_main, s))
+        return CAIRN_ENOMEM;
+    s->committer_started = 1;
+    return 0;
+}
+
+void cairn_store_commit_stop(cairn_store *s)
+{
+    if (s->committer_started) {
+        pthread_mutex_lock(&s->qmu);
+        s->stop = 1;
+        pthread_cond_signal(&s->qcv);
+        pthread_mutex_unlock(&s->qmu);
+        pthread_join(s->committer, NULL);
+        s->committer_started = 0;
+    }
+    while (s->ch_head) {
+        pend_change *n = s->ch_head->next;
+        free_pend_change(s->ch_head);
+        s->ch_head = n;
+    }
+}
