@@ -166,19 +166,22 @@ class Writer(threading.Thread):
 # --------------------------------------------------------------------------
 # The fault schedule
 
-def schedule(rng, n, seconds, kill=True):
-    """[(duration, action, args)] drawn from rng, about |seconds| long; one
-    kill -9 of a random node a third in, its restart a step later."""
+def schedule(rng, n, seconds, kills=1):
+    """[(duration, action, args)] drawn from rng, about |seconds| long;
+    |kills| kill -9s of a random node spread over it (the first a third in
+    for one), each restarted a step later."""
     steps, t = [], 0.0
-    kill_at = seconds / 3 if kill else None
+    kill_at = [seconds * (i + 1) / (kills + 2) if kills == 1 else seconds * (i + 1) / (kills + 1)
+               for i in range(kills)]
     while t < seconds:
         d = round(rng.uniform(0.5, 2.0), 2)
-        if kill_at is not None and t >= kill_at:
+        if kill_at and t >= kill_at[0]:
             victim = rng.randrange(n)
             steps.append((d, "kill9", (victim,)))
-            steps.append((round(rng.uniform(0.5, 2.0), 2), "restart", (victim,)))
-            kill_at = None
-            t += d
+            d2 = round(rng.uniform(0.5, 2.0), 2)
+            steps.append((d2, "restart", (victim,)))
+            kill_at.pop(0)
+            t += d + d2
             continue
         a = rng.choice(["heal", "isolate", "split", "one_way", "delay", "bandwidth",
                         "reset", "drop"])
@@ -241,7 +244,8 @@ def run_faults(args):
     seed = args.seed if args.seed is not None else 16
     print("test_cluster_faults: seed %d, %d nodes, schedule %.0f s" % (seed, args.nodes, seconds))
     rng = random.Random(seed)
-    steps = schedule(rng, args.nodes, seconds)
+    # The CI form kills one node once; a soak one node a minute.
+    steps = schedule(rng, args.nodes, seconds, kills=max(1, int(seconds // 60)) if args.soak else 1)
     for d, a, x in steps:
         print("  step %-9s %-24s %.2f s" % (a, x, d))
     with clusterlib.Cluster(args.cairn, args.nodes, sync_interval_ms=args.sync_interval_ms) as c:

@@ -128,10 +128,10 @@ def nothing_for(s, secs):
     """True when nothing arrives on s within secs (and it is not closed)."""
     s.settimeout(secs)
     try:
-        b = s.recv(1)
+        s.recv(1)
     except socket.timeout:
         return True
-    return False if b else False
+    return False
 
 
 def wait_for(cond, secs):
