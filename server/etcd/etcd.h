@@ -59,7 +59,8 @@ void etcd_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cai
 void etcd_reply_header_only(rpc_call *c, const Etcdserverpb__ResponseHeader *h);
 /* Those bytes into |out|; returns their length. */
 #define ETCD_HEADER_ONLY_MAX 46
-size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h);
+size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX],
+                             const Etcdserverpb__ResponseHeader *h);
 
 /* ---- KV (kv.c, kv_batch.c) ----------------------------------------------- */
 
