@@ -596,4 +596,3 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
         *index = ix;
     return 0;
 }
-

@@ -310,4 +310,3 @@ out:
     free(head);
     return rc;
 }
-

@@ -141,7 +141,8 @@ static inline uint32_t actor_hash(const void *arg, const void *e)
     return cairn_htab_sip(((const cairn_dag *)arg)->key, e, CAIRN_ACTOR_LEN);
 }
 
-static inline void *tab_get(const cairn_dag *d, const cairn_htab *t, const uint8_t *key, size_t klen)
+static inline void *tab_get(const cairn_dag *d, const cairn_htab *t, const uint8_t *key,
+                            size_t klen)
 {
     if (!t->cap)
         return NULL;
@@ -187,7 +188,8 @@ static inline int get_ordered(const cairn_dag *d, const cairn_hash *h, uint64_t 
 }
 
 /* Deps of ordered change |i|: [*p, *end) of varint index deltas. */
-static inline void deps_range(const cairn_dag *d, uint64_t i, const uint8_t **p, const uint8_t **end)
+static inline void deps_range(const cairn_dag *d, uint64_t i, const uint8_t **p,
+                              const uint8_t **end)
 {
     if (!d->dep_bytes) { /* no change has a dep yet: no offset into NULL */
         *p = *end = NULL;

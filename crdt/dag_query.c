@@ -419,4 +419,3 @@ size_t cairn_dag_mem_bytes(const cairn_dag *d)
            d->capdep_bytes + d->otab_cap * sizeof *d->otab + d->capheads * sizeof *d->heads +
            (d->load ? 0 : d->capbody_off * sizeof *d->body_off + d->capbody);
 }
-

@@ -46,7 +46,6 @@
 #include "crdt/doc_int.h"
 #include "crdt/error.h"
 
-
 /* Allocation failure injection for tests (SQLite's test_malloc idea): while
  * cairn_doc_fail_alloc_ > 0 it counts down on every allocation made here,
  * and the allocation that brings it to zero fails. Not thread-safe; only
@@ -104,7 +103,6 @@ uint32_t cairn_doc_hash_bytes_(const cairn_doc *d, const void *p, size_t len)
     return cairn_htab_sip(d->hkey, p, len);
 }
 
-
 uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor)
 {
     uint8_t b[12];
@@ -112,7 +110,6 @@ uint32_t cairn_doc_hash_id_(const cairn_doc *d, uint64_t counter, uint32_t actor
     memcpy(b + 8, &actor, 4);
     return hash_bytes(d, b, sizeof b);
 }
-
 
 /* ---- the object and key tables (crdt/htab.h) -------------------------------- */
 
@@ -154,7 +151,6 @@ int cairn_doc_ptab_reserve_(const cairn_doc *d, ptab *t, uint32_t extra)
     return cairn_htab_reserve(t, extra, 4, ent_hash_cb(d, t), d);
 }
 
-
 void ptab_del_ptr(const cairn_doc *d, ptab *t, const void *e)
 {
     cairn_htab_del(t, e, ent_hash(d, t, e), ent_hash_cb(d, t), d);
@@ -177,7 +173,6 @@ int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *id
     }
     return 0;
 }
-
 
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
 {
@@ -220,7 +215,6 @@ int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     *idx = x;
     return 0;
 }
-
 
 /* ---- objects ----------------------------------------------------------- */
 
@@ -587,7 +581,6 @@ mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, 
     return NULL;
 }
 
-
 /* Applies one map op with id (counter, actor); preds in document indices. */
 static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len, uint64_t counter,
                      uint32_t actor, uint8_t action, const cairn_value *v, const cairn_opid *pred,
@@ -950,4 +943,3 @@ int cairn_doc_actor_of(const cairn_doc *doc, cairn_actor *out, cairn_opid id)
     *out = doc->actors[id.actor];
     return 0;
 }
-

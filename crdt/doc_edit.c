@@ -570,4 +570,3 @@ fail:
     cairn_doc_rollback(doc);
     return rc;
 }
-

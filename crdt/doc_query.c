@@ -136,4 +136,3 @@ size_t cairn_doc_state_bytes_(const cairn_doc *d)
          (double)malloc_usable_size(d->aslots);
     return (size_t)(b + 0.5);
 }
-

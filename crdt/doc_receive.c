@@ -216,4 +216,3 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
     free(amap);
     return first;
 }
-

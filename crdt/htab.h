@@ -51,22 +51,22 @@ static inline uint64_t cairn_htab_le64(const uint8_t *p)
     return v;
 }
 
-#define CAIRN_SIPROUND                                                                           \
-    do {                                                                                         \
-        v0 += v1;                                                                                \
-        v1 = cairn_htab_rotl(v1, 13);                                                            \
-        v1 ^= v0;                                                                                \
-        v0 = cairn_htab_rotl(v0, 32);                                                            \
-        v2 += v3;                                                                                \
-        v3 = cairn_htab_rotl(v3, 16);                                                            \
-        v3 ^= v2;                                                                                \
-        v0 += v3;                                                                                \
-        v3 = cairn_htab_rotl(v3, 21);                                                            \
-        v3 ^= v0;                                                                                \
-        v2 += v1;                                                                                \
-        v1 = cairn_htab_rotl(v1, 17);                                                            \
-        v1 ^= v2;                                                                                \
-        v2 = cairn_htab_rotl(v2, 32);                                                            \
+#define CAIRN_SIPROUND                                                                             \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = cairn_htab_rotl(v1, 13);                                                              \
+        v1 ^= v0;                                                                                  \
+        v0 = cairn_htab_rotl(v0, 32);                                                              \
+        v2 += v3;                                                                                  \
+        v3 = cairn_htab_rotl(v3, 16);                                                              \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = cairn_htab_rotl(v3, 21);                                                              \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = cairn_htab_rotl(v1, 17);                                                              \
+        v1 ^= v2;                                                                                  \
+        v2 = cairn_htab_rotl(v2, 32);                                                              \
     } while (0)
 
 static inline uint64_t cairn_htab_sip64(const unsigned char key[CAIRN_HTAB_KEYBYTES],

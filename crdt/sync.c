@@ -246,7 +246,8 @@ static int encode_msg(uint8_t **out, size_t *len, const cairn_sync_msg *m)
 {
     wire_wr o = {0};
     wire_u8_w(&o, CAIRN_SYNC_VERSION);
-    wire_u8_w(&o, (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0) | (m->hello ? 4 : 0)));
+    wire_u8_w(&o,
+              (uint8_t)((m->has_filter ? 1 : 0) | (m->has_sample ? 2 : 0) | (m->hello ? 4 : 0)));
     put_hashes(&o, m->heads, m->nheads);
     put_hashes(&o, m->need, m->nneed);
     if (m->has_sample)

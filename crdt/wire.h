@@ -5,12 +5,13 @@
  * The varint codec and the byte reader and writer of cairn: crdt/ reads and
  * writes changes' varints, checkpoints and sync messages with it, and the
  * layers above use it too (header-only, so no layer links another's
- * internals): server/ packs and scans protobuf with wire_put_uv, wire_uv_len
- * and wire_uv_pb. Varints are unsigned LEB128, canonical: at most 10
- * bytes, value < 2^64, no overlong form (a trailing 0x00 group is
- * CAIRN_ENONCANON); wire_uv_pb is protobuf's laxer reading. A reader never
- * passes |end|; a writer that runs out of memory remembers it and ignores
- * every later write, so callers check once at the end.
+ * internals): store/ reads and writes its records with it, server/ packs
+ * and scans protobuf with wire_put_uv, wire_uv_len and wire_uv_pb. Varints
+ * are unsigned LEB128, canonical: at most 10 bytes, value < 2^64, no
+ * overlong form (a trailing 0x00 group is CAIRN_ENONCANON); wire_uv_pb is
+ * protobuf's laxer reading. A reader never passes |end|; a writer that
+ * runs out of memory remembers it and ignores every later write, so
+ * callers check once at the end.
  */
 
 #include <stddef.h>

@@ -6,10 +6,10 @@
  * generating a message into the network, delivering any in-flight message
  * (reordering) — applying what it carried at once, or holding it back like
  * a store whose commit is still in flight (applied before that node's next
- * delivery, while the session goes on talking) —, dropping or duplicating one, a timer reset, a restart that
- * loses the sync state or reloads its saved form. Then the network becomes reliable: after one
- * reset on each side, ping-pong must go quiet within a bound and both replicas must hold the same
- * heads and the same state. Honest messages are never rejected.
+ * delivery, while the session goes on talking) —, dropping or duplicating one, a timer reset, a
+ * restart that loses the sync state or reloads its saved form. Then the network becomes reliable:
+ * after one reset on each side, ping-pong must go quiet within a bound and both replicas must hold
+ * the same heads and the same state. Honest messages are never rejected.
  */
 #include <stdint.h>
 #include <stdlib.h>

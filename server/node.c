@@ -30,7 +30,8 @@ void node_init(cairn_server *srv)
 {
     pthread_mutex_init(&srv->alarm_mu, NULL);
     /* etcd: --quota-backend-bytes 0 means the 2 GiB default; < 0 none. */
-    srv->quota = srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
+    srv->quota =
+        srv->cfg->quota_backend_bytes > 0 ? srv->cfg->quota_backend_bytes : (int64_t)2 << 30;
 }
 
 void node_destroy(cairn_server *srv)
@@ -87,8 +88,8 @@ static void store_log(void *arg, int level, const char *msg)
     cairn_log(level, "store: %s", msg);
 }
 
-int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs,
-                    char *err, size_t errlen)
+int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs, char *err,
+                    size_t errlen)
 {
     const cairn_config *cfg = srv->cfg;
     int rc = ensure_dir(cfg->data_dir, err, errlen);
@@ -140,8 +141,7 @@ int node_alarm_set(cairn_server *srv, uint64_t member, int type, int on)
     int changed = 0;
     pthread_mutex_lock(&srv->alarm_mu);
     size_t i = 0;
-    while (i < srv->nalarms &&
-           !(srv->alarms[i].member_id == member && srv->alarms[i].type == type))
+    while (i < srv->nalarms && !(srv->alarms[i].member_id == member && srv->alarms[i].type == type))
         i++;
     if (on && i == srv->nalarms) {
         node_alarm *grown = realloc(srv->alarms, (srv->nalarms + 1) * sizeof *grown);
@@ -175,10 +175,10 @@ int node_quota_check(cairn_server *srv, uint64_t cost)
         return 0;
     if (node_disk_bytes(srv, 0) + cost > (uint64_t)srv->quota) {
         if (node_alarm_set(srv, cairn_store_member_id(srv->store),
-                          ETCDSERVERPB__ALARM_TYPE__NOSPACE, 1))
+                           ETCDSERVERPB__ALARM_TYPE__NOSPACE, 1))
             cairn_log(CAIRN_LOG_WARN,
-                      "backend size %" PRIu64 " + %" PRIu64 " exceeds --quota-backend-bytes %" PRId64
-                      ": NOSPACE alarm raised",
+                      "backend size %" PRIu64 " + %" PRIu64
+                      " exceeds --quota-backend-bytes %" PRId64 ": NOSPACE alarm raised",
                       node_disk_bytes(srv, 0), cost, srv->quota);
         return CAIRN_ENOSPACE;
     }

@@ -3,10 +3,10 @@
 
 /*
  * Internal to server/: the node — its configuration, its store, and what
- * etcd keeps beside the store and cairn keeps in memory: alarms, the
- * backend quota. node.c opens the
- * store and implements these; server.c puts a node, the gRPC engine and
- * the services together; etcd/ serves from a node.
+ * etcd keeps beside the store and cairn keeps in memory: alarms and the
+ * backend quota. node.c opens the store and implements these; server.c
+ * puts a node, the gRPC engine and the services together; etcd/ serves
+ * from a node.
  */
 
 #include <pthread.h>
@@ -50,8 +50,8 @@ void node_destroy(cairn_server *srv);
 /* Makes the data dir if needed and opens the store in it, with |subs|
  * (borrowed for the call) as its first subscribers, in that order. On
  * failure writes a message to |err|: CAIRN_EIO, CAIRN_ECORRUPT, CAIRN_ENOMEM. */
-int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs,
-                    char *err, size_t errlen);
+int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs, char *err,
+                    size_t errlen);
 
 /* etcd's quota: CAIRN_ENOSPACE if a NOSPACE alarm is active or this write
  * of about |cost| bytes would pass --quota-backend-bytes (which raises the

@@ -44,7 +44,7 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     if (rc == 0)
         rc = kv_batcher_new(srv);
     if (rc == 0) {
-        cairn_store_subscriber hub = {watch_events_cb, srv};
+        cairn_store_subscriber hub = watch_hub_subscriber(srv);
         rc = node_open_store(srv, &hub, 1, err, errlen);
     }
     if (rc != 0)

@@ -683,6 +683,12 @@ int cairn_hub_watch(cairn_hub_stream *st, int64_t *id, int64_t *rev, const cairn
         tail = &(*tail)->next;
     *tail = w;
     *id = wid;
+    if (!w->synced) {
+        /* Its catch-up delay runs from now, as etcd's sync loop runs
+         * beside the stream whatever the created answer does. */
+        h->wait_catchup = 1;
+        pthread_cond_signal(&h->cv);
+    }
 out:
     pthread_mutex_unlock(&h->mu);
     return rc;
@@ -695,10 +701,12 @@ void cairn_hub_start(cairn_hub_stream *st, int64_t id)
     for (watcher *w = st->watchers; w; w = w->next)
         if (w->id == id && !w->started) {
             w->started = 1;
-            /* A watcher catching up waits for its time on the hub's
-             * thread; a live one has nothing before the next event. */
-            if (!w->synced) {
-                h->wait_catchup = 1;
+            /* A watcher catching up whose delay is over is due now (the
+             * hub's thread skipped it while it was not started); before
+             * that, the wake-up planned at its creation serves it. A live
+             * one has nothing before the next event. */
+            if (!w->synced && now_ms(h) >= w->not_before_ms) {
+                st->dirty = 1;
                 pthread_cond_signal(&h->cv);
             }
             break;

@@ -192,7 +192,7 @@ int cairn_store_create_fresh(cairn_store *s, const cairn_store_options *o)
     return rc;
 }
 
-/* A data dir restored from a snapshot (server/snapshot.c puts
+/* A data dir restored from a snapshot (server/etcd/snapshot.c puts
  * CAIRN_STORE_RESTORE_MARKER in the archive) is a copy of another node: with
  * that node's actor id, both would write (actor, seq) pairs the other never
  * saw, forks the CRDT's sequence rule rejects. So the copy draws a new actor

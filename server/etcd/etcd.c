@@ -17,7 +17,8 @@
 
 int etcd_entry_too_large(rpc_call *c, size_t len)
 {
-    if (RAFT_HEADER_BYTES + 1 + (uint64_t)wire_uv_len(len) + len <= etcd_node(c)->cfg->max_request_bytes)
+    if (RAFT_HEADER_BYTES + 1 + (uint64_t)wire_uv_len(len) + len <=
+        etcd_node(c)->cfg->max_request_bytes)
         return 0;
     rpc_fail(c, CAIRN_EREQUESTTOOLARGE, NULL);
     return 1;
@@ -37,7 +38,8 @@ void etcd_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cai
     out->raft_term = h->raft_term;
 }
 
-size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h)
+size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX],
+                             const Etcdserverpb__ResponseHeader *h)
 {
     /* proto3: a field at its default (0) is left out, in field order. */
     const uint64_t v[4] = {h->cluster_id, h->member_id, (uint64_t)h->revision, h->raft_term};
@@ -63,7 +65,7 @@ void etcd_reply_header_only(rpc_call *c, const Etcdserverpb__ResponseHeader *h)
 void etcd_unsupported(rpc_call *c, const char *why)
 {
     char detail[256];
-    snprintf(detail, sizeof detail, "cairn: %s is not supported%s", strrchr(c->method->path, '/') + 1,
-             why);
+    snprintf(detail, sizeof detail, "cairn: %s is not supported%s",
+             strrchr(c->method->path, '/') + 1, why);
     rpc_fail(c, CAIRN_EUNIMPLEMENTED, detail);
 }

@@ -59,7 +59,8 @@ void etcd_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cai
 void etcd_reply_header_only(rpc_call *c, const Etcdserverpb__ResponseHeader *h);
 /* Those bytes into |out|; returns their length. */
 #define ETCD_HEADER_ONLY_MAX 46
-size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX], const Etcdserverpb__ResponseHeader *h);
+size_t etcd_pack_header_only(uint8_t out[ETCD_HEADER_ONLY_MAX],
+                             const Etcdserverpb__ResponseHeader *h);
 
 /* ---- KV (kv.c, kv_batch.c) ----------------------------------------------- */
 
@@ -85,16 +86,17 @@ int etcd_decode_request(int kind, const uint8_t *req, size_t len, uint32_t max_t
 
 /* ---- Watch (watch.c) ----------------------------------------------------- */
 
-/* The hub exists before the store opens (the store's events callback
- * feeds it) and after it closes. */
+/* The hub (store/hub.h) exists before the store opens (it subscribes to
+ * the store's events) and after it closes. */
 int watch_hub_new(cairn_server *srv);
 /* Called once the store is open: the ring starts at its revision. */
 void watch_hub_ready(cairn_server *srv);
 /* Cancels every Watch stream (shutdown: the service's stopping hook). */
 void watch_hub_cancel_all(void *srv);
 void watch_hub_free(cairn_server *srv);
-void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
-                     size_t change_len, const cairn_event *ev, size_t nev);
+/* The store subscriber that feeds the hub (cairn_hub_events_cb with the
+ * hub as its argument); valid once watch_hub_new succeeded. */
+cairn_store_subscriber watch_hub_subscriber(cairn_server *srv);
 
 /* ---- Maintenance (maintenance.c, snapshot.c) ----------------------------- */
 

@@ -565,12 +565,10 @@ static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 
 /* ---- the server's side of the hub --------------------------------------- */
 
-void watch_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
-                     size_t change_len, const cairn_event *ev, size_t nev)
+cairn_store_subscriber watch_hub_subscriber(cairn_server *srv)
 {
-    cairn_server *srv = arg;
-    if (srv->watch)
-        cairn_hub_events_cb(srv->watch->hub, rev, hash, change, change_len, ev, nev);
+    cairn_store_subscriber sub = {cairn_hub_events_cb, srv->watch->hub};
+    return sub;
 }
 
 /* Test knobs: tests shrink the ring through the environment so that it

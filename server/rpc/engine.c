@@ -128,9 +128,9 @@ static void post(struct rpc_worker *w, int i)
         c->method = en->m;
         c->arg = en->arg;
         int bidi = en->m->kind == RPC_BIDI;
-        ce = grpc_server_request_registered_call(e->grpc, en->handle, &c->call, &c->deadline,
-                                                 &c->md, bidi ? NULL : &c->payload, w->cq, w->cq,
-                                                 c);
+        ce =
+            grpc_server_request_registered_call(e->grpc, en->handle, &c->call, &c->deadline, &c->md,
+                                                bidi ? NULL : &c->payload, w->cq, w->cq, c);
     }
     if (ce != GRPC_CALL_OK) {
         if (!atomic_load(&e->stopping))
@@ -251,7 +251,7 @@ void rpc_fail(rpc_call *c, int rc, const char *detail)
     const char *msg = detail ? detail : cairn_strerror(rc);
     const char *path = c->method ? c->method->path : "(unregistered)";
     cairn_log(status == GRPC_STATUS_INTERNAL || status == GRPC_STATUS_DATA_LOSS ? CAIRN_LOG_WARN
-                                                                                 : CAIRN_LOG_DEBUG,
+                                                                                : CAIRN_LOG_DEBUG,
               "%s: %s (%s)", path, msg, cairn_error_name(rc));
     finish(c, (grpc_status_code)status, msg, NULL);
 }
@@ -370,7 +370,6 @@ ProtobufCMessage *rpc_unpack(rpc_call *c, const ProtobufCMessageDescriptor *desc
     return c->req_msg;
 }
 
-
 /* ---- dispatch ------------------------------------------------------------ */
 
 static int known_service(const rpc_engine *e, const char *s, size_t len)
@@ -396,7 +395,8 @@ static void unknown_method(rpc_call *c)
     }
     const char *slash = memchr(p, '/', len);
     if (!slash) {
-        snprintf(detail, sizeof detail, "malformed method name: \"%.*s\"", (int)(len > 200 ? 200 : len), p);
+        snprintf(detail, sizeof detail, "malformed method name: \"%.*s\"",
+                 (int)(len > 200 ? 200 : len), p);
     } else {
         size_t slen = (size_t)(slash - p), mlen = len - slen - 1;
         if (slen > 200)
@@ -432,8 +432,8 @@ static void dispatch(rpc_call *c)
     uint64_t limit = c->e->opts.max_recv_bytes;
     if (len > limit) {
         char detail[128];
-        snprintf(detail, sizeof detail, "grpc: received message larger than max (%zu vs. %" PRIu64 ")",
-                 len, limit);
+        snprintf(detail, sizeof detail,
+                 "grpc: received message larger than max (%zu vs. %" PRIu64 ")", len, limit);
         rpc_fail(c, CAIRN_EMSGTOOLARGE, detail);
         return;
     }
@@ -587,11 +587,10 @@ int rpc_engine_add(rpc_engine *e, const rpc_service *svc, void *arg)
     e->nsvcs++;
     for (size_t i = 0; i < svc->nmethods; i++) {
         const rpc_method *m = &svc->methods[i];
-        void *h = grpc_server_register_method(e->grpc, m->path, NULL,
-                                              m->kind == RPC_BIDI
-                                                  ? GRPC_SRM_PAYLOAD_NONE
-                                                  : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
-                                              0);
+        void *h = grpc_server_register_method(
+            e->grpc, m->path, NULL,
+            m->kind == RPC_BIDI ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+            0);
         if (!h) {
             cairn_log(CAIRN_LOG_ERROR, "grpc: cannot register %s", m->path);
             return CAIRN_EIO;
@@ -725,8 +724,8 @@ void rpc_engine_free(rpc_engine *e)
     for (int i = 0; i < e->nworkers; i++)
         if (e->workers[i].cq) {
             grpc_completion_queue_shutdown(e->workers[i].cq);
-            while (grpc_completion_queue_next(e->workers[i].cq,
-                                              gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+            while (grpc_completion_queue_next(e->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                              NULL)
                        .type != GRPC_QUEUE_SHUTDOWN)
                 ;
             grpc_completion_queue_destroy(e->workers[i].cq);

@@ -86,9 +86,9 @@ struct rpc_call {
     gpr_timespec deadline;
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
-    int cancelled;             /* from RECV_CLOSE_ON_SERVER */
+    int cancelled; /* from RECV_CLOSE_ON_SERVER */
     int sent_initial_md;
-    int live; /* counted in the engine's live calls */
+    int live;   /* counted in the engine's live calls */
     int end_rc; /* rpc_fail_on_end's */
     const char *end_detail;
     grpc_slice status_details;

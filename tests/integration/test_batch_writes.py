@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
 from verdict import check, failures  # noqa: E402
-from wire import field_bytes, field_int  # noqa: E402
+from wire import decode, field_bytes, field_int  # noqa: E402
 
 PUT = "/etcdserverpb.KV/Put"
 RANGE = "/etcdserverpb.KV/Range"
@@ -39,42 +39,6 @@ def put_req(key, value, prev_kv=False):
     if prev_kv:
         m += field_int(4, 1)
     return m
-
-
-def decode(buf):
-    """{field: [values]}: ints for varints, bytes for length-delimited."""
-    out = {}
-    i = 0
-    while i < len(buf):
-        tag, i = read_varint(buf, i)
-        f, wt = tag >> 3, tag & 7
-        if wt == 0:
-            v, i = read_varint(buf, i)
-        elif wt == 2:
-            n, i = read_varint(buf, i)
-            v = buf[i:i + n]
-            i += n
-        elif wt == 1:
-            v = buf[i:i + 8]
-            i += 8
-        elif wt == 5:
-            v = buf[i:i + 4]
-            i += 4
-        else:
-            raise ValueError("wire type %d" % wt)
-        out.setdefault(f, []).append(v)
-    return out
-
-
-def read_varint(buf, i):
-    x = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        x |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return x, i
 
 
 def header_revision(resp):

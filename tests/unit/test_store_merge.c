@@ -139,18 +139,19 @@ START_TEST(merge_through_the_observer)
 }
 END_TEST
 
-/* A peer's change setting kvs[key] to |v| (kvs = op 1 of the genesis). */
-static cairn_change *remote_set(const cairn_change *g, const cairn_actor *ga, uint64_t seq,
-                                const cairn_hash *dep, const char *key, cairn_value v)
+/* A change of peer actor |ab| (all bytes |ab|) setting |key| to |v| in the
+ * object made by op counter |obj| of the genesis (1 = kvs; anything else
+ * names no object). */
+static cairn_change *peer_change(uint8_t ab, uint64_t seq, const cairn_hash *dep, uint64_t obj,
+                                 const char *key, cairn_value v)
 {
     cairn_actor actors[2];
-    memset(actors[0].b, 0x99, CAIRN_ACTOR_LEN);
-    actors[1] = *ga;
-    (void)g;
+    memset(actors[0].b, ab, CAIRN_ACTOR_LEN);
+    cairn_change_free(genesis("etcd-cluster", &actors[1]));
     cairn_op op;
     memset(&op, 0, sizeof op);
     op.action = CAIRN_OP_SET;
-    op.obj.counter = 1;
+    op.obj.counter = obj;
     op.obj.actor = 1;
     op.key = (const uint8_t *)key;
     op.key_len = (uint32_t)strlen(key);
@@ -172,6 +173,12 @@ static cairn_change *remote_set(const cairn_change *g, const cairn_actor *ga, ui
     return c;
 }
 
+/* A peer's change setting kvs[key] to |v|. */
+static cairn_change *remote_set(uint64_t seq, const cairn_hash *dep, const char *key, cairn_value v)
+{
+    return peer_change(0x99, seq, dep, 1, key, v);
+}
+
 START_TEST(hostile_values_from_peers)
 {
     char *d = make_tmpdir();
@@ -186,8 +193,8 @@ START_TEST(hostile_values_from_peers)
     cairn_value vb = {.type = CAIRN_V_BYTES};
     vb.v.bytes.ptr = bad;
     vb.v.bytes.len = sizeof bad;
-    cairn_change *c1 = remote_set(g, &ga, 1, &g->hash, "int", vi);
-    cairn_change *c2 = remote_set(g, &ga, 2, &c1->hash, "bad", vb);
+    cairn_change *c1 = remote_set(1, &g->hash, "int", vi);
+    cairn_change *c2 = remote_set(2, &c1->hash, "bad", vb);
     ck_assert_int_eq(cairn_store_receive(s, c1->bytes, c1->len), 0);
     ck_assert_int_eq(cairn_store_receive(s, c2->bytes, c2->len), 0);
     /* deterministic readings: a non-bytes value reads as empty with no
@@ -219,46 +226,18 @@ START_TEST(hostile_values_from_peers)
 }
 END_TEST
 
-/* A peer's change by actor |ab| setting |key| in the object made by op
- * counter |obj| of the genesis (1 = kvs; anything else names no object). */
+/* peer_change with a kvs record: lease 0 ++ |val|. */
 static cairn_change *peer_set(uint8_t ab, uint64_t seq, const cairn_hash *dep, uint64_t obj,
                               const char *key, const char *val)
 {
-    cairn_actor ga;
-    cairn_change *g = genesis("etcd-cluster", &ga);
-    cairn_change_free(g);
-    cairn_actor actors[2];
-    memset(actors[0].b, ab, CAIRN_ACTOR_LEN);
-    actors[1] = ga;
     uint8_t rec[64];
     size_t vl = strlen(val);
     rec[0] = 0; /* lease 0 */
     memcpy(rec + 1, val, vl);
-    cairn_op op;
-    memset(&op, 0, sizeof op);
-    op.action = CAIRN_OP_SET;
-    op.obj.counter = obj;
-    op.obj.actor = 1;
-    op.key = (const uint8_t *)key;
-    op.key_len = (uint32_t)strlen(key);
-    op.value.type = CAIRN_V_BYTES;
-    op.value.v.bytes.ptr = rec;
-    op.value.v.bytes.len = vl + 1;
-    cairn_change t;
-    memset(&t, 0, sizeof t);
-    t.actor = actors[0];
-    t.seq = seq;
-    t.start_op = 1000 + seq;
-    t.time_ms = 5;
-    t.ndeps = 1;
-    t.deps = (cairn_hash *)dep;
-    t.nactors = 2;
-    t.actors = actors;
-    t.nops = 1;
-    t.ops = &op;
-    cairn_change *c;
-    ck_assert_int_eq(cairn_change_new(&c, &t), 0);
-    return c;
+    cairn_value v = {.type = CAIRN_V_BYTES};
+    v.v.bytes.ptr = rec;
+    v.v.bytes.len = vl + 1;
+    return peer_change(ab, seq, dep, obj, key, v);
 }
 
 typedef struct heads_wait {

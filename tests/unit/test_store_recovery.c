@@ -16,6 +16,7 @@
  */
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -160,6 +161,11 @@ START_TEST(crash_keeps_every_acknowledged_write)
         close(p[1]);
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         useconds_t delay = 20000 + (useconds_t)((seed >> 33) % 300000); /* 20-320 ms */
+        /* The delay starts at the child's first acknowledgement (poll does
+         * not consume it): a child slow to start (ASan, a loaded machine)
+         * would otherwise die before it wrote anything. At most 20 s. */
+        struct pollfd pf = {p[0], POLLIN, 0};
+        poll(&pf, 1, 20000);
         usleep(delay);
         kill(pid, SIGKILL);
         int status;

@@ -1,10 +1,10 @@
 /*
  * A data dir restored from a snapshot gets a new actor id.
  *
- * A snapshot (cairn_store_snapshot, streamed by server/snapshot.c) is the
- * database's files plus the marker
- * CAIRN_STORE_RESTORE_MARKER; this suite makes the same thing with `cp -a`
- * and the marker file, then opens the copy. The copy keeps every key,
+ * A snapshot (cairn_store_snapshot, streamed by server/etcd/snapshot.c) is
+ * the database's files plus the marker CAIRN_STORE_RESTORE_MARKER; this
+ * suite makes the same thing with `cp -a` and the marker file, then opens
+ * the copy. The copy keeps every key,
  * revision, lease, member and cluster id, but has a new actor, written
  * before the marker is removed; a plain reopen keeps the actor; a marker
  * found again (a crash between the two steps) only draws another actor.
