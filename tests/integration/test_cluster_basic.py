@@ -29,17 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
 from verdict import check, failures  # noqa: E402
+import wire  # noqa: E402
 
 CONVERGE_S = 20  # bound on every wait for replication
 
 
 def heads(node):
-    """The node's heads: HeadsResponse without its member_id field."""
+    """The node's heads (HeadsResponse field 1), sorted."""
     with grpc.insecure_channel(node.endpoint) as ch:
         raw = ch.unary_unary("/cairnpb.Replication/Heads")(b"", timeout=5)
-    if raw[:1] == b"\x09":  # field 1, fixed64: member_id
-        raw = raw[9:]
-    return raw
+    return sorted(bytes(h) for h in wire.decode(raw).get(1, []))
 
 
 def keyspace(node):
