@@ -9,10 +9,18 @@
 #   etcdctl --endpoints=127.0.0.1:2379 put k v
 #   etcdctl --endpoints=127.0.0.1:22379 get k
 #
-# CAIRN: the binary (default build/cairn). CAIRN_CLUSTER_PORTS: six ports,
-# client and peer of n1, n2, n3 (default "2379 2380 22379 22380 32379 32380").
+# Without CAIRN it first installs the packages and builds build/cairn, as
+# scripts/run.sh does, so it works on a fresh machine. CAIRN: a binary to use
+# instead. CAIRN_CLUSTER_PORTS: six ports, client and peer of n1, n2, n3
+# (default "2379 2380 22379 22380 32379 32380").
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
+if [ -z "${CAIRN:-}" ]; then
+    bash scripts/deps.sh
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake --build build -j"$(nproc)" --target cairn
+fi
 cairn=${CAIRN:-build/cairn}
 read -r -a ports <<< "${CAIRN_CLUSTER_PORTS:-2379 2380 22379 22380 32379 32380}"
 if [ "${#ports[@]}" -ne 6 ]; then
