@@ -164,7 +164,8 @@ def main():
         try:
             stranger.start()
             deadline = time.time() + CONVERGE_S
-            while time.time() < deadline and "refused" not in n1.read_log():
+            while (time.time() < deadline
+                   and "refused: member x is in cluster" not in n1.read_log()):
                 time.sleep(0.1)
             log = n1.read_log()
             check("refused: member x is in cluster" in log, "n1 refuses another cluster")
