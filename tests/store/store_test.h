@@ -34,6 +34,14 @@ static inline char *make_tmpdir(void)
     return strdup(d);
 }
 
+/* Closes |s| and removes and frees its dir (from make_tmpdir). */
+static inline void close_and_remove(cairn_store *s, char *dir)
+{
+    cairn_store_close(s);
+    rm_rf(dir);
+    free(dir);
+}
+
 static inline cairn_store *open_store_opts(const char *dir, cairn_store_options *o)
 {
     static const cairn_actor actor = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};

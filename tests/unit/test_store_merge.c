@@ -130,12 +130,8 @@ START_TEST(merge_through_the_observer)
     ck_assert_int_eq(cur_rev(b), rb + 2);
     captured_free(&ca);
     captured_free(&cb);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 
@@ -490,12 +486,8 @@ START_TEST(every_subscriber_gets_every_change)
     captured_free(&hub);
     captured_free(&bc);
     captured_free(&late);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 

@@ -173,12 +173,8 @@ START_TEST(two_stores_converge)
     ck_same_keys(a, b);
     cairn_replica_free(ab);
     cairn_replica_free(ba);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 
@@ -205,12 +201,8 @@ START_TEST(burst_of_1000)
     ck_assert_int_eq(cur_rev(b), 1001);
     cairn_replica_free(ab);
     cairn_replica_free(ba);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 
@@ -240,11 +232,8 @@ START_TEST(three_in_a_line)
     cairn_replica_free(ba);
     cairn_replica_free(bc);
     cairn_replica_free(cb);
-    for (int i = 0; i < 3; i++) {
-        cairn_store_close(s[i]);
-        rm_rf(d[i]);
-        free(d[i]);
-    }
+    for (int i = 0; i < 3; i++)
+        close_and_remove(s[i], d[i]);
 }
 END_TEST
 
@@ -302,12 +291,8 @@ START_TEST(corrupt_change_applies_nothing)
     captured_free(&ca);
     cairn_replica_free(ab);
     cairn_replica_free(ba);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 
@@ -335,12 +320,8 @@ START_TEST(push_then_quiet)
     captured_free(&ca);
     cairn_replica_free(ab);
     cairn_replica_free(ba);
-    cairn_store_close(a);
-    cairn_store_close(b);
-    rm_rf(da);
-    rm_rf(db);
-    free(da);
-    free(db);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
 }
 END_TEST
 
