@@ -46,6 +46,7 @@ enum flag_kind {
     F_BATCH,
     F_SYNC_MS,
     F_PEER_DIAL,
+    F_PEER_LINKS,
     F_IGNORED
 };
 
@@ -89,6 +90,12 @@ static const struct flag flags[] = {
     {"experimental-peer-dial", F_PEER_DIAL,
      "cairn, for tests only: NAME=HOST:PORT dials member NAME at HOST:PORT instead of\n"
      "        its advertised peer URL (e.g. through a fault-injecting proxy); repeatable."},
+    {"peer-links", F_PEER_LINKS,
+     "cairn: NAME,NAME,... links this node to these members only (a partial mesh:\n"
+     "        hub and spoke, a line of edge sites); changes travel on through the\n"
+     "        linked members, which relay what they receive (give the flag to every\n"
+     "        node of a partial mesh, the hub too). List each link on both of its\n"
+     "        ends. Default: every other member (full mesh, no relaying)."},
     {"logger", F_IGNORED, NULL},
     {"log-outputs", F_IGNORED, NULL},
     {"heartbeat-interval", F_IGNORED, NULL},
@@ -423,6 +430,11 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
         break;
     case F_PEER_DIAL:
         return add_peer_dial(cfg, v, err, errlen);
+    case F_PEER_LINKS:
+        rc = set_urls(&cfg->peer_links, &cfg->npeer_links, v);
+        if (rc == CAIRN_EINVAL)
+            return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
+        break;
     }
     return rc;
 }
@@ -532,6 +544,17 @@ int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size
         return fail(err, errlen,
                     "couldn't find local name \"%s\" in the initial cluster configuration",
                     cfg->name);
+    for (size_t i = 0; i < cfg->npeer_links; i++) {
+        const char *l = cfg->peer_links[i];
+        size_t j = 0;
+        while (j < cfg->ninitial_cluster && strcmp(cfg->initial_cluster[j].name, l) != 0)
+            j++;
+        if (j == cfg->ninitial_cluster || strcmp(l, cfg->name) == 0)
+            return fail(err, errlen,
+                        "--peer-links names \"%s\", which is not another member of the initial "
+                        "cluster",
+                        l);
+    }
     return CAIRN_CONFIG_RUN;
 }
 
@@ -551,6 +574,7 @@ void cairn_config_destroy(cairn_config *cfg)
         free(cfg->peer_dials[i].addr);
     }
     free(cfg->peer_dials);
+    free_list(cfg->peer_links, cfg->npeer_links);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -76,6 +76,10 @@ typedef struct cairn_config {
     uint32_t sync_interval_ms; /* --sync-interval-ms; 100 */
     cairn_config_dial *peer_dials;
     size_t npeer_dials;
+    /* --peer-links: the members this node links to (a partial mesh);
+     * NULL = every other member (the default full mesh). */
+    char **peer_links;
+    size_t npeer_links;
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */

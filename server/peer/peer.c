@@ -20,6 +20,13 @@
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
  * once after a (re)connect and after a received message was made durable.
+ *
+ * PARTIAL MESH. With --peer-links a node dials and accepts only the members
+ * named there (a hello from another is refused), and its pushes relay: they
+ * carry every queued change except those the peer authored or sent us
+ * (replica.h), so a change crosses a line of sites hop by hop at push speed
+ * instead of one sync interval per hop. In a full mesh every member hears
+ * each change from its author, and a relay would only send duplicates.
  * A message that does not decode, or carries a change the document
  * refuses, resets the stream with a log line naming the peer and why.
  */
@@ -95,6 +102,8 @@ typedef struct ppeer {
     uint32_t backoff_ms;
     atomic_int answer_due; /* a received message is durable: answer now */
     atomic_int connected;  /* the subscriber queues pushes only then */
+    int linked;            /* in --peer-links (every member without it) */
+    cairn_actor actor;     /* from its hello */
     char **client_urls;    /* from its last hello; under peer_net.info_mu */
     size_t nclient_urls;
     pthread_mutex_t qmu;
@@ -449,8 +458,14 @@ static void on_hello(plink *l, const Cairnpb__Hello *h)
         refuse(l, why);
         return;
     }
+    if (!p->linked) {
+        snprintf(why, sizeof why, "member %s is not in this node's --peer-links", p->name);
+        refuse(l, why);
+        return;
+    }
     l->p = p;
     l->hello_in = 1;
+    memcpy(p->actor.b, h->actor_id.data, CAIRN_ACTOR_LEN);
     int ok;
     char **urls = copy_urls(h->client_urls, h->n_client_urls, &ok);
     if (ok) {
@@ -634,7 +649,8 @@ static void on_event(peer_net *n, ptag *t, int ok)
 
 /* ---- sending ----------------------------------------------------------- */
 
-/* The changes queued for |p| that this node authored, as one push. */
+/* The changes queued for |p| as one push: those this node authored, and
+ * with --peer-links those of others too but |p|'s own. */
 static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
 {
     *out = NULL;
@@ -655,7 +671,9 @@ static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
         qchange *next = q->next;
         cairn_change *c;
         if (!rc && cairn_change_decode(&c, q->bytes, q->len, NULL) == 0) {
-            if (memcmp(c->actor.b, n->actor.b, CAIRN_ACTOR_LEN) == 0)
+            int mine = memcmp(c->actor.b, n->actor.b, CAIRN_ACTOR_LEN) == 0;
+            int theirs = memcmp(c->actor.b, p->actor.b, CAIRN_ACTOR_LEN) == 0;
+            if (mine || (n->cfg->peer_links && !theirs))
                 chs[k++] = c;
             else
                 cairn_change_free(c);
@@ -674,6 +692,8 @@ static void tick(peer_net *n)
     uint64_t now = now_ms();
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
+        if (!p->linked)
+            continue;
         if (!p->live && !p->dial && now >= p->next_dial_ms) {
             dial(n, p);
             continue;
@@ -825,6 +845,9 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         pthread_mutex_init(&p->qmu, NULL);
         p->qtail = &p->qhead;
         p->backoff_ms = PEER_BACKOFF_MIN_MS;
+        p->linked = !cfg->peer_links;
+        for (size_t j = 0; j < cfg->npeer_links; j++)
+            p->linked |= strcmp(cfg->peer_links[j], m->name) == 0;
         atomic_init(&p->answer_due, 0);
         atomic_init(&p->connected, 0);
         n->npeers++;
@@ -936,8 +959,11 @@ int peer_net_start(peer_net *n)
     if (pthread_create(&n->th, NULL, peer_main, n) != 0)
         return CAIRN_ENOMEM;
     n->started = 1;
-    cairn_log(CAIRN_LOG_INFO, "serving peers on %s (%zu other members)",
-              n->cfg->listen_peer_urls[0], n->npeers);
+    size_t nlinked = 0;
+    for (size_t i = 0; i < n->npeers; i++)
+        nlinked += n->peers[i].linked;
+    cairn_log(CAIRN_LOG_INFO, "serving peers on %s (%zu other members, linked to %zu)",
+              n->cfg->listen_peer_urls[0], n->npeers, nlinked);
     return 0;
 }
 
