@@ -24,7 +24,7 @@ After the heal (every node converged: equal heads and key space):
   every node, one of the two; a create-if-absent on any node now fails.
 - both lock holders and both leaders are still running (nobody told them),
   both keys are under the lock's and the election's prefix on every node,
-  and an observer (`elect -l`) on n1 names n1's candidate while one on n2
+  a new `etcdctl lock L` on n3 waits, and an observer (`elect -l`) on n1 names n1's candidate while one on n2
   names n2's: each node orders the contenders by its own create revisions,
   and the one it saw first came from its own side.
 
@@ -279,6 +279,11 @@ def run(c, procs):
               % (node.name, keys_under(node, "L")))
         check(len(keys_under(node, "E")) == 2, "%s: both candidates under E/: %r"
               % (node.name, keys_under(node, "E")))
+    w = Ctl(c.nodes[-1], "lock", "L")
+    procs.append(w)
+    check(quiet(w, QUIET), "after the heal a new waiter for L on %s waits (printed %r)"
+          % (c.nodes[-1].name, w.text()))
+    w.stop()
     seen = {}
     for node in (a, b):
         o = Ctl(node, "elect", "-l", "E")
