@@ -27,6 +27,10 @@
  * (replica.h), so a change crosses a line of sites hop by hop at push speed
  * instead of one sync interval per hop. In a full mesh every member hears
  * each change from its author, and a relay would only send duplicates.
+ * Such a node also tells its links the client URLs it knows of every
+ * member (a Members message, again whenever they change; of two reports on
+ * a member the one from its later start wins), so MemberList names them
+ * on nodes with no link to that member.
  * A message that does not decode, or carries a change the document
  * refuses, resets the stream with a log line naming the peer and why.
  */
@@ -104,8 +108,10 @@ typedef struct ppeer {
     atomic_int connected;  /* the subscriber queues pushes only then */
     int linked;            /* in --peer-links (every member without it) */
     cairn_actor actor;     /* from its hello */
-    char **client_urls;    /* from its last hello; under peer_net.info_mu */
+    char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
     size_t nclient_urls;
+    uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
+    uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
     pthread_mutex_t qmu;
     qchange *qhead, **qtail;
     size_t qbytes;
@@ -133,6 +139,8 @@ struct peer_net {
     atomic_int stop;
     pthread_mutex_t info_mu; /* the peers' client URLs */
     uint64_t my_id, cluster_id;
+    uint64_t incarnation; /* this start, in ms since the epoch */
+    uint64_t urls_gen;    /* bumped when a member's client URLs change */
     cairn_actor actor;
     uint8_t token_hash[32];
 };
@@ -304,6 +312,7 @@ static void link_start(plink *l)
     h.name = n->cfg->name;
     h.client_urls = n->cfg->advertise_client_urls;
     h.n_client_urls = n->cfg->nadvertise_client_urls;
+    h.incarnation = n->incarnation;
     Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
     m.body_case = CAIRNPB__PEER_MESSAGE__BODY_HELLO;
     m.hello = &h;
@@ -402,7 +411,8 @@ static void make_live(ppeer *p, plink *l)
     p->qbytes = 0;
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
-    p->next_sync_ms = 0; /* sync at once */
+    p->next_sync_ms = 0;   /* sync at once */
+    p->urls_sent_gen = 0;  /* and tell it the members' client URLs */
     cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
               l->dialed ? "dialed" : "accepted");
 }
@@ -415,6 +425,22 @@ static void refuse(plink *l, const char *what)
     cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", addr ? addr : peer_name(l), what);
     gpr_free(addr);
     link_kill(l, what);
+}
+
+/* |p|'s client URLs are now |v| (copied), as of its start |incarnation|. */
+static void set_client_urls(peer_net *n, ppeer *p, char *const *v, size_t k, uint64_t incarnation)
+{
+    int ok;
+    char **urls = copy_urls(v, k, &ok);
+    if (!ok)
+        return;
+    pthread_mutex_lock(&n->info_mu);
+    free_urls(p->client_urls, p->nclient_urls);
+    p->client_urls = urls;
+    p->nclient_urls = k;
+    pthread_mutex_unlock(&n->info_mu);
+    p->urls_incarnation = incarnation;
+    n->urls_gen++;
 }
 
 static void on_hello(plink *l, const Cairnpb__Hello *h)
@@ -466,15 +492,7 @@ static void on_hello(plink *l, const Cairnpb__Hello *h)
     l->p = p;
     l->hello_in = 1;
     memcpy(p->actor.b, h->actor_id.data, CAIRN_ACTOR_LEN);
-    int ok;
-    char **urls = copy_urls(h->client_urls, h->n_client_urls, &ok);
-    if (ok) {
-        pthread_mutex_lock(&n->info_mu);
-        free_urls(p->client_urls, p->nclient_urls);
-        p->client_urls = urls;
-        p->nclient_urls = h->n_client_urls;
-        pthread_mutex_unlock(&n->info_mu);
-    }
+    set_client_urls(n, p, h->client_urls, h->n_client_urls, h->incarnation);
     plink *old = p->live;
     if (old && old != l) {
         uint64_t lower = n->my_id < p->id ? n->my_id : p->id;
@@ -524,6 +542,69 @@ static void on_sync(plink *l, const Cairnpb__Sync *s)
     }
 }
 
+#define PEER_MAX_URLS 64
+#define PEER_MAX_URL_LEN 1024
+
+/* A Members message: what a link knows of the members' client URLs; a
+ * report on a member from a later start than ours replaces it. An entry
+ * out of bounds is ignored (MemberList is informative). */
+static void on_members(plink *l, const Cairnpb__Members *ms)
+{
+    peer_net *n = l->n;
+    for (size_t i = 0; i < ms->n_members; i++) {
+        const Cairnpb__MemberUrls *e = ms->members[i];
+        ppeer *p = peer_by_id(n, e->member_id);
+        if (!p || e->incarnation <= p->urls_incarnation || e->n_client_urls > PEER_MAX_URLS)
+            continue;
+        size_t j = 0;
+        while (j < e->n_client_urls && strlen(e->client_urls[j]) <= PEER_MAX_URL_LEN)
+            j++;
+        if (j == e->n_client_urls)
+            set_client_urls(n, p, e->client_urls, e->n_client_urls, e->incarnation);
+    }
+}
+
+/* Sends on |l| the client URLs this node knows of every member, itself
+ * included. */
+static int send_members(peer_net *n, plink *l)
+{
+    Cairnpb__MemberUrls *es = calloc(n->npeers + 1, sizeof *es);
+    Cairnpb__MemberUrls **ep = calloc(n->npeers + 1, sizeof *ep);
+    int rc = CAIRN_ENOMEM;
+    if (es && ep) {
+        size_t k = 0;
+        cairnpb__member_urls__init(&es[k]);
+        es[k].member_id = n->my_id;
+        es[k].incarnation = n->incarnation;
+        es[k].client_urls = n->cfg->advertise_client_urls;
+        es[k].n_client_urls = n->cfg->nadvertise_client_urls;
+        ep[k] = &es[k];
+        k++;
+        for (size_t i = 0; i < n->npeers; i++) {
+            ppeer *p = &n->peers[i];
+            if (!p->urls_incarnation)
+                continue;
+            cairnpb__member_urls__init(&es[k]);
+            es[k].member_id = p->id;
+            es[k].incarnation = p->urls_incarnation;
+            es[k].client_urls = p->client_urls;
+            es[k].n_client_urls = p->nclient_urls;
+            ep[k] = &es[k];
+            k++;
+        }
+        Cairnpb__Members ms = CAIRNPB__MEMBERS__INIT;
+        ms.members = ep;
+        ms.n_members = k;
+        Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+        m.body_case = CAIRNPB__PEER_MESSAGE__BODY_MEMBERS;
+        m.members = &ms;
+        rc = link_send(l, &m, 0);
+    }
+    free(es);
+    free(ep);
+    return rc;
+}
+
 static void on_recv(plink *l, int ok)
 {
     if (l->dead)
@@ -553,6 +634,8 @@ static void on_recv(plink *l, int ok)
             refuse(l, "the first message is not a hello");
     } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_SYNC) {
         on_sync(l, m->sync);
+    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_MEMBERS) {
+        on_members(l, m->members);
     } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_GOODBYE) {
         cairn_log(CAIRN_LOG_INFO, "peer %s: goodbye: %s", peer_name(l),
                   m->goodbye->reason ? m->goodbye->reason : "");
@@ -704,6 +787,12 @@ static void tick(peer_net *n)
         uint8_t *msg = NULL;
         size_t len = 0;
         int rc = push_queued(n, p, &msg, &len);
+        if (!rc && !msg && n->cfg->peer_links && p->urls_sent_gen != n->urls_gen) {
+            p->urls_sent_gen = n->urls_gen;
+            if (send_members(n, l))
+                link_kill(l, "cannot send");
+            continue;
+        }
         if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || now >= p->next_sync_ms)) {
             p->next_sync_ms = now + n->cfg->sync_interval_ms;
             rc = cairn_replica_generate(p->rep, &msg, &len);
@@ -873,6 +962,10 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     n->my_id = cairn_store_member_id(store);
     n->cluster_id = cairn_store_cluster_id(store);
     cairn_store_actor(store, &n->actor);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    n->incarnation = (uint64_t)wall.tv_sec * 1000u + (uint64_t)wall.tv_nsec / 1000000u;
+    n->urls_gen = 1;
     crypto_generichash(n->token_hash, sizeof n->token_hash,
                        (const uint8_t *)cfg->initial_cluster_token,
                        strlen(cfg->initial_cluster_token), NULL, 0);

@@ -8,6 +8,9 @@ harness of cluster.py (a netproxy on every directed peer link).
 - Relay: a put on one end is read on the other end through N-2 relaying
   nodes; the delay (put acknowledged to value read, polled every 2 ms) is
   printed for each direction, p50 and max over ROUNDS puts, and bounded.
+- member list on every node names every member with its client URLs (also
+  those it has no link to), and endpoint status / health --cluster through
+  n1 answer for all N.
 - Writers on both ends at once (shared and distinct keys): every node ends
   with equal heads and an equal key space.
 - n2 killed with SIGKILL: n1 and n3 keep serving (puts and gets answer); a
@@ -19,6 +22,7 @@ Needs the peer transport and --peer-links (exit 77, skipped, otherwise).
 """
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -99,6 +103,29 @@ def main():
                 check(st["accepted"] == 0 and moved == 0,
                       "no link n%d->n%d: its proxy accepted %d connections, %d bytes"
                       % (a + 1, b + 1, st["accepted"], moved))
+
+        # ---- member list on every node names every member's client URLs,
+        # also of members it has no link to (Members messages relay them)
+        want = {x.name: ["http://" + x.endpoint] for x in c.nodes}
+        for node in c.nodes:
+            deadline = time.monotonic() + 20
+            while True:
+                ms = node.json("member", "list").get("members", [])
+                got = {m.get("name"): sorted(m.get("clientURLs", [])) for m in ms}
+                if got == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            check(got == want, "%s: member list names every member's client URLs: %r"
+                  % (node.name, got))
+        for what in ("status", "health"):
+            r = c.nodes[0].etcdctl("endpoint", what, "--cluster", "-w", "json", check=False)
+            try:
+                got = json.loads(r.stdout)
+            except ValueError:
+                got = []
+            check(r.returncode == 0 and len(got) == n,
+                  "n1: endpoint %s --cluster answers for all %d members: rc %d, %r"
+                  % (what, n, r.returncode, r.stdout[:300]))
 
         # ---- writers on both ends at once
         errors = []
