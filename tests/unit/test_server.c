@@ -184,7 +184,31 @@ START_TEST(peer_flags)
     ck_assert_str_eq(cfg.peer_dials[0].addr, "127.0.0.1:7001");
     ck_assert_str_eq(cfg.peer_dials[1].name, "n3");
     ck_assert_str_eq(cfg.peer_dials[1].addr, "[::1]:7002");
+    ck_assert_ptr_null(cfg.peer_links); /* full mesh */
     cairn_config_destroy(&cfg);
+    const char *links[] = {"--name", "b", "--initial-cluster",
+                           "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3",
+                           "--peer-links", "a,c", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, links), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.npeer_links, 2);
+    ck_assert_str_eq(cfg.peer_links[0], "a");
+    ck_assert_str_eq(cfg.peer_links[1], "c");
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+START_TEST(peer_links_rejections)
+{
+    const char *a1[] = {"--name", "a", "--initial-cluster",
+                        "a=http://127.0.0.1:1,b=http://127.0.0.1:2", "--peer-links", "z", NULL};
+    expect_error(a1, "not another member");
+    const char *a2[] = {"--name", "a", "--initial-cluster",
+                        "a=http://127.0.0.1:1,b=http://127.0.0.1:2", "--peer-links", "a", NULL};
+    expect_error(a2, "not another member");
+    const char *a3[] = {"--name", "a", "--initial-cluster",
+                        "a=http://127.0.0.1:1,b=http://127.0.0.1:2", "--peer-links", "b,,b",
+                        NULL};
+    expect_error(a3, "peer-links");
 }
 END_TEST
 
@@ -427,6 +451,7 @@ static Suite *suite(void)
     tcase_add_test(tc, initial_cluster_merges_names);
     tcase_add_test(tc, rejections);
     tcase_add_test(tc, peer_flags);
+    tcase_add_test(tc, peer_links_rejections);
     tcase_add_test(tc, help_version_and_ignored);
     tcase_add_test(tc, urls_to_addresses);
     tcase_add_test(tc, crc32c_vectors);
