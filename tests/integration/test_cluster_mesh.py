@@ -17,7 +17,10 @@ harness of cluster.py (a netproxy on every directed peer link).
   put on n1 does not reach n3 while n2 is down (n1's only path to n3 is
   n2), and after n2's restart every node converges, n1's put included.
 
-Usage: test_cluster_mesh.py --cairn build/cairn [--nodes N]
+--shape star: the same with n2 as the hub and every other node a spoke
+(n2's death then leaves every spoke alone).
+
+Usage: test_cluster_mesh.py --cairn build/cairn [--nodes N] [--shape star]
 Needs the peer transport and --peer-links (exit 77, skipped, otherwise).
 """
 
@@ -73,6 +76,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", required=True)
     ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--shape", choices=("line", "star"), default="line",
+                    help="star: n2 is the hub, every other node a spoke")
     args = ap.parse_args()
     n = args.nodes
     if n < 3:
@@ -81,14 +86,18 @@ def main():
     if "--peer-links" not in helptext or "--experimental-peer-dial" not in helptext:
         print("SKIP: this cairn has no --peer-links or --experimental-peer-dial")
         return SKIP
-    line = [(i, i + 1) for i in range(n - 1)]
-    with clusterlib.Cluster(args.cairn, n, links=line) as c:
+    if args.shape == "line":
+        links = [(i, i + 1) for i in range(n - 1)]
+    else:
+        links = [(1, i) for i in range(n) if i != 1]
+    with clusterlib.Cluster(args.cairn, n, links=links) as c:
         last = n - 1
         # ---- relay along the line, each way
         fwd = relay_delays(c, 0, last, b"fwd")
         back = relay_delays(c, last, 0, b"back")
-        print("relay n1 -> n%d (%d hops): %s" % (n, n - 1, summary(fwd)))
-        print("relay n%d -> n1 (%d hops): %s" % (n, n - 1, summary(back)))
+        hops = n - 1 if args.shape == "line" else 2
+        print("relay n1 -> n%d (%d hops): %s" % (n, hops, summary(fwd)))
+        print("relay n%d -> n1 (%d hops): %s" % (n, hops, summary(back)))
         for name, ds in (("n1->n%d" % n, fwd), ("n%d->n1" % n, back)):
             check(all(d is not None for d in ds), "%s: every put arrives" % name)
             check(all(d is None or d < RELAY_BOUND_S for d in ds),
