@@ -185,8 +185,7 @@ static uint32_t from_peer_slot(const cairn_hash *h)
 /* 1 if |h| is remembered as received from the peer (caller holds r->mu). */
 static int from_peer_has(const cairn_replica *r, const cairn_hash *h)
 {
-    return r->from_peer &&
-           memcmp(r->from_peer[from_peer_slot(h)].b, h->b, sizeof h->b) == 0;
+    return r->from_peer && memcmp(r->from_peer[from_peer_slot(h)].b, h->b, sizeof h->b) == 0;
 }
 
 /* One receive waiting for the committer. */

@@ -411,8 +411,8 @@ static void make_live(ppeer *p, plink *l)
     p->qbytes = 0;
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
-    p->next_sync_ms = 0;   /* sync at once */
-    p->urls_sent_gen = 0;  /* and tell it the members' client URLs */
+    p->next_sync_ms = 0;  /* sync at once */
+    p->urls_sent_gen = 0; /* and tell it the members' client URLs */
     cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
               l->dialed ? "dialed" : "accepted");
 }
