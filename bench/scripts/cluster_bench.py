@@ -60,12 +60,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, HERE)
 
 import cluster as cl  # noqa: E402
 import netproxy  # noqa: E402
 import procs  # noqa: E402
 import wire  # noqa: E402
 from system_python import grpc  # noqa: E402
+from report import median  # noqa: E402  (bench/scripts/report.py)
 
 KEY_BYTES, VALUE_BYTES = 18, 32   # cairn-loadgen's defaults
 
@@ -73,14 +75,6 @@ KEY_BYTES, VALUE_BYTES = 18, 32   # cairn-loadgen's defaults
 def log(*a):
     print("[%s] %s" % (time.strftime("%H:%M:%S", time.gmtime()), " ".join(str(x) for x in a)),
           flush=True)
-
-
-def median(v):
-    v = sorted(x for x in v if not math.isnan(x))
-    if not v:
-        return math.nan
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 class Client:
