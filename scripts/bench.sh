@@ -117,6 +117,12 @@
 # watch 2-7, etcd-bench 14-44, batch 8-24, big 31-52; setup 15-32 s with
 # everything built). Building etcd's benchmark the first time adds about 3
 # minutes, installing its Go packages (deps.sh --bench) a few more.
+# cluster (not yet run on a quiet machine): about 10-11 minutes estimated
+# from its steps (per system: single node 20 s, 3 nodes 250 s of which the
+# 200,000-change catch-up 60-90 s, 5 nodes 45 s), so a full run of all eight
+# parts about 28; --catchup-changes 1000000 adds about 2 x 1.5-3 minutes.
+# Its --quick form took 176 s on this machine at load average 12-45 (one
+# repetition, 3 nodes only); expect 1-2 minutes on a quiet one.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

@@ -128,6 +128,19 @@ def wait_for(pred, timeout, step=0.02):
         time.sleep(step)
 
 
+def writer_split(cluster):
+    """(bytes node 1 sent to its peers, bytes its peers sent to it) over
+    cairn's links (a pair's stream rides on either proxy of the pair)."""
+    out, back = 0, 0
+    for (a, b), p in cluster.c.proxies.items():
+        st = p.stats()["bytes"]
+        if a == 0:
+            out, back = out + st["a2b"]["sent"], back + st["b2a"]["sent"]
+        elif b == 0:
+            out, back = out + st["b2a"]["sent"], back + st["a2b"]["sent"]
+    return out, back
+
+
 def wire_bytes(proxies):
     total = 0
     for p in proxies:
@@ -383,6 +396,7 @@ class Bench:
         self.msgs = cl.load_messages(os.path.join(REPO, "proto"), self.work)
         self.pin = a.load_pin.split() if a.load_pin else []
         self.live = []
+        self.children = set()   # loadgens running now (threads start them too)
 
     def rec(self, fig, system, rep, value):
         self.raw.write("%s\t%s\t%s\t%s\n" % (fig, system, rep, value))
@@ -393,11 +407,20 @@ class Bench:
                           str(duration), "--label", label] + list(args)
         if cdf:
             cmd += ["--cdf", cdf]
-        r = subprocess.run(cmd, capture_output=True, timeout=duration + 120)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+        self.children.add(p)
         try:
-            return json.loads(r.stdout)
+            out, err = p.communicate(timeout=duration + 120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        finally:
+            self.children.discard(p)
+        try:
+            return json.loads(out)
         except ValueError:
-            log("  %s FAILED (%d): %s" % (label, r.returncode, r.stderr.decode()[-400:]))
+            log("  %s FAILED (%d): %s" % (label, p.returncode, err.decode()[-400:]))
             return None
 
     def lg_async(self, ep, args, duration, label, cdf=None):
@@ -437,6 +460,10 @@ class Bench:
         self.live.remove(c)
 
     def close(self):
+        for p in list(self.children):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         for c in list(self.live):
             try:
                 c.close()
@@ -496,6 +523,7 @@ class Bench:
             w0 = wire_bytes(c.proxies)
             t0 = time.monotonic()
             cb0 = cls[0].change_bytes() if kind == "cairn" else (0, 0)
+            sp0 = writer_split(c) if kind == "cairn" else (0, 0)
             j = self.loadgen(c.endpoints[0], ["--workload", "put", "--rate", "1000",
                                               "--keys", str(self.a.keys), "--seed", str(rep)],
                              self.a.push_s, "%s/push/%d" % (kind, rep))
@@ -512,6 +540,10 @@ class Bench:
             if kind == "cairn":
                 cb1 = cls[0].change_bytes()
                 own = (cb1[1] - cb0[1]) * (n - 1)
+                sp1 = writer_split(c)
+                log("  cairn/push/%d: node 1 sent %d bytes to its peers, they sent %d back" % (
+                    rep, sp1[0] - sp0[0], sp1[1] - sp0[1]))
+                self.rec("cl-bytes-push.out_ratio", kind, rep, (sp1[0] - sp0[0]) / max(own, 1))
                 log("  cairn/push/%d: %d changes of %d bytes, %d wire bytes: %.3f x" % (
                     rep, cb1[0] - cb0[0], cb1[1] - cb0[1], w1 - w0, (w1 - w0) / max(own, 1)))
                 self.rec("cl-bytes-push.ratio", kind, rep, (w1 - w0) / max(own, 1))
@@ -838,6 +870,8 @@ def report(out, a):
     add("wire bytes per replicated change / its own bytes, steady push (etcd: per put per "
         "follower / key+value)", med("cl-bytes-push.ratio", "etcd"), k, math.nan, "≤ 1.2×",
         None if math.isnan(k) else k <= 1.2)
+    add("the same, node 1's own sending only (its peers' answers left out)", math.nan,
+        med("cl-bytes-push.out_ratio", "cairn"), math.nan)
     add("the same, less what the idle links carry in as long", med("cl-bytes-push.net_ratio",
         "etcd"), med("cl-bytes-push.net_ratio", "cairn"), math.nan)
     add("idle links (no writes), bytes/s over all peer links", med("cl-wire-idle.bytes_per_s",
