@@ -651,7 +651,7 @@ class Bench:
                         o, e = tl["ok"][s], tl["errors"][s]
                         f.write("%d %d %d %.1f %.3f %.3f\n" % (s, o, e, 100.0 * o / max(o + e, 1),
                                                               tl["mean_ms"][s], tl["max_ms"][s]))
-                with open(os.path.join(self.dat, "cut.window"), "w") as f:
+                with open(os.path.join(self.dat, "cut.%s.window" % kind), "w") as f:
                     f.write("%.2f %.2f\n" % (t_cut - ws, t_heal - ws))
         for x in cls:
             x.close()
@@ -911,14 +911,17 @@ def plot(out):
     if not (os.path.exists(e) and os.path.exists(k)):
         return
     try:
-        with open(os.path.join(d, "cut.window")) as f:
+        with open(os.path.join(d, "cut.cairn.window")) as f:
             c0, c1 = f.read().split()
+        with open(os.path.join(d, "cut.etcd.window")) as f:
+            e0, e1 = f.read().split()
     except (OSError, ValueError):
-        c0, c1 = "2", "7"
+        c0, c1, e0, e1 = "2", "7", "2", "7"
     script = """set terminal pngcairo size 1000,700 noenhanced
 set output '%s'
-set multiplot layout 2,1 title 'client node cut off from its peers (shaded), YCSB A open loop'
+set multiplot layout 2,1 title 'client node cut off from its peers (shaded: cairn %s-%s s, etcd %s-%s s), YCSB A open loop'
 set object 1 rect from %s, graph 0 to %s, graph 1 fillcolor rgb '#eeeeee' behind
+set xrange [0:*]
 set ylabel 'latency of ok requests (ms, log)'
 set logscale y
 set grid
@@ -934,7 +937,7 @@ set yrange [-5:105]
 plot '%s' using 1:4 with linespoints lw 2 lc rgb '#d62728' title 'etcd', \\
      '%s' using 1:4 with linespoints lw 2 lc rgb '#1f77b4' title 'cairn'
 unset multiplot
-""" % (os.path.join(out, "cluster-cut.png"), c0, c1, e, e, k, k, e, k)
+""" % (os.path.join(out, "cluster-cut.png"), c0, c1, e0, e1, c0, c1, e, e, k, k, e, k)
     try:
         subprocess.run(["gnuplot"], input=script.encode(), check=True, timeout=60)
         log("plot: cluster-cut.png")
