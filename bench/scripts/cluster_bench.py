@@ -894,7 +894,8 @@ def report(out, a):
     add("node 3 local put p99 during the catch-up, ms (ratio: cairn / its idle)",
         med("cl-catchup.during_p99", "etcd"), kd, r, "≤ 2×", None if math.isnan(r) else r <= 2)
     md = ["## cluster", "",
-          "Medians of %d runs; ratio = cairn/etcd unless the row says otherwise. Peer links "
+          "Medians of %d runs (the catch-up rows: one run); ratio = cairn/etcd unless the row "
+          "says otherwise. Peer links "
           "through tests/integration/netproxy.py (Python, one process) for both systems; "
           "nothing pinned. %s" % (a.reps, "QUICK: a smoke run, not a measurement." if a.quick
                                   else ""), "",
