@@ -14,28 +14,24 @@ everything still hands a peer that is behind every change it lacks.
 2. n3 cut off again; n1 writes and compacts; n2 stopped (SIGTERM) so that
    only n1 holds the changes n3 lacks; n1 restarted (it reopens from its
    checkpoint after a compaction); heal: n3 catches up from n1 alone; then
-   n2 restarts and all three converge.
+   n2 restarts and all three converge. n2's stop is a clean departure: it
+   says goodbye, n1 logs that n2 left (not a broken stream) and connects
+   to it again once it is back.
 Every node's watcher got each of its node's revisions once, in order, no
 gap. Bounded (about 40 s); needs the peer transport (exit 77 otherwise).
 
 Usage: test_cluster_compaction.py --cairn build/cairn
 """
 
-import argparse
 import os
-import signal
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cluster as clusterlib  # noqa: E402
+from cluster_checks import check_equal_state, log_has, main, wait_for  # noqa: E402
 from system_python import grpc  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check  # noqa: E402
 
-SKIP = 77
-CONVERGE_S = 30.0
 KEYS = 20
 
 
@@ -56,12 +52,6 @@ def get_at(c, n, key, rev):
         return e.code()
 
 
-def hashkv(c, n):
-    r = c._unary(n, "/etcdserverpb.Maintenance/HashKV", c.msgs["etcdserverpb.HashKVRequest"](),
-                 "etcdserverpb.HashKVResponse")
-    return r.hash
-
-
 def write(c, n, tag, count):
     """|count| writes on node n over KEYS shared keys: puts, and every
     fifth a delete."""
@@ -73,33 +63,14 @@ def write(c, n, tag, count):
             c.put(n, k, b"%s-%d" % (tag.encode(), i))
 
 
-def check_equal_state(c, what):
-    ok, report = c.converge(CONVERGE_S)
-    print("%s: %s" % (what, report))
-    check(ok, "%s: every live node converges: %s" % (what, report))
-    live = [n for n in c.nodes if n.proc is not None]
-    fields = {n.name: {k: (v, lease) for k, (v, lease, _ver) in c.range_kvs(n).items()}
-              for n in live}
-    check(all(f == fields[live[0].name] for f in fields.values()),
-          "%s: equal key, value and lease of every KeyValue" % what)
-    versions = {n.name: {k: ver for k, (_v, _l, ver) in c.range_kvs(n).items()} for n in live}
-    differ = sorted(k for k in versions[live[0].name]
-                    if len({v.get(k) for v in versions.values()}) > 1)
-    print("%s: %d of %d keys have a version that differs between nodes (local, like "
-          "revisions)" % (what, len(differ), len(versions[live[0].name])))
-    hashes = {n.name: hashkv(c, n) for n in live}
-    check(len(set(hashes.values())) == 1, "%s: equal HashKV: %s" % (what, hashes))
-    return ok
-
-
 def compact_then_heal(c):
     n1, n2, n3 = c.nodes
     c.partition([[0, 1], [2]])
     write(c, n3, "n3", 40)          # first: n1's and n2's later writes win on n3
     write(c, n1, "n1", 120)
     write(c, n2, "n2", 80)
-    ok, _ = wait_same(c, [n1, n2])
-    check(ok, "compact: n1 and n2 converge beside the cut-off n3")
+    check(wait_for(lambda: same_heads(c, [n1, n2]), 30),
+          "compact: n1 and n2 converge beside the cut-off n3")
     for n in c.nodes:
         rev = c.range_all(n)[0]
         compact(c, n, rev)
@@ -114,79 +85,31 @@ def restart_after_compaction(c):
     n1, n2, n3 = c.nodes
     c.partition([[0, 1], [2]])
     write(c, n1, "again", 100)
-    ok, _ = wait_same(c, [n1, n2])
-    check(ok, "restart: n1 and n2 converge beside the cut-off n3")
+    check(wait_for(lambda: same_heads(c, [n1, n2]), 30),
+          "restart: n1 and n2 converge beside the cut-off n3")
     for n in (n1, n2):
         compact(c, n, c.range_all(n)[0])
     n2.stop()                        # only n1 holds what n3 lacks
+    # server/peer: a stopping node says goodbye; its peer logs a departure
+    check(wait_for(lambda: log_has(
+        n1, "peer n2: stream closed: the peer left (goodbye: shutting down)"), 5),
+          "restart: n1 logs n2's stop as a clean departure (a Goodbye)")
+    check(wait_for(lambda: log_has(n2, "peer n1: stream closed: shutting down (said goodbye)"), 5),
+          "restart: n2 logs that it said goodbye to n1")
     c.restart(n1)                    # reopens after a compaction
     c.heal()
     check_equal_state(c, "restart: n3 catches up from the restarted n1 alone")
     c.restart(n2)
     check_equal_state(c, "restart: n2 back")
+    check(wait_for(lambda: log_has(n1, "peer n2 (", after="the peer left"), 5),
+          "restart: n1 connects to n2 again after its departure")
 
 
-def wait_same(c, nodes, timeout=CONVERGE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            hs = [c.heads(n) for n in nodes]
-            if all(h == hs[0] for h in hs):
-                return True, hs[0]
-        except grpc.RpcError:
-            pass
-        if time.monotonic() >= deadline:
-            return False, None
-        time.sleep(0.1)
-
-
-def run(args):
-    caps = clusterlib.capabilities(args.cairn)
-    if not caps["peer_dial"]:
-        print("SKIP: %s --help lists no --experimental-peer-dial" % args.cairn)
-        return SKIP
-    with clusterlib.Cluster(args.cairn, 3, sync_interval_ms=100) as c:
-        try:
-            c.watch_all()
-            compact_then_heal(c)
-            restart_after_compaction(c)
-            for name, probs in c.check_watches().items():
-                for p in probs:
-                    check(False, "watch on %s: %s" % (name, p))
-        except BaseException:
-            print(clusterlib.logs(c))
-            raise
-        if failures:
-            print(clusterlib.logs(c))
-    return 1 if failures else 0
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cairn", default=os.path.join(os.path.dirname(os.path.dirname(HERE)),
-                                                    "build", "cairn"))
-    ap.add_argument("--hard-timeout", type=float, default=150)
-    args = ap.parse_args()
-
-    def on_alarm(_sig, _frm):
-        print("FAIL: hard timeout of %.0f s" % args.hard_timeout, flush=True)
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.signal(signal.SIGTERM, lambda *_: on_alarm(None, None))
-    signal.alarm(int(args.hard_timeout))
-    t0 = time.monotonic()
-    try:
-        rc = run(args)
-    except KeyboardInterrupt:
-        rc = 1
-    except (AssertionError, RuntimeError, grpc.RpcError) as e:
-        check(False, "%s: %s" % (type(e).__name__, e))
-        rc = 1
-    if rc != SKIP:
-        print("test_cluster_compaction: %d failures in %.1f s"
-              % (len(failures), time.monotonic() - t0))
-    return rc
+def same_heads(c, nodes):
+    hs = [c.heads(n) for n in nodes]
+    return all(h == hs[0] for h in hs)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("test_cluster_compaction", __doc__,
+                  [compact_then_heal, restart_after_compaction]))

@@ -16,9 +16,10 @@ netproxy on every peer link, a watcher on every node.
    own at the deadline: on each survivor the keys go at the deadline (not
    before), one delete event per key; after the heal the two concurrent
    revokes merge into nothing new (no second delete event, no revision
-   bump), the lease is gone everywhere (TTL -1, not in LeaseLeases); n1
-   restarted catches up with one delete per key, and every node ends with
-   equal heads, key space, KeyValue fields that must agree, and HashKV.
+   bump), the lease is gone everywhere (TTL -1, not in LeaseLeases) while
+   a plain key and a key on n2's live lease stay; n1 restarted catches up
+   with one delete per key, and every node ends with equal heads, key
+   space, KeyValue fields that must agree, HashKV and LeaseLeases.
 3. A revoke (LeaseRevoke) on n2 while n3 revokes the same lease by expiry
    in a partition: the same, one delete per key per node.
 
@@ -29,23 +30,18 @@ peer transport (exit 77 otherwise).
 Usage: test_cluster_leases.py --cairn build/cairn
 """
 
-import argparse
 import os
-import signal
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cluster as clusterlib  # noqa: E402
-from system_python import grpc  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from cluster_checks import check_equal_state, lease_list, main, wait_for  # noqa: E402
+from verdict import check  # noqa: E402
 
-SKIP = 77
 TTL = 6              # s: keepalives every second keep a 3 s margin on coalescing
 SLACK = 4.0          # s: the expiry tick, a push and a loaded machine
-CONVERGE_S = 30.0
 
 
 # ---- lease calls ----------------------------------------------------------
@@ -88,34 +84,7 @@ def time_to_live(c, n, lid):
     return r.ID, r.TTL, r.grantedTTL, sorted(r.keys)
 
 
-def lease_list(c, n):
-    r = c._unary(n, "/etcdserverpb.Lease/LeaseLeases",
-                 c.msgs["etcdserverpb.LeaseLeasesRequest"](),
-                 "etcdserverpb.LeaseLeasesResponse")
-    return sorted(x.ID for x in r.leases)
-
-
-def hashkv(c, n):
-    r = c._unary(n, "/etcdserverpb.Maintenance/HashKV", c.msgs["etcdserverpb.HashKVRequest"](),
-                 "etcdserverpb.HashKVResponse")
-    return r.hash
-
-
 # ---- waits and checks -----------------------------------------------------
-
-def wait_for(pred, timeout, step=0.05):
-    """Polls pred() until it is true or |timeout| s passed; True if it was."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if pred():
-                return True
-        except grpc.RpcError:
-            pass
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step)
-
 
 def has_keys(c, nodes, keys):
     return all(all(k in c.range_all(n)[1] for k in keys) for n in nodes)
@@ -156,29 +125,6 @@ def check_lease_gone(c, nodes, lid, what):
               % (what, node.name, ttl))
         check(lid not in lease_list(c, node), "%s: %s no longer lists the lease"
               % (what, node.name))
-
-
-def kv_fields(c, n):
-    """{key: (value, lease)} of node n's whole key space: the KeyValue
-    fields that must agree at equal heads (README, "Across nodes")."""
-    return {k: (v, lease) for k, (v, lease, _ver) in c.range_kvs(n).items()}
-
-
-def check_equal_state(c, what):
-    ok, report = c.converge(CONVERGE_S)
-    print("%s: %s" % (what, report))
-    check(ok, "%s: every node converges: %s" % (what, report))
-    live = [n for n in c.nodes if n.proc is not None]
-    fields = {n.name: kv_fields(c, n) for n in live}
-    first = fields[live[0].name]
-    check(all(f == first for f in fields.values()),
-          "%s: equal key, value and lease of every KeyValue: %s" % (what, fields))
-    hashes = {n.name: hashkv(c, n) for n in live}
-    check(len(set(hashes.values())) == 1, "%s: equal HashKV: %s" % (what, hashes))
-    leases = {n.name: lease_list(c, n) for n in live}
-    check(all(v == leases[live[0].name] for v in leases.values()),
-          "%s: equal LeaseLeases: %s" % (what, leases))
-    return ok
 
 
 # ---- the scenarios --------------------------------------------------------
@@ -222,7 +168,8 @@ def keepalives_elsewhere(c):
     check(alive_for > 2 * TTL, "keepalive: the run outlived two TTLs (%.1f s)" % alive_for)
     t1 = time.monotonic()
     gone = wait_for(lambda: no_keys(c, c.nodes, [key]), TTL + SLACK)
-    print("keepalive: keepalives stopped, key gone everywhere after %.1f s" % (time.monotonic() - t1))
+    print("keepalive: keepalives stopped, key gone everywhere after %.1f s"
+          % (time.monotonic() - t1))
     check(gone, "keepalive: once the keepalives stop the key is deleted on every node within "
           "TTL + %.0f s" % SLACK)
     check_once(c, c.nodes, [key], "keepalive")
@@ -236,8 +183,14 @@ def granting_node_killed(c):
     keys = [b"kill/a", b"kill/b", b"kill/c"]
     for k in keys:
         c.put(n1, k, b"v-" + k, lease=lid)
-    check(wait_for(lambda: has_keys(c, c.nodes, keys), 10),
-          "kill: the leased keys reach every node")
+    # what stays: a plain key and one on n2's long lease, so that the state
+    # compared after the heal is not empty
+    long_lid = grant(c, n2, 120)
+    c.put(n2, b"kill/plain", b"p")
+    c.put(n2, b"kill/long", b"l", lease=long_lid)
+    stay = [b"kill/plain", b"kill/long"]
+    check(wait_for(lambda: has_keys(c, c.nodes, keys + stay), 10),
+          "kill: the keys reach every node")
     c.kill9(n1)
     c.partition([[1], [2]])         # n2 and n3 revoke each on its own
     early = TTL - 2 - (time.monotonic() - granted)
@@ -264,6 +217,11 @@ def granting_node_killed(c):
     ok = check_equal_state(c, "kill: n1 restarted") and ok
     check_once(c, c.nodes, keys, "kill, n1 restarted")
     check_lease_gone(c, c.nodes, lid, "kill, n1 restarted")
+    check(has_keys(c, c.nodes, stay) and
+          all(c.range_kvs(n)[b"kill/long"][1] == long_lid for n in c.nodes),
+          "kill: the plain key and the key on n2's live lease stay on every node")
+    check(all(long_lid in lease_list(c, n) for n in c.nodes),
+          "kill: every node lists n2's live lease")
     return ok
 
 
@@ -294,53 +252,6 @@ def revoke_beside_expiry(c):
     check_lease_gone(c, c.nodes, lid, "revoke")
 
 
-def run(args):
-    caps = clusterlib.capabilities(args.cairn)
-    if not caps["peer_dial"]:
-        print("SKIP: %s --help lists no --experimental-peer-dial" % args.cairn)
-        return SKIP
-    with clusterlib.Cluster(args.cairn, 3, sync_interval_ms=100) as c:
-        try:
-            c.watch_all()
-            keepalives_elsewhere(c)
-            granting_node_killed(c)
-            revoke_beside_expiry(c)
-            for name, probs in c.check_watches().items():
-                for p in probs:
-                    check(False, "watch on %s: %s" % (name, p))
-        except BaseException:
-            print(clusterlib.logs(c))
-            raise
-        if failures:
-            print(clusterlib.logs(c))
-    return 1 if failures else 0
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cairn", default=os.path.join(os.path.dirname(os.path.dirname(HERE)),
-                                                    "build", "cairn"))
-    ap.add_argument("--hard-timeout", type=float, default=150)
-    args = ap.parse_args()
-
-    def on_alarm(_sig, _frm):
-        print("FAIL: hard timeout of %.0f s" % args.hard_timeout, flush=True)
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.signal(signal.SIGTERM, lambda *_: on_alarm(None, None))
-    signal.alarm(int(args.hard_timeout))
-    t0 = time.monotonic()
-    try:
-        rc = run(args)
-    except KeyboardInterrupt:
-        rc = 1
-    except (AssertionError, RuntimeError, grpc.RpcError) as e:
-        check(False, "%s: %s" % (type(e).__name__, e))
-        rc = 1
-    if rc != SKIP:
-        print("test_cluster_leases: %d failures in %.1f s" % (len(failures), time.monotonic() - t0))
-    return rc
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("test_cluster_leases", __doc__,
+                  [keepalives_elsewhere, granting_node_killed, revoke_beside_expiry]))
