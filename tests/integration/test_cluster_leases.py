@@ -23,6 +23,12 @@ netproxy on every peer link, a watcher on every node.
 3. A revoke (LeaseRevoke) on n2 while n3 revokes the same lease by expiry
    in a partition: the same, one delete per key per node.
 
+4. Keepalives on one side of a partition, none on the other: n1, cut off
+   from them, expires the lease at the deadline it knows while n2 and n3
+   keep it; after the heal the revoke wins over the concurrent keepalives
+   on every node (README, "Leases across nodes"): the key is gone
+   everywhere, one delete per node, and a keepalive answers TTL 0.
+
 Every watcher then checks its node's events: each revision once, in order,
 no gap, replaying to the node's Range. Bounded: about a minute; needs the
 peer transport (exit 77 otherwise).
@@ -138,7 +144,7 @@ def keepalives_elsewhere(c):
           "keepalive: the leased key reaches every node")
     t0 = time.monotonic()
     worst = 0
-    for via, seconds in ((n2, TTL + 3), (n3, TTL + 1)):
+    for via, seconds in ((n2, TTL + 1), (n3, TTL)):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             got = keepalive(c, via, lid)
@@ -252,6 +258,32 @@ def revoke_beside_expiry(c):
     check_lease_gone(c, c.nodes, lid, "revoke")
 
 
+def keepalive_beside_expiry(c):
+    n1, n2, n3 = c.nodes
+    lid = grant(c, n1, TTL)
+    granted = time.monotonic()
+    key = b"split/k"
+    c.put(n1, key, b"v", lease=lid)
+    check(wait_for(lambda: has_keys(c, c.nodes, [key]), 10),
+          "split: the leased key reaches every node")
+    c.partition([[0], [1, 2]])      # the keepalives reach n2 and n3, never n1
+    expired = False
+    while not expired and time.monotonic() - granted < TTL + SLACK:
+        keepalive(c, n2, lid)
+        time.sleep(1.0)
+        expired = no_keys(c, [n1], [key])
+    check(expired, "split: n1, cut off from the keepalives, expired the lease")
+    check(has_keys(c, [n2, n3], [key]), "split: the keepalives kept the key on n2 and n3")
+    c.heal()
+    check_equal_state(c, "split: after the heal")
+    # the revoke wins over the concurrent keepalives, on every node
+    check(no_keys(c, c.nodes, [key]), "split: after the heal the expiry's delete holds everywhere")
+    check_once(c, c.nodes, [key], "split")
+    check_lease_gone(c, c.nodes, lid, "split")
+    check(keepalive(c, n2, lid) == 0, "split: a keepalive of the revoked lease answers TTL 0")
+
+
 if __name__ == "__main__":
     sys.exit(main("test_cluster_leases", __doc__,
-                  [keepalives_elsewhere, granting_node_killed, revoke_beside_expiry]))
+                  [keepalives_elsewhere, granting_node_killed, revoke_beside_expiry,
+                   keepalive_beside_expiry]))
