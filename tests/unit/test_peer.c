@@ -130,6 +130,12 @@ START_TEST(stats_count_both_ends)
     for (int i = 0; i < 500 && !(stats_of(&a).connected && stats_of(&b).connected); i++)
         sleep_ms(10);
     ck_assert_int_eq(stats_of(&a).connected, 1);
+    /* both may have dialed: let the duplicate rule settle on one stream (a
+     * replaced stream drops its queue, and the put would go by sync) */
+    for (uint64_t was = 0; was != stats_of(&a).connects + stats_of(&b).connects;) {
+        was = stats_of(&a).connects + stats_of(&b).connects;
+        sleep_ms(300);
+    }
 
     put_kv(a.srv->store, "k", "v");
     for (int i = 0; i < 500 && !has_key(b.srv->store, "k"); i++)
@@ -140,8 +146,9 @@ START_TEST(stats_count_both_ends)
     sa = stats_of(&a);
     peer_stats sb = stats_of(&b);
     ck_assert_str_eq(sb.name, "a");
-    ck_assert_uint_eq(sa.connects, 1);
-    ck_assert_uint_eq(sb.connects, 1);
+    /* 1, or 2 when both dialed at once and the duplicate rule replaced one */
+    ck_assert_uint_ge(sa.connects, 1);
+    ck_assert_uint_ge(sb.connects, 1);
     ck_assert_uint_ge(sa.pushes, 1); /* the put went out as a push */
     ck_assert_uint_ge(sa.sync_rounds + sb.sync_rounds, 1);
     ck_assert_uint_eq(sa.pushes_dropped, 0);
