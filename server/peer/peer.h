@@ -39,7 +39,8 @@ typedef struct peer_stats {
     char name[64];           /* its --name (cut to fit) */
     int connected;           /* a stream is up now */
     uint64_t connects;       /* streams that passed the hellos and went live */
-    uint64_t msgs_sent;      /* messages whose send completed (hellos included) */
+    uint64_t msgs_sent;      /* messages whose send completed (hellos included,
+                                but for one sent before the peer's arrived) */
     uint64_t bytes_sent;     /* their bytes, as framed in protobuf */
     uint64_t msgs_received;  /* messages received and decoded */
     uint64_t bytes_received; /* their bytes */
@@ -60,11 +61,11 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max);
 /* The port bound for listen peer URL |i| (0 if none). */
 int peer_net_port(const peer_net *n, size_t i);
 /* Says goodbye on every live stream (a Goodbye message, then the stream's
- * clean close; waits at most PEER_GOODBYE_MS for the peers to close
- * theirs), ends every stream and joins the thread; the store is not
- * touched after it returns, except by the subscriber (which only queues bytes) and the
- * completions of receives still in the store: free only after the store
- * closed. Idempotent. */
+ * clean close; waits at most PEER_GOODBYE_MS, 500 ms, for the peers to
+ * close theirs), ends every stream and joins the thread; the store is not
+ * touched after it returns, except by the subscriber (which only queues
+ * bytes) and the completions of receives still in the store: free only
+ * after the store closed. Idempotent. */
 void peer_net_stop(peer_net *n);
 void peer_net_free(peer_net *n);
 
