@@ -625,7 +625,11 @@ static void on_accept(peer_net *n, int ok)
     }
     grpc_call_details_destroy(&n->adetails);
     grpc_metadata_array_destroy(&n->amd);
-    if (ours) {
+    if (ours && atomic_load(&n->stop)) {
+        /* saying goodbye: a peer that dials again at once is turned away */
+        grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE, "shutting down", NULL);
+        grpc_call_unref(call);
+    } else if (ours) {
         plink *l = link_new(n, NULL, 0);
         if (!l) {
             grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory",

@@ -2,7 +2,7 @@
  * server/peer: two cairn servers in this process on 127.0.0.1 peer ports,
  * one cluster. A put on one reaches the other, and peer_net_stats counts
  * what went over the stream on both ends (a connect each, messages and
- * bytes both ways, a push, sync rounds); a member that stops leaves a
+ * bytes both ways, a push or a sync round); a member that stops leaves a
  * stream that is no longer connected, and its counters stay readable.
  * The log lines of a clean departure (Goodbye) are checked with real
  * processes in tests/integration/test_cluster_compaction.py.
@@ -149,8 +149,10 @@ START_TEST(stats_count_both_ends)
     /* 1, or 2 when both dialed at once and the duplicate rule replaced one */
     ck_assert_uint_ge(sa.connects, 1);
     ck_assert_uint_ge(sb.connects, 1);
-    ck_assert_uint_ge(sa.pushes, 1); /* the put went out as a push */
-    ck_assert_uint_ge(sa.sync_rounds + sb.sync_rounds, 1);
+    /* the put went out as a push, or in a sync message that came first
+     * (then the push finds the peer has it already): not always a push */
+    ck_assert_uint_ge(sa.pushes + sa.sync_rounds, 1);
+    ck_assert_uint_ge(sb.sync_rounds, 1); /* at least b's first one */
     ck_assert_uint_eq(sa.pushes_dropped, 0);
     /* hello + push at least from a; every message a sent b received */
     ck_assert_uint_ge(sa.msgs_sent, 2);
