@@ -417,6 +417,16 @@ class Cluster:
                         "etcdserverpb.RangeResponse", timeout=RPC_TIMEOUT * 2)
         return r.header.revision, {kv.key: kv.value for kv in r.kvs}
 
+    def range_kvs(self, n):
+        """{key: (value, lease, version)} of the node's whole key space: the
+        KeyValue fields beside its revisions (create/mod revision are local
+        to a node; README, "What differs from etcd")."""
+        r = self._unary(n, "/etcdserverpb.KV/Range",
+                        self.msgs["etcdserverpb.RangeRequest"](key=ALL_KEYS[0],
+                                                               range_end=ALL_KEYS[1]),
+                        "etcdserverpb.RangeResponse", timeout=RPC_TIMEOUT * 2)
+        return {kv.key: (kv.value, kv.lease, kv.version) for kv in r.kvs}
+
     def heads(self, n):
         """The node's heads (sorted), or None when the server has no
         cairnpb.Replication/Heads (checked once, then remembered)."""
