@@ -204,6 +204,75 @@ START_TEST(help_version_and_ignored)
 }
 END_TEST
 
+/* The TLS flags fill cfg->client_tls / peer_tls (form only); until TLS
+ * lands any setting that would change behaviour is refused. */
+START_TEST(tls_flags_fill_the_tls_config)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {"--cert-file=c.pem",
+                          "--key-file",
+                          "k.pem",
+                          "--trusted-ca-file=ca.pem",
+                          "--client-cert-auth",
+                          "--client-crl-file=crl.pem",
+                          "--client-cert-allowed-hostname",
+                          "h",
+                          "--auto-tls=false",
+                          "--peer-cert-file",
+                          "pc.pem",
+                          "--peer-key-file=pk.pem",
+                          "--peer-trusted-ca-file=pca.pem",
+                          "--peer-client-cert-auth=true",
+                          "--peer-crl-file=pcrl.pem",
+                          "--peer-cert-allowed-cn=n1",
+                          "--peer-cert-allowed-hostname=ph",
+                          "--peer-auto-tls",
+                          "--experimental-peer-skip-client-san-verification",
+                          "--cipher-suites",
+                          "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256",
+                          NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "TLS is not implemented yet") != NULL, "%s", err);
+    ck_assert_str_eq(cfg.client_tls.cert_file, "c.pem");
+    ck_assert_str_eq(cfg.client_tls.key_file, "k.pem");
+    ck_assert_str_eq(cfg.client_tls.trusted_ca_file, "ca.pem");
+    ck_assert_str_eq(cfg.client_tls.crl_file, "crl.pem");
+    ck_assert_str_eq(cfg.client_tls.allowed_hostname, "h");
+    ck_assert_int_eq(cfg.client_tls.client_cert_auth, 1);
+    ck_assert_int_eq(cfg.client_tls.auto_tls, 0);
+    ck_assert_ptr_null(cfg.client_tls.allowed_cn);
+    ck_assert_str_eq(cfg.peer_tls.cert_file, "pc.pem");
+    ck_assert_str_eq(cfg.peer_tls.key_file, "pk.pem");
+    ck_assert_str_eq(cfg.peer_tls.trusted_ca_file, "pca.pem");
+    ck_assert_str_eq(cfg.peer_tls.crl_file, "pcrl.pem");
+    ck_assert_str_eq(cfg.peer_tls.allowed_cn, "n1");
+    ck_assert_str_eq(cfg.peer_tls.allowed_hostname, "ph");
+    ck_assert_int_eq(cfg.peer_tls.client_cert_auth, 1);
+    ck_assert_int_eq(cfg.peer_tls.auto_tls, 1);
+    ck_assert_int_eq(cfg.peer_tls.skip_client_san_verification, 1);
+    ck_assert_uint_eq(cfg.ncipher_suites, 2);
+    ck_assert_str_eq(cfg.cipher_suites[1], "TLS_AES_128_GCM_SHA256");
+    cairn_config_destroy(&cfg);
+
+    /* etcd's defaults given explicitly change nothing, so they start. */
+    const char *dflt[] = {"--cert-file=",         "--auto-tls=false", "--peer-auto-tls=0",
+                          "--client-cert-auth=F", "--cipher-suites=", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, dflt), CAIRN_CONFIG_RUN);
+    ck_assert_ptr_null(cfg.client_tls.cert_file);
+    cairn_config_destroy(&cfg);
+
+    const char *bad1[] = {"--auto-tls=maybe", NULL};
+    expect_error(bad1, "invalid boolean value \"maybe\" for flag --auto-tls");
+    const char *bad2[] = {"--cipher-suites", "TLS_X,,TLS_Y", NULL};
+    expect_error(bad2, "cipher-suites");
+    const char *bad3[] = {"--cipher-suites", "tls_lower", NULL};
+    expect_error(bad3, "cipher-suites");
+    const char *bad4[] = {"--listen-client-urls", "https://127.0.0.1:1", NULL};
+    expect_error(bad4, "TLS is not implemented yet");
+}
+END_TEST
+
 START_TEST(urls_to_addresses)
 {
     char a[64];
@@ -428,6 +497,7 @@ static Suite *suite(void)
     tcase_add_test(tc, rejections);
     tcase_add_test(tc, peer_flags);
     tcase_add_test(tc, help_version_and_ignored);
+    tcase_add_test(tc, tls_flags_fill_the_tls_config);
     tcase_add_test(tc, urls_to_addresses);
     tcase_add_test(tc, crc32c_vectors);
     tcase_add_test(tc, error_rows);
