@@ -249,17 +249,20 @@ def test_syntax(cairn, etcd):
         (["-pre-vote"], None),
         (["--snapshot-count", "0x10"], None),
     ]
-    for extra, phrase in cases:
-        for kind, binary in (("cairn", cairn), ("etcd", etcd)):
-            ready, log = verdict(binary, argv(base_flags()) + extra)
-            log = log.replace("invalid value \"\" for flag --", "invalid value \"\" for flag -")
-            log = log.replace("for flag --", "for flag -")
-            if phrase is None:
-                check(ready, "%s %s: did not start:\n%s" % (kind, extra, log[-600:]))
-            else:
-                check(not ready and phrase in log,
-                      "%s %s: expected a refusal with '%s':\n%s" % (kind, extra, phrase,
-                                                                    log[-600:]))
+    def one(extra, phrase, kind, binary):
+        ready, log = verdict(binary, argv(base_flags()) + extra)
+        log = log.replace("for flag --", "for flag -")
+        if phrase is None:
+            check(ready, "%s %s: did not start:\n%s" % (kind, extra, log[-600:]))
+        else:
+            check(not ready and phrase in log,
+                  "%s %s: expected a refusal with '%s':\n%s" % (kind, extra, phrase, log[-600:]))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        jobs = [pool.submit(one, extra, phrase, kind, binary) for extra, phrase in cases
+                for kind, binary in (("cairn", cairn), ("etcd", etcd))]
+        for j in jobs:
+            j.result()
     # A flag that needs a value, last: "flag needs an argument: -name".
     for binary in (cairn, etcd):
         ready, log = verdict(binary, argv(base_flags()) + ["--wal-dir"])
