@@ -69,6 +69,7 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
             rc = CAIRN_EINVAL;
             goto fail;
         }
+        cairn_unix_remove_stale(addr);
         srv->ports[i] = rpc_engine_listen(srv->rpc, addr);
         if (srv->ports[i] == 0) {
             snprintf(err, errlen, "cannot listen for client traffic on %s (address in use?)",

@@ -1104,6 +1104,7 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
             rc = CAIRN_EINVAL;
             break;
         }
+        cairn_unix_remove_stale(addr);
         grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
         n->ports[i] = grpc_server_add_http2_port(n->server, addr, cr);
         grpc_server_credentials_release(cr);
