@@ -116,6 +116,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
+    s->range_view_cb = o->range_view_cb;
+    s->range_view_arg = o->range_view_arg;
     s->log_cb = o->log_cb;
     s->log_arg = o->log_arg;
     if (cairn_kindex_init(&s->idx) || cairn_revmap_init(&s->rm))

@@ -460,6 +460,11 @@ typedef struct cairn_store_options {
      * the group as an I/O error would. NULL in production. */
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    /* Test hook: called by every cairn_store_range once it has taken its
+     * view and released the store's lock, before it reads history records
+     * and builds the response. NULL in production. */
+    void (*range_view_cb)(void *arg);
+    void *range_view_arg;
     /* Leases: the minimum TTL in seconds (etcd: 1.5 election timeouts, 2 s
      * with etcd's defaults); the extension every lease gets on open (etcd:
      * one election timeout, 1000 ms; see lease.c); the expiry tick period of

@@ -352,15 +352,17 @@ struct cairn_store {
     _Atomic int has_subs;
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    void (*range_view_cb)(void *arg);
+    void *range_view_arg;
     cairn_store_log_cb log_cb;
     void *log_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
-    int64_t rev;             /* latest applied revision (under rw) */
-    int64_t compacted;       /* under rw */
-    _Atomic int64_t visible; /* durable, readable revision */
-    _Atomic int failed;      /* CAIRN_EIO / ECORRUPT once the store broke */
+    int64_t rev;               /* latest applied revision (under rw) */
+    _Atomic int64_t compacted; /* written under rw's write side; read anywhere */
+    _Atomic int64_t visible;   /* durable, readable revision */
+    _Atomic int failed;        /* CAIRN_EIO / ECORRUPT once the store broke */
 
     /* Observer state (under rw write). */
     int recovering;
@@ -559,9 +561,11 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len);
 int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
                                 const uint8_t *key, size_t key_len, const uint8_t **val,
                                 size_t *vl);
-/* Reads the history record of (rev, key). */
-int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
-                          size_t key_len, cairn_kv *out, int want_value);
+/* Reads the history record of (rev, key) through |ro| (s->ropt, or one
+ * with a snapshot); fills every field of |out| but the key. */
+int cairn_store_read_hist(cairn_store *s, store_arena *a, const leveldb_readoptions_t *ro,
+                          int64_t rev, const uint8_t *key, size_t key_len, cairn_kv *out,
+                          int want_value);
 
 /* Blocking on an async write: initialise with
  * {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, pass
