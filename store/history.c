@@ -108,7 +108,7 @@ static void *compact_main(void *arg)
     return NULL;
 }
 
-/* On the committer: the compaction record is durable. */
+/* On the completer: the compaction record is durable. */
 static void compact_durable(void *arg, int rc)
 {
     compact_job *j = arg;

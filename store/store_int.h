@@ -305,6 +305,14 @@ typedef struct pend_change {
     size_t nev;
 } pend_change;
 
+/* A durable group on its way to the completer (commit.c). */
+typedef struct pend_group {
+    struct pend_group *next;
+    pend_change *chs;
+    struct pend_wait *ws;
+    int rc; /* the group's write: 0, or why it failed */
+} pend_group;
+
 /* A caller waiting for durability of everything queued before it. */
 typedef struct pend_wait {
     struct pend_wait *next;
@@ -393,6 +401,15 @@ struct cairn_store {
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
     int committer_started;
+
+    /* The completer (commit.c): durable groups to deliver and complete. */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;   /* completer: a group arrived, or stop */
+    pthread_cond_t cdone; /* the queue is empty and nothing is completing */
+    pend_group *g_head, **g_tail;
+    int completing, cstop;
+    pthread_t completer;
+    int completer_started;
 
     /* Leases (lease_table.c, lease.c): the table is under rw; the expiry thread's own
      * state under lease_mu. */
