@@ -108,7 +108,7 @@ static void *compact_main(void *arg)
     return NULL;
 }
 
-/* On the committer: the compaction record is durable. */
+/* On the completer: the compaction record is durable. */
 static void compact_durable(void *arg, int rc)
 {
     compact_job *j = arg;
@@ -188,9 +188,7 @@ int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int p
 
 int64_t cairn_store_compacted_rev(cairn_store *s)
 {
-    pthread_rwlock_rdlock(&s->rw);
-    int64_t c = s->compacted;
-    pthread_rwlock_unlock(&s->rw);
+    int64_t c = atomic_load(&s->compacted); /* no lock: the watch hub asks */
     return c < 0 ? 0 : c;
 }
 

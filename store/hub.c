@@ -2,7 +2,7 @@
  * The watch hub: a ring of recent events, watchers keyed by range, and
  * catch-up from history (see hub.h for the model and the threads).
  *
- * History. The store calls cairn_hub_events_cb on its committer thread, in
+ * History. The store calls cairn_hub_events_cb on its completer thread, in
  * apply order, for every durable change (DESIGN: no event before it is
  * durable). The hub copies the events into a ring of recent revisions
  * (bounded in events and bytes); a watcher whose start revision is in the

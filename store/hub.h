@@ -18,7 +18,7 @@
  * blocks a writer or another stream. When a stream may have something to
  * pull, the hub calls its notify callback from the hub's own thread.
  *
- * THREADS. cairn_hub_events_cb runs on the store's committer thread: it
+ * THREADS. cairn_hub_events_cb runs on the store's completer thread: it
  * copies the events into the ring under the hub lock and only marks the
  * streams; it never reads the store and never calls out. Every other
  * function may be called from any thread. For one stream, cairn_hub_next

@@ -9,8 +9,12 @@
  * the references that can be returned are then materialised: the current
  * value comes from the document, an older one from its history record on disk
  * (and, for most, from the body of the change its history record names).
- * Plain readers read at the visible (durable) revision under the rwlock's
- * read side.
+ * Plain readers read at the visible (durable) revision and hold the
+ * rwlock's read side only to take their view: the references, the count and
+ * the values that memory holds (range_view_take), and a LevelDB snapshot
+ * when some result lives in a history record. Reading those records, the
+ * filters, the sort and the response are built after the unlock, so a
+ * writer waits for a reader's walk of the index, never for its disk reads.
  *
  * Writes and transactions. A write takes the rwlock's write side for its
  * in-memory work. A Txn follows etcd's order exactly: static checks (op
@@ -247,56 +251,77 @@ static int gather(kref_vec *out, cairn_store *s, const krange *r, int64_t at, tx
     return gather_x(out, s, r, at, t, 0);
 }
 
-/* Fills |kv| for |k|; values only if |want_value|. */
-static int materialise(cairn_store *s, store_arena *a, const kref *k, cairn_kv *kv, int want_value)
+/* Fills |kv| for |k| from memory when |k| is its key's latest state
+ * (metadata from the index or the overlay, the value from the document) and
+ * returns 0; otherwise fills only the key and the mod revision and returns
+ * 1: the rest is in the history record on disk (materialise_disk).
+ * Values only if |want_value|. Caller holds the lock. */
+static int materialise_mem(cairn_store *s, store_arena *a, const kref *k, cairn_kv *kv,
+                           int want_value)
 {
     memset(kv, 0, sizeof *kv);
-    if (k->current) {
-        if (k->ov) {
-            kv->create_revision = k->ov->create_rev;
-            kv->version = k->ov->version;
-            kv->lease = k->ov->lease;
-        } else {
-            kv->create_revision = k->e->create_rev;
-            kv->version = k->e->version;
-            kv->lease = k->e->lease;
-        }
-        kv->mod_revision = k->mod_rev;
-        if (want_value) {
-            cairn_read rd;
-            int rc = cairn_doc_get(s->doc, &rd, s->kvs, k->key, k->key_len);
-            if (rc)
-                return rc;
-            if (rd.kind == CAIRN_READ_NONE) {
-                cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "index and document disagree on a key");
-                return CAIRN_ECORRUPT;
-            }
-            const uint8_t *val = (const uint8_t *)"";
-            size_t vl = 0;
-            int64_t lease;
-            if (rd.kind == CAIRN_READ_SCALAR)
-                cairn_store_parse_record(&rd.value, &lease, &val, &vl);
-            kv->value = cairn_store_arena_dup(a, val, vl);
-            if (!kv->value)
-                return CAIRN_ENOMEM;
-            kv->value_len = vl;
-        }
-    } else {
-        /* an older revision: its record must be durable before we read it */
-        if (k->mod_rev > atomic_load(&s->visible)) {
-            int rc = cairn_store_wait_visible(s, k->mod_rev);
-            if (rc)
-                return rc;
-        }
-        int rc = cairn_store_read_hist(s, a, k->mod_rev, k->key, k->key_len, kv, want_value);
-        if (rc)
-            return rc;
-    }
     kv->key = cairn_store_arena_dup(a, k->key, k->key_len);
     if (!kv->key)
         return CAIRN_ENOMEM;
     kv->key_len = k->key_len;
+    kv->mod_revision = k->mod_rev;
+    if (!k->current)
+        return 1;
+    if (k->ov) {
+        kv->create_revision = k->ov->create_rev;
+        kv->version = k->ov->version;
+        kv->lease = k->ov->lease;
+    } else {
+        kv->create_revision = k->e->create_rev;
+        kv->version = k->e->version;
+        kv->lease = k->e->lease;
+    }
+    if (want_value) {
+        cairn_read rd;
+        int rc = cairn_doc_get(s->doc, &rd, s->kvs, k->key, k->key_len);
+        if (rc)
+            return rc;
+        if (rd.kind == CAIRN_READ_NONE) {
+            cairn_store_log(s, CAIRN_STORE_LOG_ERROR, "index and document disagree on a key");
+            return CAIRN_ECORRUPT;
+        }
+        const uint8_t *val = (const uint8_t *)"";
+        size_t vl = 0;
+        int64_t lease;
+        if (rd.kind == CAIRN_READ_SCALAR)
+            cairn_store_parse_record(&rd.value, &lease, &val, &vl);
+        kv->value = cairn_store_arena_dup(a, val, vl);
+        if (!kv->value)
+            return CAIRN_ENOMEM;
+        kv->value_len = vl;
+    }
     return 0;
+}
+
+/* The rest of a |kv| that materialise_mem left to the disk: its history
+ * record at kv->mod_revision, read through |ro|. Needs no lock: history
+ * records never change, and |ro|'s snapshot (or the caller's lock) keeps
+ * compaction from deleting them. */
+static int materialise_disk(cairn_store *s, store_arena *a, const leveldb_readoptions_t *ro,
+                            cairn_kv *kv, int want_value)
+{
+    /* an older revision: its record must be durable before we read it (a
+     * txn reads at the applied revision, ahead of the visible one) */
+    if (kv->mod_revision > atomic_load(&s->visible)) {
+        int rc = cairn_store_wait_visible(s, kv->mod_revision);
+        if (rc)
+            return rc;
+    }
+    return cairn_store_read_hist(s, a, ro, kv->mod_revision, kv->key, kv->key_len, kv, want_value);
+}
+
+/* Fills |kv| for |k|; values only if |want_value|. Caller holds the lock. */
+static int materialise(cairn_store *s, store_arena *a, const kref *k, cairn_kv *kv, int want_value)
+{
+    int rc = materialise_mem(s, a, k, kv, want_value);
+    if (rc == 1)
+        rc = materialise_disk(s, a, s->ropt, kv, want_value);
+    return rc;
 }
 
 /* ---- Range ------------------------------------------------------------------------- */
@@ -365,11 +390,24 @@ static int check_rev(cairn_store *s, int64_t rev, int64_t cur)
     return 0;
 }
 
-/* The range itself, with the lock held by the caller. |cur| is the revision
- * "now" means; |t| the transaction (NULL outside one). */
-static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
-                        const cairn_range_req *req, int64_t cur, txctx *t)
+/* A range in two halves, so that a plain read holds the lock only for
+ * what lives in memory. range_view (caller holds the lock) checks the
+ * revision, gathers the references, counts them and materialises the ones
+ * that can be returned from memory; those whose state is in a history
+ * record get only their key and mod revision and are marked in |disk|.
+ * range_finish reads those records through |ro| (no lock needed: see
+ * materialise_disk), then applies the filters, the sort and the limit. */
+typedef struct range_view {
+    cairn_kv *kvs; /* |n|, in key order */
+    uint8_t *disk; /* disk[i]: kvs[i] waits for its history record */
+    size_t n, ndisk;
+    int want_value;
+} range_view;
+
+static int range_view_take(cairn_store *s, store_arena *a, range_view *v, cairn_range_resp *resp,
+                           const cairn_range_req *req, int64_t cur, txctx *t)
 {
+    memset(v, 0, sizeof *v);
     if (req->key_len == 0)
         return CAIRN_EEMPTYKEY;
     int rc = check_rev(s, req->revision, cur);
@@ -386,11 +424,6 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     resp->count = (int64_t)refs.n;
     if (req->count_only || refs.n == 0)
         goto out;
-
-    int order = req->sort_order;
-    /* etcd: a sort target other than KEY with order NONE sorts ascending */
-    if (req->sort_target != CAIRN_SORT_KEY && order == CAIRN_SORT_NONE)
-        order = CAIRN_SORT_ASCEND;
     int filters = req->min_mod_revision || req->max_mod_revision || req->min_create_revision ||
                   req->max_create_revision;
     size_t take = refs.n;
@@ -398,18 +431,41 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
     if (req->sort_order == CAIRN_SORT_NONE && !filters && req->limit > 0 &&
         (uint64_t)req->limit + 1 < take)
         take = (size_t)req->limit + 1;
-    int want_value = !req->keys_only || req->sort_target == CAIRN_SORT_VALUE;
-    cairn_kv *kvs = cairn_store_arena_alloc(a, take * sizeof *kvs);
-    if (!kvs) {
+    v->want_value = !req->keys_only || req->sort_target == CAIRN_SORT_VALUE;
+    v->kvs = cairn_store_arena_alloc(a, take * sizeof *v->kvs);
+    v->disk = cairn_store_arena_alloc(a, take);
+    if (!v->kvs || !v->disk) {
         rc = CAIRN_ENOMEM;
         goto out;
     }
-    size_t n = 0;
     for (size_t i = 0; i < take; i++) {
-        rc = materialise(s, a, &refs.v[i], &kvs[n], want_value);
-        if (rc)
+        rc = materialise_mem(s, a, &refs.v[i], &v->kvs[i], v->want_value);
+        if (rc < 0)
             goto out;
-        const cairn_kv *kv = &kvs[n];
+        v->disk[i] = (uint8_t)rc;
+        v->ndisk += (size_t)rc;
+        rc = 0;
+    }
+    v->n = take;
+out:
+    free(refs.v);
+    return rc;
+}
+
+static int range_finish(cairn_store *s, store_arena *a, cairn_range_resp *resp,
+                        const cairn_range_req *req, range_view *v, const leveldb_readoptions_t *ro)
+{
+    if (v->n == 0)
+        return 0;
+    cairn_kv *kvs = v->kvs;
+    size_t n = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        if (v->disk[i]) {
+            int rc = materialise_disk(s, a, ro, &kvs[i], v->want_value);
+            if (rc)
+                return rc;
+        }
+        const cairn_kv *kv = &kvs[i];
         /* etcd: the filters prune after counting, so count ignores them */
         if (req->max_mod_revision && kv->mod_revision > req->max_mod_revision)
             continue;
@@ -419,8 +475,12 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
             continue;
         if (req->min_create_revision && kv->create_revision < req->min_create_revision)
             continue;
-        n++;
+        kvs[n++] = *kv;
     }
+    int order = req->sort_order;
+    /* etcd: a sort target other than KEY with order NONE sorts ascending */
+    if (req->sort_target != CAIRN_SORT_KEY && order == CAIRN_SORT_NONE)
+        order = CAIRN_SORT_ASCEND;
     /* etcd: only ASCEND and DESCEND sort; an unknown order leaves key order */
     if ((order == CAIRN_SORT_ASCEND || order == CAIRN_SORT_DESCEND) && n > 1) {
         static const kv_cmp_fn fns[5] = {by_key, by_version, by_create, by_mod, by_value};
@@ -429,10 +489,8 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
         int desc = order == CAIRN_SORT_DESCEND;
         if (f != by_key || desc) {
             cairn_kv *tmp = malloc(n * sizeof *tmp);
-            if (!tmp) {
-                rc = CAIRN_ENOMEM;
-                goto out;
-            }
+            if (!tmp)
+                return CAIRN_ENOMEM;
             msort(kvs, tmp, n, f, desc);
             free(tmp);
         }
@@ -448,8 +506,18 @@ static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
         }
     resp->kvs = kvs;
     resp->nkvs = n;
-out:
-    free(refs.v);
+    return 0;
+}
+
+/* The whole range under the lock the caller holds (a txn's). |cur| is the
+ * revision "now" means; |t| the transaction (NULL outside one). */
+static int range_locked(cairn_store *s, store_arena *a, cairn_range_resp *resp,
+                        const cairn_range_req *req, int64_t cur, txctx *t)
+{
+    range_view v;
+    int rc = range_view_take(s, a, &v, resp, req, cur, t);
+    if (!rc)
+        rc = range_finish(s, a, resp, req, &v, s->ropt);
     return rc;
 }
 
@@ -472,12 +540,34 @@ int cairn_store_range(cairn_store *s, cairn_range_resp *resp, const cairn_range_
     store_arena *a = arena_new();
     if (!a)
         return CAIRN_ENOMEM;
+    /* The view: what memory holds at the visible revision, and a LevelDB
+     * snapshot for the history records (compaction may delete them once
+     * the lock is gone). Everything else runs with no lock held. */
+    range_view view;
+    const leveldb_snapshot_t *snap = NULL;
     pthread_rwlock_rdlock(&s->rw);
     int rc = cairn_store_failed_rc(s);
     int64_t v = atomic_load(&s->visible);
     if (!rc)
-        rc = range_locked(s, a, resp, req, v, NULL);
+        rc = range_view_take(s, a, &view, resp, req, v, NULL);
+    if (!rc && view.ndisk)
+        snap = leveldb_create_snapshot(s->db);
     pthread_rwlock_unlock(&s->rw);
+    if (!rc && s->range_view_cb)
+        s->range_view_cb(s->range_view_arg);
+    if (!rc) {
+        leveldb_readoptions_t *ro = NULL;
+        if (snap) {
+            ro = leveldb_readoptions_create();
+            leveldb_readoptions_set_verify_checksums(ro, 1);
+            leveldb_readoptions_set_snapshot(ro, snap);
+        }
+        rc = range_finish(s, a, resp, req, &view, ro ? ro : s->ropt);
+        if (ro)
+            leveldb_readoptions_destroy(ro);
+    }
+    if (snap)
+        leveldb_release_snapshot(s->db, snap);
     if (rc) {
         arena_del(a);
         memset(resp, 0, sizeof *resp);

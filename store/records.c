@@ -260,8 +260,9 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len)
     return 0;
 }
 
-int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
-                          size_t key_len, cairn_kv *out, int want_value)
+int cairn_store_read_hist(cairn_store *s, store_arena *a, const leveldb_readoptions_t *ro,
+                          int64_t rev, const uint8_t *key, size_t key_len, cairn_kv *out,
+                          int want_value)
 {
     uint64_t index;
     if (cairn_revmap_find(&s->rm, &index, rev))
@@ -275,7 +276,7 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
         memcpy(k + KREC_KEY_HDR, key, key_len);
     char *err = NULL;
     size_t vl = 0;
-    char *v = leveldb_get(s->db, s->ropt, (const char *)k, key_len + KREC_KEY_HDR, &vl, &err);
+    char *v = leveldb_get(s->db, ro, (const char *)k, key_len + KREC_KEY_HDR, &vl, &err);
     if (k != stackk)
         free(k);
     int rc = cairn_store_db_err(s, err);
@@ -304,8 +305,7 @@ int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uin
     if (want_value) {
         const uint8_t *val = r.val;
         size_t len = r.val_len;
-        if (r.body &&
-            (rc = body_value(s, s->ropt, &bc, index, rev, r.pos, key, key_len, &val, &len)))
+        if (r.body && (rc = body_value(s, ro, &bc, index, rev, r.pos, key, key_len, &val, &len)))
             goto out;
         out->value_len = len;
         out->value = cairn_store_arena_dup(a, val, len);

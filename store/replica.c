@@ -17,7 +17,7 @@
  * doc_mu (Range readers do not touch the DAG; writers are kept out by the
  * rwlock).
  *
- * A receive's completion runs on the committer: it may not take the rwlock
+ * A receive's completion runs on the completer: it may not take the rwlock
  * (a reader can hold it while waiting for the committer, and the rwlock
  * prefers writers), so it only raises |applied_due|; the owed
  * cairn_sync_applied runs at the next call from the transport.
@@ -357,7 +357,7 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
             cb(arg, 0);
         return 0;
     }
-    /* Not under r->mu: the committer's completion must never wait on it. */
+    /* Not under r->mu: the completer must never wait on it. */
     int *verdicts = calloc(n, sizeof *verdicts);
     recv_wait *w = malloc(sizeof *w);
     if (!verdicts || !w) {

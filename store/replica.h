@@ -19,11 +19,12 @@
  *
  * THREADS. One replica is driven by one thread at a time for generate,
  * push, receive and reset (the transport's; a mutex makes it safe anyway).
- * The receive's completion runs on the store's committer thread: it only
+ * The receive's completion runs on the store's completer thread: it only
  * sets an atomic flag and calls the caller's callback; the cairn_sync_applied
  * it owes runs at the start of the next generate / push / receive, on the
- * caller's thread, under the read side — the committer must never wait for
- * the store's rwlock (a reader may be waiting for the committer).
+ * caller's thread, under the read side — the completer must never wait for
+ * the store's rwlock (a reader may be waiting for the committer, and the
+ * committer, out of memory, for the completer).
  */
 
 #include <stddef.h>
@@ -60,7 +61,7 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
 int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
                        size_t n);
 
-/* Completion of a receive: on the committer thread once what the message
+/* Completion of a receive: on the completer thread once what the message
  * carried is durable (rc 0) or the group failed (rc < 0); or on the
  * caller's thread, inside cairn_replica_receive, when the message carried
  * no change. Must not block and must not call into the replica. */

@@ -14,7 +14,8 @@
  *               derived table the observer keeps)
  *   snapshot.c  consistent copies of the files, the size on disk
  * Concurrency (commit.c has the essay): writers take the rwlock's write
- * side for in-memory work only; the committer writes and completes.
+ * side for in-memory work only; the committer writes, the completer
+ * delivers and completes.
  */
 
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
@@ -104,6 +105,10 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
+    pthread_cond_init(&s->cdone, NULL);
+    s->g_tail = &s->g_head;
     pthread_mutex_init(&s->lease_mu, NULL);
     pthread_mutex_init(&s->sub_mu, NULL);
     pthread_cond_init(&s->lease_cv, NULL);
@@ -116,6 +121,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;
+    s->range_view_cb = o->range_view_cb;
+    s->range_view_arg = o->range_view_arg;
     s->log_cb = o->log_cb;
     s->log_arg = o->log_arg;
     if (cairn_kindex_init(&s->idx) || cairn_revmap_init(&s->rm))
@@ -270,6 +277,9 @@ void cairn_store_close(cairn_store *s)
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->dcv);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
+    pthread_cond_destroy(&s->cdone);
     free(s->dir);
     free(s->datadir);
     free(s);

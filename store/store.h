@@ -34,8 +34,9 @@
  * serialised by one write lock, held only for in-memory work (compares,
  * building the change, applying it to the doc and the index), never across
  * an fsync. Readers run beside the writer. Completion callbacks run on the
- * committer thread: they must not block and must not call the blocking
- * write functions (the async ones are fine).
+ * completer thread (the committer hands it each durable group): they must
+ * not block and must not call the blocking write functions (the async ones
+ * are fine).
  *
  * FAILURE. A LevelDB error on the write path (disk full, read-only dir, I/O
  * error) fails every write of that group with CAIRN_EIO and puts the store
@@ -375,7 +376,7 @@ typedef struct cairn_event {
 } cairn_event;
 
 /* A subscriber (the watch hub, the peer broadcaster): called on the
- * committer thread, in apply order, for every change once it is durable
+ * completer thread, in apply order, for every change once it is durable
  * (local or merged), before the writers of its group complete; every
  * subscriber gets each change, in the order they subscribed. |rev| is 0 for
  * a change that took no revision (then nev == 0). Everything is borrowed
@@ -460,6 +461,11 @@ typedef struct cairn_store_options {
      * the group as an I/O error would. NULL in production. */
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    /* Test hook: called by every cairn_store_range once it has taken its
+     * view and released the store's lock, before it reads history records
+     * and builds the response. NULL in production. */
+    void (*range_view_cb)(void *arg);
+    void *range_view_arg;
     /* Leases: the minimum TTL in seconds (etcd: 1.5 election timeouts, 2 s
      * with etcd's defaults); the extension every lease gets on open (etcd:
      * one election timeout, 1000 ms; see lease.c); the expiry tick period of
@@ -511,7 +517,7 @@ void cairn_store_header(cairn_store *s, cairn_header *h);
 
 /* ---- writes -------------------------------------------------------------- */
 
-/* Completion of an async write: called exactly once, on the committer
+/* Completion of an async write: called exactly once, on the completer
  * thread, when the write is durable (rc == 0) or failed (rc < 0). The
  * response was filled when the async call returned 0; the caller destroys
  * it after the callback in both cases (destroy is always safe). */
@@ -544,7 +550,7 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
  * header. */
 int cairn_store_compact(cairn_store *s, cairn_header *h, int64_t revision, int physical);
 /* The same, completing through |cb| instead of blocking: 0 = queued with
- * *h filled now; |cb| runs on the committer once the compaction is
+ * *h filled now; |cb| runs on the completer once the compaction is
  * durable, or, with |physical|, on a thread of its own once LevelDB has
  * compacted the range (close waits for it). < 0: refused, |cb| never
  * called. */
@@ -573,7 +579,7 @@ typedef struct cairn_lease_grant_resp {
  * revision; returns once durable. Errors: CAIRN_ELEASEEXIST,
  * CAIRN_ELEASETTLTOOLARGE. Negative ids are accepted (etcd does). */
 int cairn_store_lease_create(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id, int64_t ttl);
-/* The same, completing on the committer (cairn_store_done_cb) instead of
+/* The same, completing on the completer (cairn_store_done_cb) instead of
  * blocking: 0 = queued, with |resp| filled now (header at the revision of
  * the grant, id, ttl); < 0 = refused as above, |cb| never called. */
 int cairn_store_lease_create_async(cairn_store *s, cairn_lease_grant_resp *resp, int64_t id,
@@ -585,7 +591,7 @@ int cairn_store_lease_grant(cairn_store *s, int64_t id, int64_t ttl);
  * order (one revision if a key was deleted, none otherwise); returns once
  * durable with *h at the revision then. CAIRN_ELEASENOTFOUND if absent. */
 int cairn_store_lease_revoke(cairn_store *s, cairn_header *h, int64_t id);
-/* The same, completing on the committer: 0 = queued with *h filled now. */
+/* The same, completing on the completer: 0 = queued with *h filled now. */
 int cairn_store_lease_revoke_async(cairn_store *s, cairn_header *h, int64_t id,
                                    cairn_store_done_cb cb, void *arg);
 
@@ -646,7 +652,7 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg);
 int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
 
-/* Completion of a batched receive: called exactly once, on the committer
+/* Completion of a batched receive: called exactly once, on the completer
  * thread. rc == 0: every change the burst applied (and every change applied
  * before it) is durable, and |heads| (sorted, borrowed for the call) are the
  * store's heads as the burst left them — what the peer may now be told we

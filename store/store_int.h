@@ -305,6 +305,14 @@ typedef struct pend_change {
     size_t nev;
 } pend_change;
 
+/* A durable group on its way to the completer (commit.c). */
+typedef struct pend_group {
+    struct pend_group *next;
+    pend_change *chs;
+    struct pend_wait *ws;
+    int rc; /* the group's write: 0, or why it failed */
+} pend_group;
+
 /* A caller waiting for durability of everything queued before it. */
 typedef struct pend_wait {
     struct pend_wait *next;
@@ -352,15 +360,17 @@ struct cairn_store {
     _Atomic int has_subs;
     int (*before_write_cb)(void *arg, size_t nchanges);
     void *before_write_arg;
+    void (*range_view_cb)(void *arg);
+    void *range_view_arg;
     cairn_store_log_cb log_cb;
     void *log_arg;
 
     /* Writers: the rwlock's write side covers the doc and the index. */
     pthread_rwlock_t rw;
-    int64_t rev;             /* latest applied revision (under rw) */
-    int64_t compacted;       /* under rw */
-    _Atomic int64_t visible; /* durable, readable revision */
-    _Atomic int failed;      /* CAIRN_EIO / ECORRUPT once the store broke */
+    int64_t rev;               /* latest applied revision (under rw) */
+    _Atomic int64_t compacted; /* written under rw's write side; read anywhere */
+    _Atomic int64_t visible;   /* durable, readable revision */
+    _Atomic int failed;        /* CAIRN_EIO / ECORRUPT once the store broke */
 
     /* Observer state (under rw write). */
     int recovering;
@@ -391,6 +401,15 @@ struct cairn_store {
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
     pthread_t committer;
     int committer_started;
+
+    /* The completer (commit.c): durable groups to deliver and complete. */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;   /* completer: a group arrived, or stop */
+    pthread_cond_t cdone; /* the queue is empty and nothing is completing */
+    pend_group *g_head, **g_tail;
+    int completing, cstop;
+    pthread_t completer;
+    int completer_started;
 
     /* Leases (lease_table.c, lease.c): the table is under rw; the expiry thread's own
      * state under lease_mu. */
@@ -559,9 +578,11 @@ int cairn_store_krec_parse(cairn_store_krec *r, const uint8_t *p, size_t len);
 int cairn_store_krec_body_value(const cairn_change *c, uint64_t kvs_counter, uint64_t pos,
                                 const uint8_t *key, size_t key_len, const uint8_t **val,
                                 size_t *vl);
-/* Reads the history record of (rev, key). */
-int cairn_store_read_hist(cairn_store *s, store_arena *a, int64_t rev, const uint8_t *key,
-                          size_t key_len, cairn_kv *out, int want_value);
+/* Reads the history record of (rev, key) through |ro| (s->ropt, or one
+ * with a snapshot); fills every field of |out| but the key. */
+int cairn_store_read_hist(cairn_store *s, store_arena *a, const leveldb_readoptions_t *ro,
+                          int64_t rev, const uint8_t *key, size_t key_len, cairn_kv *out,
+                          int want_value);
 
 /* Blocking on an async write: initialise with
  * {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, pass

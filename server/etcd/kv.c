@@ -3,7 +3,7 @@
  * the store: each handler unpacks the protobuf request, fills the store's
  * mirror struct with pointers into it (no copies), calls the store and packs
  * the answer. Reads answer on the worker thread. Put, DeleteRange and Txn
- * are asynchronous: the store calls back on its committer thread once the
+ * are asynchronous: the store calls back on its completer thread once the
  * change is durable, and the callback answers the call; the worker never
  * waits for their fsync (Compact still blocks its worker, see kv_compact).
  *
@@ -731,7 +731,7 @@ static void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
 }
 
 /* Once the compaction is durable (and, physical, compacted on disk): from
- * the committer or the store's compaction thread, never a worker. */
+ * the completer or the store's compaction thread, never a worker. */
 static void compact_done(void *arg, int rc)
 {
     rpc_call *c = arg;

@@ -13,7 +13,7 @@
  * Why it is safe: the batcher's lock is held only to move calls between
  * the open batch and a local list, never across a store call; batches are
  * submitted from a worker (the first Put, or a full batch) or from the
- * completion callback on the store's committer thread, which may call the
+ * completion callback on the store's completer thread, which may call the
  * async writes (store.h). Every open batch has a batch in flight ahead of
  * it (inflight > 0), and that batch's completion submits it, so no Put is
  * stranded; shutdown waits for every live call, hence for both. Two Puts to

@@ -5,7 +5,7 @@
  * after a restart as etcd does). This file only converts messages; etcd's
  * rules (minimum TTL, id choice, "too large lease TTL") live in the store.
  *
- * Grant and revoke are answered from the store's committer once their
+ * Grant and revoke are answered from the store's completer once their
  * change is durable, like a Put: no worker waits for an fsync; a keepalive
  * never waits for one either.
  */
@@ -19,7 +19,7 @@
 _Static_assert(sizeof(cairn_lease_grant_resp) <= RPC_CALL_SCRATCH, "a grant's answer fits in the call");
 _Static_assert(sizeof(cairn_header) <= RPC_CALL_SCRATCH, "a revoke's header fits in the call");
 
-/* On the committer: the grant is durable (or the store failed). */
+/* On the completer: the grant is durable (or the store failed). */
 static void grant_done(void *arg, int rc)
 {
     rpc_call *c = arg;

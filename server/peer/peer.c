@@ -2,7 +2,7 @@
  * The peer transport (peer.h): a gRPC server on the peer URLs and a client
  * channel per member, both on one completion queue that one thread drives,
  * so no lock guards the links and peers (only the push queues, which the
- * store's committer fills). Each stream starts with a Hello each way
+ * store's completer fills). Each stream starts with a Hello each way
  * (proto/cairnpb/peer.proto); a refused one is cancelled with the reason
  * as its status, and the refusing side logs it.
  *
@@ -15,7 +15,7 @@
  * PUSH AND SYNC. The store's subscriber copies every durable change into
  * each connected peer's queue, bounded at PEER_QUEUE_BYTES: when it is
  * full the change is dropped for that peer and the periodic sync, which
- * works from the document, sends it later (the committer never waits). The
+ * works from the document, sends it later (the completer never waits). The
  * thread sends one message at a time per stream: the queued changes this
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
@@ -948,7 +948,7 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
-/* ---- the store's subscriber (committer thread) ------------------------ */
+/* ---- the store's subscriber (completer thread) ------------------------ */
 
 static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uint8_t *change,
                        size_t change_len, const cairn_event *ev, size_t nev)

@@ -12,7 +12,7 @@
  * completed, or an rpc_side (a stream's second operation in flight).
  *
  * Reads answer on the worker. A handler that writes hands the request to
- * the store and returns; the store's committer calls back once the change
+ * the store and returns; the store's completer calls back once the change
  * is durable and the callback answers (grpc_call_start_batch is
  * thread-safe), so a worker need not wait for an fsync and no lock is held
  * across I/O.
