@@ -61,10 +61,11 @@ static const struct flag flags[] = {
     {"listen-client-urls", F_URLS,
      "List of URLs to listen on for client traffic (default \"" DEFAULT_LISTEN_CLIENT "\")."},
     {"advertise-client-urls", F_URLS,
-     "List of this member's client URLs to advertise (default \"" DEFAULT_ADVERTISE_CLIENT
-     "\")."},
+     "List of this member's client URLs to advertise (default \"" DEFAULT_ADVERTISE_CLIENT "\")."},
     {"listen-peer-urls", F_URLS,
      "List of URLs to listen on for peer traffic (default \"" DEFAULT_LISTEN_PEER "\")."},
+    {"listen-metrics-urls", F_URLS,
+     "List of additional URLs to listen on that answer /metrics and /health (and /version)."},
     {"initial-advertise-peer-urls", F_URLS,
      "List of this member's peer URLs to advertise (default \"" DEFAULT_ADVERTISE_PEER "\")."},
     {"initial-cluster", F_CLUSTER,
@@ -75,7 +76,8 @@ static const struct flag flags[] = {
      "Initial cluster token; part of the member and cluster ids (default \"etcd-cluster\")."},
     {"max-request-bytes", F_U64,
      "Maximum client request size in bytes the server will accept (default 1572864)."},
-    {"max-txn-ops", F_U32, "Maximum number of operations permitted in a transaction (default 128)."},
+    {"max-txn-ops", F_U32,
+     "Maximum number of operations permitted in a transaction (default 128)."},
     {"quota-backend-bytes", F_I64,
      "Raise the NOSPACE alarm when the backend size exceeds this (0 = 2 GiB)."},
     {"log-level", F_LOGLEVEL, "debug, info, warn, error, panic or fatal (default info)."},
@@ -96,7 +98,8 @@ static const struct flag flags[] = {
     {"snapshot-count", F_IGNORED, NULL},
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
@@ -375,6 +378,8 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
             dst = &cfg->advertise_client_urls, n = &cfg->nadvertise_client_urls;
         else if (strcmp(name, "listen-peer-urls") == 0)
             dst = &cfg->listen_peer_urls, n = &cfg->nlisten_peer_urls;
+        else if (strcmp(name, "listen-metrics-urls") == 0)
+            dst = &cfg->listen_metrics_urls, n = &cfg->nlisten_metrics_urls;
         else
             dst = &cfg->initial_advertise_peer_urls, n = &cfg->ninitial_advertise_peer_urls;
         rc = set_urls(dst, n, v);
@@ -500,7 +505,8 @@ int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size
             if (strlen(flags[i].name) == nlen && strncmp(flags[i].name, name, nlen) == 0)
                 f = &flags[i];
         if (!f)
-            return fail(err, errlen, "flag provided but not defined: %.*s (see --help)", (int)nlen + 1 + (arg[1] == '-'), arg);
+            return fail(err, errlen, "flag provided but not defined: %.*s (see --help)",
+                        (int)nlen + 1 + (arg[1] == '-'), arg);
         const char *v;
         if (eq)
             v = eq + 1;
@@ -542,6 +548,7 @@ void cairn_config_destroy(cairn_config *cfg)
     free_list(cfg->listen_client_urls, cfg->nlisten_client_urls);
     free_list(cfg->advertise_client_urls, cfg->nadvertise_client_urls);
     free_list(cfg->listen_peer_urls, cfg->nlisten_peer_urls);
+    free_list(cfg->listen_metrics_urls, cfg->nlisten_metrics_urls);
     free_list(cfg->initial_advertise_peer_urls, cfg->ninitial_advertise_peer_urls);
     free_cluster(cfg->initial_cluster, cfg->ninitial_cluster);
     free(cfg->initial_cluster_state);
@@ -557,8 +564,7 @@ void cairn_config_destroy(cairn_config *cfg)
 void cairn_config_usage(FILE *out)
 {
     fprintf(out, "Usage: cairn [flags]\n\n"
-                 "cairn " CAIRN_VERSION
-                 " serves etcd's v3 API (etcd " CAIRN_ETCD_VERSION
+                 "cairn " CAIRN_VERSION " serves etcd's v3 API (etcd " CAIRN_ETCD_VERSION
                  ") from a CRDT: every node accepts reads and\n"
                  "writes on its own. Flags follow etcd's names; both --flag value and "
                  "--flag=value work.\n\n");

@@ -77,6 +77,14 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
             goto fail;
         srv->nports++;
     }
+    /* etcd: --listen-metrics-urls serve /metrics and /health, no gRPC */
+    for (size_t i = 0; i < cfg->nlisten_metrics_urls; i++) {
+        int port;
+        rc = front_listen(srv->front, cfg->listen_metrics_urls[i], FRONT_METRICS, NULL, &port, err,
+                          errlen);
+        if (rc < 0)
+            goto fail;
+    }
     rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
     if (rc != 0)
         goto fail;
