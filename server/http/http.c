@@ -338,11 +338,13 @@ void http_answer(http_buf *out, int minor, int status, const char *ctype, const 
 
 void http_answer_error(http_buf *out, int status, const char *why)
 {
-    char body[160];
-    int n = snprintf(body, sizeof body, "%d %s%s%s", status, http_reason(status), why ? ": " : "",
-                     why ? why : "");
+    /* etcd: Go's server writes the reason into the status line and the
+     * body alike, and no Content-Length (it closes) */
+    char text[160];
+    snprintf(text, sizeof text, "%d %s%s%s", status, http_reason(status), why ? ": " : "",
+             why ? why : "");
     http_buf_printf(out,
-                    "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                    "Connection: close\r\nContent-Length: %d\r\n\r\n%s",
-                    status, http_reason(status), n, body);
+                    "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    "Connection: close\r\n\r\n%s",
+                    text, text);
 }

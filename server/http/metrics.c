@@ -239,10 +239,11 @@ void metrics_write(cairn_server *srv, http_buf *b)
            "Which version is running. 1 for 'cluster_version' label with current cluster version");
     http_buf_printf(b, "etcd_cluster_version{cluster_version=\"3.4\"} 1\n");
 
-    counter(b, "etcd_server_proposals_committed_total",
-            "The total number of consensus proposals committed.", (double)st.changes);
-    counter(b, "etcd_server_proposals_applied_total",
-            "The total number of consensus proposals applied.", (double)st.changes);
+    /* etcd: both are gauges there */
+    gauge(b, "etcd_server_proposals_committed_total",
+          "The total number of consensus proposals committed.", (double)st.changes);
+    gauge(b, "etcd_server_proposals_applied_total",
+          "The total number of consensus proposals applied.", (double)st.changes);
     gauge(b, "etcd_server_proposals_pending", "The current number of pending proposals to commit.",
           0);
     gauge(b, "etcd_debugging_mvcc_keys_total", "Total number of keys.",
