@@ -15,6 +15,7 @@
 #include "server/cairn/cairn.h"
 #include "server/etcd/etcd.h"
 #include "server/http/front.h"
+#include "server/http/gateway.h"
 #include "server/http/serve.h"
 #include "server/node.h"
 #include "server/peer/peer.h"
@@ -68,6 +69,8 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
      * HTTP/1.1 (http/front.c) */
     front_options fo = {cfg->max_request_bytes, 256, 0, 0};
     rc = front_new(&srv->front, &fo, srv->rpc, serve_http, srv);
+    if (rc == 0)
+        rc = gateway_new(&srv->gateway, srv->rpc, srv->front);
     if (rc != 0)
         goto fail;
     for (size_t i = 0; i < cfg->nlisten_client_urls; i++) {
@@ -104,6 +107,8 @@ int cairn_server_start(cairn_server *srv)
 {
     int rc = rpc_engine_start(srv->rpc);
     if (rc == 0)
+        rc = gateway_start(srv->gateway);
+    if (rc == 0)
         rc = front_start(srv->front);
     if (rc == 0)
         rc = peer_net_start(srv->peer);
@@ -120,6 +125,9 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
     peer_net_stop(srv->peer);
     /* before gRPC's shutdown: no connection is handed over after it */
     front_stop(srv->front);
+    /* its calls in flight end, and its connection closes, before gRPC's
+     * shutdown (which waits for every connection) */
+    gateway_stop(srv->gateway);
     if (srv->rpc)
         rpc_engine_stop(srv->rpc, grace_ms);
     if (srv->store) {
@@ -139,6 +147,7 @@ void cairn_server_free(cairn_server *srv)
     node_destroy(srv);
     watch_hub_free(srv);
     kv_batcher_free(srv);
+    gateway_free(srv->gateway);
     front_free(srv->front);
     free(srv->ports);
     rpc_engine_free(srv->rpc);

@@ -64,10 +64,13 @@ typedef struct listener {
 enum { C_SNIFF = 0, C_HTTP = 1 };
 
 typedef struct conn {
+    uint64_t id; /* the token of its pending answer */
+    int pending; /* an answer is being made elsewhere (front_complete) */
     int fd;
     int listener;
     int state;
-    int closing; /* close once |out| is written */
+    int closing;       /* close once |out| is written */
+    int closing_after; /* set |closing| when the pending answer comes */
     int64_t deadline_ms;
     uint8_t *in;
     size_t inlen, incap;
@@ -79,6 +82,11 @@ typedef struct adopted {
     int listener;
     int fd;
 } adopted;
+
+typedef struct completed {
+    uint64_t token;
+    http_buf answer;
+} completed;
 
 struct front {
     front_options o;
@@ -97,6 +105,9 @@ struct front {
     pthread_mutex_t mu; /* guards |adopt| */
     adopted *adopt;
     size_t nadopt, capadopt;
+    completed *done; /* guarded by |mu| too */
+    size_t ndone, capdone;
+    uint64_t next_id;
 };
 
 static int64_t now_ms(void)
@@ -294,6 +305,7 @@ static int conn_add(front *f, int fd, int li)
     conn *c = calloc(1, sizeof *c);
     if (!c)
         return CAIRN_ENOMEM;
+    c->id = ++f->next_id;
     c->fd = fd;
     c->listener = li;
     c->state = C_SNIFF;
@@ -371,7 +383,7 @@ static void answer_now(front *f, conn *c, int status, const char *why)
 static void serve_input(front *f, conn *c)
 {
     size_t off = 0;
-    while (!c->closing && c->out.len - c->outoff < FRONT_OUT_HIGH) {
+    while (!c->closing && !c->pending && c->out.len - c->outoff < FRONT_OUT_HIGH) {
         http_request r;
         size_t used;
         int rc = http_parse(&r, &used, c->in + off, c->inlen - off, f->o.max_body);
@@ -387,8 +399,15 @@ static void serve_input(front *f, conn *c)
             answer_now(f, c, 400, "missing required Host header");
             break;
         }
-        f->serve(f->serve_arg, f->ls[c->listener].flags, &r, &c->out);
-        if (!r.keep_alive)
+        int keep = r.keep_alive;
+        if (f->serve(f->serve_arg, f->ls[c->listener].flags, &r, &c->out, c->id) == FRONT_PENDING) {
+            c->pending = 1;
+            c->closing_after = !keep;
+            /* the pending call has its own deadline (the gateway's) */
+            c->deadline_ms = INT64_MAX;
+            break;
+        }
+        if (!keep)
             c->closing = 1;
         c->deadline_ms = now_ms() + f->o.idle_timeout_ms;
     }
@@ -473,7 +492,7 @@ static int conn_event(front *f, size_t i, short rev)
             return http_write(c) < 0 ? (conn_drop(f, i, 0), 1) : 0;
         }
     }
-    if ((rev & POLLIN) && !c->closing && c->out.len - c->outoff < FRONT_OUT_HIGH &&
+    if ((rev & POLLIN) && !c->closing && !c->pending && c->out.len - c->outoff < FRONT_OUT_HIGH &&
         http_read(f, c) != 0) {
         conn_drop(f, i, 0);
         return 1;
@@ -487,7 +506,7 @@ static int conn_event(front *f, size_t i, short rev)
         return 1;
     }
     /* a request that waited behind a long answer */
-    if (c->inlen > 0 && !c->closing && c->out.len == 0) {
+    if (c->inlen > 0 && !c->closing && !c->pending && c->out.len == 0) {
         serve_input(f, c);
         if (c->out.failed || http_write(c) != 0) {
             conn_drop(f, i, 0);
@@ -510,6 +529,63 @@ static void take_adopted(front *f)
     for (size_t i = 0; i < n; i++)
         take(f, a[i].listener, a[i].fd);
     free(a);
+    pthread_mutex_lock(&f->mu);
+    completed *d = f->done;
+    size_t nd = f->ndone;
+    f->done = NULL;
+    f->ndone = f->capdone = 0;
+    pthread_mutex_unlock(&f->mu);
+    for (size_t k = 0; k < nd; k++) {
+        size_t i = 0;
+        while (i < f->nconns && f->conns[i]->id != d[k].token)
+            i++;
+        if (i == f->nconns || !f->conns[i]->pending) {
+            http_buf_free(&d[k].answer); /* its connection closed meanwhile */
+            continue;
+        }
+        conn *c = f->conns[i];
+        http_buf_add(&c->out, d[k].answer.data, d[k].answer.len);
+        if (d[k].answer.failed)
+            c->out.failed = 1;
+        http_buf_free(&d[k].answer);
+        c->pending = 0;
+        c->closing = c->closing_after;
+        c->deadline_ms = now_ms() + f->o.idle_timeout_ms;
+        /* the next request may be waiting already */
+        if (c->inlen > 0 && !c->closing)
+            serve_input(f, c);
+        if (c->out.failed || http_write(c) != 0)
+            conn_drop(f, i, 0);
+    }
+    free(d);
+}
+
+void front_complete(front *f, uint64_t token, http_buf *answer)
+{
+    pthread_mutex_lock(&f->mu);
+    if (atomic_load(&f->stopping)) {
+        pthread_mutex_unlock(&f->mu);
+        http_buf_free(answer);
+        return;
+    }
+    if (f->ndone == f->capdone) {
+        size_t cap = f->capdone ? 2 * f->capdone : 16;
+        completed *d = realloc(f->done, cap * sizeof *d);
+        if (!d) {
+            pthread_mutex_unlock(&f->mu);
+            http_buf_free(answer); /* the connection times out */
+            return;
+        }
+        f->done = d;
+        f->capdone = cap;
+    }
+    f->done[f->ndone].token = token;
+    f->done[f->ndone].answer = *answer;
+    f->ndone++;
+    memset(answer, 0, sizeof *answer);
+    pthread_mutex_unlock(&f->mu);
+    uint64_t one = 1;
+    (void)!write(f->wake, &one, sizeof one);
 }
 
 void front_adopt(front *f, int li, int fd)
@@ -563,7 +639,8 @@ static void *front_main(void *arg)
         for (size_t i = 0; i < nc; i++) {
             conn *c = f->conns[i];
             short ev = 0;
-            if (c->state == C_SNIFF || (!c->closing && c->out.len - c->outoff < FRONT_OUT_HIGH))
+            if (c->state == C_SNIFF ||
+                (!c->closing && !c->pending && c->out.len - c->outoff < FRONT_OUT_HIGH))
                 ev |= POLLIN;
             if (c->outoff < c->out.len)
                 ev |= POLLOUT;
@@ -575,8 +652,6 @@ static void *front_main(void *arg)
         int r = poll(pfd, 1 + (size_t)f->nls + nc, timeout);
         if (r < 0 && errno != EINTR)
             break;
-        if (r > 0 && (pfd[0].revents & POLLIN))
-            take_adopted(f);
         /* back to front: conn_drop moves the last connection into the
          * hole, and new connections are appended after |nc| */
         now = now_ms();
@@ -587,6 +662,9 @@ static void *front_main(void *arg)
             if (f->conns[i]->deadline_ms <= now)
                 conn_drop(f, i, 0);
         }
+        /* after the loop: it may drop connections, which moves them */
+        if (r > 0 && (pfd[0].revents & POLLIN))
+            take_adopted(f);
         if (r > 0)
             for (int i = 0; i < f->nls; i++)
                 if (pfd[1 + i].revents & POLLIN)
@@ -634,6 +712,9 @@ void front_free(front *f)
     for (size_t i = 0; i < f->nadopt; i++)
         close(f->adopt[i].fd);
     free(f->adopt);
+    for (size_t i = 0; i < f->ndone; i++)
+        http_buf_free(&f->done[i].answer);
+    free(f->done);
     for (int i = 0; i < f->nls; i++) {
         if (f->ls[i].unix_path)
             unlink(f->ls[i].unix_path);

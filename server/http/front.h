@@ -45,9 +45,14 @@ typedef struct front_tls {
 } front_tls;
 
 /* Answers one whole HTTP/1.1 request |req| that arrived on a listener
- * serving |flags|, appending the whole answer (http_answer) to |out|.
- * Runs on the front thread: must not block. */
-typedef void (*front_serve_cb)(void *arg, int flags, const http_request *req, http_buf *out);
+ * serving |flags|: either appends the whole answer (http_answer) to |out|
+ * and returns 0, or returns FRONT_PENDING and later hands the answer to
+ * front_complete with |token| (the connection reads no further request
+ * meanwhile). Runs on the front thread: must not block. |req| is
+ * borrowed for the call only. */
+typedef int (*front_serve_cb)(void *arg, int flags, const http_request *req, http_buf *out,
+                              uint64_t token);
+enum { FRONT_PENDING = 1 };
 
 typedef struct front_options {
     uint64_t max_body;    /* --max-request-bytes */
@@ -73,6 +78,10 @@ int front_start(front *f);
 /* A plaintext connection for listener |listener| (a TLS handshake done):
  * sniffed like an accepted one. Takes |fd|. Any thread. */
 void front_adopt(front *f, int listener, int fd);
+/* The answer to the request that was left pending with |token|: takes
+ * |answer| (its contents; *answer is zeroed), which is dropped if the
+ * connection has closed meanwhile. Any thread. */
+void front_complete(front *f, uint64_t token, http_buf *answer);
 /* Stops accepting, closes every HTTP/1.1 connection and joins the thread
  * (before rpc_engine_stop). Idempotent. */
 void front_stop(front *f);

@@ -7,6 +7,7 @@
 #include "server/http/serve.h"
 
 #include "server/http/front.h"
+#include "server/http/gateway.h"
 #include "server/http/metrics.h"
 #include "server/node.h"
 
@@ -80,7 +81,7 @@ static void metrics(cairn_server *srv, const http_request *r, http_buf *out)
     http_buf_free(&body);
 }
 
-void serve_http(void *arg, int flags, const http_request *r, http_buf *out)
+int serve_http(void *arg, int flags, const http_request *r, http_buf *out, uint64_t token)
 {
     cairn_server *srv = arg;
     if ((flags & FRONT_OPS) && http_path_is(r, "/health"))
@@ -89,6 +90,9 @@ void serve_http(void *arg, int flags, const http_request *r, http_buf *out)
         version(r, out);
     else if ((flags & FRONT_OPS) && http_path_is(r, "/metrics"))
         metrics(srv, r, out);
+    else if ((flags & FRONT_GATEWAY) && srv->gateway && gateway_path(r))
+        return gateway_serve(srv->gateway, r, out, token);
     else
         go_error(out, r, 404, NULL, "404 page not found");
+    return 0;
 }
