@@ -49,6 +49,8 @@
 #define FRONT_MAX_LISTENERS 64
 /* An HTTP connection stops reading while this much of its answers waits. */
 #define FRONT_OUT_HIGH (4u << 20)
+/* How long a refused connection's remaining bytes are read and dropped. */
+#define FRONT_LINGER_MS 2000
 
 static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define PREFACE_LEN (sizeof preface - 1)
@@ -71,6 +73,7 @@ typedef struct conn {
     int state;
     int closing;       /* close once |out| is written */
     int closing_after; /* set |closing| when the pending answer comes */
+    int lingering;     /* answered and shut for writing: what still comes is dropped */
     int64_t deadline_ms;
     uint8_t *in;
     size_t inlen, incap;
@@ -419,6 +422,7 @@ static void serve_input(front *f, conn *c)
 static int http_read(front *f, conn *c)
 {
     size_t limit = HTTP_MAX_HEAD + (size_t)f->o.max_body;
+    int eof = 0;
     for (;;) {
         if (c->inlen == c->incap) {
             if (c->incap >= limit)
@@ -433,8 +437,11 @@ static int http_read(front *f, conn *c)
             c->incap = cap;
         }
         ssize_t n = recv(c->fd, c->in + c->inlen, c->incap - c->inlen, 0);
-        if (n == 0)
-            return -1;
+        if (n == 0) {
+            /* the client is done sending: answer what came, then close */
+            eof = 1;
+            break;
+        }
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -445,6 +452,14 @@ static int http_read(front *f, conn *c)
         c->inlen += (size_t)n;
     }
     serve_input(f, c);
+    if (eof) {
+        if (c->pending)
+            c->closing_after = 1;
+        else if (c->outoff == c->out.len)
+            return -1;
+        else
+            c->closing = 1;
+    }
     return 0;
 }
 
@@ -463,13 +478,44 @@ static int http_write(conn *c)
         c->outoff += (size_t)n;
     }
     c->out.len = c->outoff = 0;
-    return c->closing ? -1 : 0;
+    if (!c->closing)
+        return 0;
+    if (!c->lingering) {
+        /* A close with unread bytes (a refused body still arriving) would
+         * reset the connection and lose the answer: shut writing and drop
+         * what comes for a moment instead, as web servers do. */
+        shutdown(c->fd, SHUT_WR);
+        c->lingering = 1;
+        c->deadline_ms = now_ms() + FRONT_LINGER_MS;
+    }
+    return 0;
+}
+
+/* A lingering connection: 0, or -1 once the client closed too. */
+static int linger_read(conn *c)
+{
+    char buf[16384];
+    for (int n = 0; n < 64; n++) {
+        ssize_t k = recv(c->fd, buf, sizeof buf, 0);
+        if (k == 0)
+            return -1;
+        if (k < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+    }
+    return 0;
 }
 
 /* Handles readiness of conns[i]; 1 if it was removed. */
 static int conn_event(front *f, size_t i, short rev)
 {
     conn *c = f->conns[i];
+    if (c->lingering) {
+        if (linger_read(c) != 0 || (rev & (POLLERR | POLLHUP))) {
+            conn_drop(f, i, 0);
+            return 1;
+        }
+        return 0;
+    }
     if (c->state == C_SNIFF) {
         int s = sniff(c);
         if (s == -1 && !(rev & (POLLHUP | POLLERR)))
@@ -639,7 +685,7 @@ static void *front_main(void *arg)
         for (size_t i = 0; i < nc; i++) {
             conn *c = f->conns[i];
             short ev = 0;
-            if (c->state == C_SNIFF ||
+            if (c->state == C_SNIFF || c->lingering ||
                 (!c->closing && !c->pending && c->out.len - c->outoff < FRONT_OUT_HIGH))
                 ev |= POLLIN;
             if (c->outoff < c->out.len)

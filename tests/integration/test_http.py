@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server, free_port  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, strip_ids  # noqa: E402
 from wire import field_bytes  # noqa: E402
 
 try:
@@ -107,6 +107,114 @@ def test_endpoints(e, c):
         check(eo.endswith(b"\r\n\r\n" + eo.split(b"\r\n\r\n", 1)[1]) and
               eo.split(b"\r\n\r\n", 1)[1] == co.split(b"\r\n\r\n", 1)[1],
               "%r: body etcd %r cairn %r" % (req, eo[-60:], co[-60:]))
+
+
+# fields whose values legitimately differ: ids and sizes depend on ports,
+# random lease ids and the backends
+VARYING = ("ID", "dbSize", "dbSizeInUse", "leader", "raftIndex", "raftAppliedIndex",
+           "peerURLs", "clientURLs", "TTL")
+
+
+def strip(x):
+    x = strip_ids(x)
+    if isinstance(x, dict):
+        return {k: strip(v) for k, v in x.items() if k not in VARYING}
+    if isinstance(x, list):
+        return [strip(v) for v in x]
+    return x
+
+
+def gw(port, path, body):
+    import json
+    st, h, b = get(port, path, method="POST", body=body.encode() if isinstance(body, str) else body,
+                   headers={"Content-Type": "application/json"})
+    try:
+        j = json.loads(b)
+    except ValueError:
+        j = b
+    return st, h, j
+
+
+def test_gateway(e, c):
+    """The same requests to both, answers compared field by field."""
+    import json
+    seq = [
+        ("/v3/kv/put", '{"key":"Zm9v","value":"YmFy"}'),
+        ("/v3/kv/range", '{"key":"Zm9v"}'),
+        ("/v3/kv/range", '{"key":"bm8="}'),
+        ("/v3/kv/put", '{"key":"Zm9v","value":"YmF6","prev_kv":true}'),
+        ("/v3/kv/range", '{"key":"Zm8=","range_end":"Zm9w","sortOrder":"DESCEND","keysOnly":true}'),
+        ("/v3/kv/range", '{"key":"Zm9v","limit":"5","bogus":1}'),
+        ("/v3/kv/txn", '{"compare":[{"key":"Zm9v","result":"EQUAL","target":"VALUE",'
+                       '"value":"YmF6"}],"success":[{"requestPut":{"key":"YQ==","value":"Yg=="}},'
+                       '{"request_range":{"key":"Zm9v"}}],"failure":[]}'),
+        ("/v3/kv/txn", '{"compare":[{"key":"Zm9v","result":"GREATER","target":"MOD",'
+                       '"mod_revision":"100"}],"failure":[{"request_delete_range":{"key":"YQ=="}}]}'),
+        ("/v3/kv/deleterange", '{"key":"Zm9v","prev_kv":true}'),
+        ("/v3/kv/range", '{}'),
+        ("/v3/kv/compaction", '{"revision":100}'),
+        ("/v3/kv/compaction", '{"revision":"2"}'),
+        ("/v3/kv/range", '{"key":"Zm9v","revision":"1"}'),
+        ("/v3/kv/range", '{"key":5}'),
+        ("/v3/kv/range", '[1]'),
+        ("/v3beta/kv/range", '{"key":"YQ=="}'),
+        ("/v3/lease/revoke", '{"ID":"123"}'),
+        ("/v3/lease/timetolive", '{"ID":"123"}'),
+        ("/v3/maintenance/alarm", '{}'),
+        ("/v3/kv/nope", '{}'),
+    ]
+    for path, body in seq:
+        es, eh, ej = gw(e.client_port, path, body)
+        cs, ch, cj = gw(c.client_port, path, body)
+        check(es == cs, "%s %s: status etcd %d cairn %d (%r / %r)" % (path, body, es, cs, ej, cj))
+        check(strip(ej) == strip(cj), "%s %s:\n  etcd  %r\n  cairn %r" % (path, body, ej, cj))
+        check(eh.get("content-type") == ch.get("content-type"),
+              "%s: content-type %r %r" % (path, eh.get("content-type"), ch.get("content-type")))
+    # not JSON: both code 3 and 400 (the texts are Go's and jansson's)
+    es, _, ej = gw(e.client_port, "/v3/kv/range", "not-json")
+    cs, _, cj = gw(c.client_port, "/v3/kv/range", "not-json")
+    check(es == cs == 400 and ej.get("code") == cj.get("code") == 3 and
+          cj.get("error") == cj.get("message"), "not JSON: %r %r" % (ej, cj))
+    # a GET on a gateway path
+    es, _, eb = get(e.client_port, "/v3/kv/range")
+    cs, _, cb = get(c.client_port, "/v3/kv/range")
+    check(es == cs == 405 and eb == cb, "GET /v3/kv/range: %d %r / %d %r" % (es, eb, cs, cb))
+    # leases: each side's own id
+    ids = {}
+    for kind, port in (("etcd", e.client_port), ("cairn", c.client_port)):
+        st, _, j = gw(port, "/v3/lease/grant", '{"TTL":60}')
+        check(st == 200 and j.get("TTL") == "60" and "ID" in j, "%s grant: %r" % (kind, j))
+        ids[kind] = j.get("ID", "0")
+    answers = {}
+    for kind, port in (("etcd", e.client_port), ("cairn", c.client_port)):
+        lid = ids[kind]
+        a = [gw(port, "/v3/kv/put", '{"key":"bA==","value":"dg==","lease":"%s"}' % lid)]
+        a.append(gw(port, "/v3/lease/timetolive", '{"ID":"%s","keys":true}' % lid))
+        st, _, j = gw(port, "/v3/lease/leases", '{}')
+        check(st == 200 and {"ID": lid} in j.get("leases", []), "%s leases: %r" % (kind, j))
+        a.append(gw(port, "/v3/lease/revoke", '{"ID":"%s"}' % lid))
+        a.append(gw(port, "/v3/lease/revoke", '{"ID":"%s"}' % lid))
+        a.append(gw(port, "/v3/kv/range", '{"key":"bA=="}'))
+        answers[kind] = a
+    for (es, _, ej), (cs, _, cj) in zip(answers["etcd"], answers["cairn"]):
+        check(es == cs and strip(ej) == strip(cj), "lease: etcd %d %r cairn %d %r" %
+              (es, ej, cs, cj))
+    ttl = answers["cairn"][1][2]
+    check(ttl.get("grantedTTL") == "60" and 0 < int(ttl.get("TTL", 0)) <= 60,
+          "timetolive: %r" % ttl)
+    # status and member list: the same fields
+    for path in ("/v3/maintenance/status", "/v3/cluster/member/list"):
+        es, _, ej = gw(e.client_port, path, "{}")
+        cs, _, cj = gw(c.client_port, path, "{}")
+        check(es == cs == 200 and sorted(ej) == sorted(cj) and strip(ej) == strip(cj),
+              "%s: etcd %r cairn %r" % (path, ej, cj))
+    # gRPC sees what the gateway wrote
+    gw(c.client_port, "/v3/kv/put", '{"key":"Z3c=","value":"b2s="}')
+    r = c.etcdctl("get", "gw", check=False)
+    check(r.returncode == 0 and r.stdout == b"gw\nok\n", "etcdctl get gw: %r" % r.stdout)
+    # a body over --max-request-bytes: 413 before any call
+    st, _, _ = gw(c.client_port, "/v3/kv/put", '{"key":"eA==","value":"%s"}' % ("A" * 2000000))
+    check(st == 413, "huge gateway body: %d" % st)
 
 
 def test_keepalive(c):
@@ -217,7 +325,7 @@ def test_metrics_url(cairn):
         check(st == 200 and b"etcd_server_has_leader 1" in body, "metrics URL /metrics: %d" % st)
         st, _, body = get(mport, "/health")
         check(st == 200 and body == b'{"health":"true"}', "metrics URL /health: %d %r" % (st, body))
-        st, _, _ = get(mport, "/v3/kv/range", method="POST", body=b"{}")
+        st, _, _ = get(mport, "/v3/kv/range", method="POST", body=b'{"key":"YQ=="}')
         check(st == 404, "metrics URL serves no gateway: %d" % st)
         ch = grpc.insecure_channel("127.0.0.1:%d" % mport)
         try:
@@ -265,6 +373,7 @@ def main():
     try:
         e.start()
         c.start()
+        test_gateway(e, c)
         test_endpoints(e, c)
         test_keepalive(c)
         test_garbage(c)
