@@ -172,7 +172,10 @@ static int bind_unix(const char *path, char *err, size_t errlen)
     return fd;
 }
 
-static int bind_tcp(const char *hostport, int *port, char *err, size_t errlen)
+/* Binds every address |hostport| resolves to ("localhost": 127.0.0.1 and
+ * ::1, as gRPC's listener did), up to |max|, into |fds|; returns how many
+ * (at least one) or a negative code. */
+static int bind_tcp(const char *hostport, int *fds, int max, int *port, char *err, size_t errlen)
 {
     char host[256];
     size_t len = strlen(hostport);
@@ -220,33 +223,44 @@ static int bind_tcp(const char *hostport, int *port, char *err, size_t errlen)
         snprintf(err, errlen, "cannot resolve %s: %s", hostport, gai_strerror(gai));
         return CAIRN_EINVAL;
     }
-    int fd = -1, saved = 0;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    int n = 0, saved = 0, failed = 0;
+    *port = 0;
+    for (struct addrinfo *ai = res; ai && n < max; ai = ai->ai_next) {
+        if (n > 0 && strcmp(portstr, "0") == 0)
+            break; /* port 0: one socket, one port */
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             saved = errno;
             continue;
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0)
-            break;
-        saved = errno;
-        close(fd);
-        fd = -1;
+        if (ai->ai_family == AF_INET6)
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+            saved = errno;
+            /* an address family the host lacks (no IPv6) is skipped; an
+             * address in use fails the URL */
+            failed |= saved == EADDRINUSE;
+            close(fd);
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (n == 0 && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+            *port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        fds[n++] = fd;
     }
     freeaddrinfo(res);
-    if (fd < 0) {
+    if (n == 0 || failed) {
+        while (n > 0)
+            close(fds[--n]);
         snprintf(err, errlen, "cannot listen on %s: %s", hostport, strerror(saved));
         return CAIRN_EIO;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    *port = 0;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-        *port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                         : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
+    return n;
 }
 
 int front_listen(front *f, const char *url, int flags, const front_tls *tls, int *port, char *err,
@@ -275,22 +289,34 @@ int front_listen(front *f, const char *url, int flags, const front_tls *tls, int
         snprintf(err, errlen, "cannot serve %s: cairn does not serve TLS yet", url);
         return CAIRN_EINVAL;
     }
-    listener *l = &f->ls[f->nls];
-    memset(l, 0, sizeof *l);
-    int fd = is_unix ? bind_unix(rest, err, errlen) : bind_tcp(rest, port, err, errlen);
-    if (fd < 0)
-        return fd;
-    if (is_unix && !(l->unix_path = strdup(rest))) {
-        close(fd);
-        return CAIRN_ENOMEM;
+    int fds[4], n;
+    if (is_unix) {
+        fds[0] = bind_unix(rest, err, errlen);
+        n = fds[0] < 0 ? fds[0] : 1;
+    } else {
+        int room = FRONT_MAX_LISTENERS - f->nls;
+        n = bind_tcp(rest, fds, room < 4 ? room : 4, port, err, errlen);
     }
-    l->fd = fd;
-    l->flags = flags;
-    if (secure) {
-        l->has_tls = 1;
-        l->tls = *tls;
+    if (n < 0)
+        return n;
+    int first = f->nls;
+    for (int i = 0; i < n; i++) {
+        listener *l = &f->ls[f->nls];
+        memset(l, 0, sizeof *l);
+        if (is_unix && !(l->unix_path = strdup(rest))) {
+            while (i < n)
+                close(fds[i++]);
+            return CAIRN_ENOMEM;
+        }
+        l->fd = fds[i];
+        l->flags = flags;
+        if (secure) {
+            l->has_tls = 1;
+            l->tls = *tls;
+        }
+        f->nls++;
     }
-    return f->nls++;
+    return first;
 }
 
 /* ---- connections --------------------------------------------------------- */
