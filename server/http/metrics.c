@@ -268,6 +268,10 @@ void metrics_write(cairn_server *srv, http_buf *b)
     counter(b, "cairn_store_changes_total",
             "Changes carried by those group commits (changes / syncs is the batch factor).",
             (double)st.changes);
+    /* Per-peer metrics (connection state, bytes, sync rounds, lag) go
+     * here, read from server/peer's cairn_peer_stats accessor
+     * (srv->peer) once it exists: cairn_peer_* with a "peer" label (the
+     * member name). */
     gauge(b, "cairn_alarm_nospace", "1 while a NOSPACE alarm is raised.",
           (double)atomic_load(&srv->nospace));
     family(b, "cairn_version", "gauge", "cairn's own version. 1 for 'version' label.");

@@ -378,6 +378,9 @@ def main():
         test_keepalive(c)
         test_garbage(c)
         test_metrics(e, c)
+        # a clean exit (under ASan: no leak, no error report)
+        rc = c.stop()
+        check(rc == 0, "cairn exited with %r:\n%s" % (rc, c.read_log()[-3000:]))
     finally:
         e.cleanup()
         c.cleanup()
