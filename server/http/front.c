@@ -111,6 +111,7 @@ struct front {
     completed *done; /* guarded by |mu| too */
     size_t ndone, capdone;
     uint64_t next_id;
+    int64_t accept_pause_until; /* after running out of descriptors */
 };
 
 static int64_t now_ms(void)
@@ -373,8 +374,13 @@ static void accept_all(front *f, int li)
     listener *l = &f->ls[li];
     while (f->nsniff < FRONT_MAX_SNIFF) {
         int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or out of fds: the next poll tries again */
+        if (fd < 0) {
+            /* out of descriptors: the listener stays readable, so stop
+             * polling it for a moment rather than spin */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                f->accept_pause_until = now_ms() + 100;
+            return;
+        }
         if (!l->unix_path) {
             /* as gRPC's own listener does: small messages go out at once */
             int one = 1;
@@ -703,10 +709,12 @@ static void *front_main(void *arg)
             cappfd = n;
         }
         pfd[0] = (struct pollfd){f->wake, POLLIN, 0};
-        int accepting = f->nsniff < FRONT_MAX_SNIFF;
+        int64_t now = now_ms(), next = now + 1000;
+        int accepting = f->nsniff < FRONT_MAX_SNIFF && now >= f->accept_pause_until;
+        if (!accepting && f->accept_pause_until > now && f->accept_pause_until < next)
+            next = f->accept_pause_until;
         for (int i = 0; i < f->nls; i++)
             pfd[1 + i] = (struct pollfd){accepting ? f->ls[i].fd : -1, POLLIN, 0};
-        int64_t now = now_ms(), next = now + 1000;
         size_t nc = f->nconns;
         for (size_t i = 0; i < nc; i++) {
             conn *c = f->conns[i];
