@@ -68,8 +68,9 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     /* the client URLs are cairn's own sockets, shared by gRPC and
      * HTTP/1.1 (http/front.c) */
     /* a gateway body is JSON with base64 inside (4/3 of the bytes, and
-     * more): room for twice the request, the gRPC limit decides */
-    front_options fo = {2 * cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES, 256, 0, 0};
+     * more): room for twice the request, the gRPC limit decides. 128
+     * HTTP/1.1 connections at most: each may buffer one such body. */
+    front_options fo = {2 * cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES, 128, 0, 0};
     rc = front_new(&srv->front, &fo, srv->rpc, serve_http, srv);
     if (rc == 0)
         rc = gateway_new(&srv->gateway, srv->rpc, srv->front);
