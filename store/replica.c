@@ -167,7 +167,26 @@ struct cairn_replica {
     cairn_sync_state *st;
     atomic_int applied_due; /* a receive completed: cairn_sync_applied is owed */
     atomic_int refs;        /* the owner's + one per receive in flight */
+    /* The hashes of changes lately received from the peer, direct-mapped
+     * by their first bytes (a collision only forgets one): push leaves
+     * them out, so a change relayed on is not echoed to its sender. */
+    cairn_hash *from_peer;
 };
+
+#define REPLICA_FROM_PEER 4096u /* slots, a power of two */
+
+static uint32_t from_peer_slot(const cairn_hash *h)
+{
+    uint32_t v;
+    memcpy(&v, h->b, sizeof v);
+    return v & (REPLICA_FROM_PEER - 1);
+}
+
+/* 1 if |h| is remembered as received from the peer (caller holds r->mu). */
+static int from_peer_has(const cairn_replica *r, const cairn_hash *h)
+{
+    return r->from_peer && memcmp(r->from_peer[from_peer_slot(h)].b, h->b, sizeof h->b) == 0;
+}
 
 /* One receive waiting for the committer. */
 typedef struct recv_wait {
@@ -182,6 +201,7 @@ static void replica_unref(cairn_replica *r)
         return;
     cairn_sync_state_free(r->st);
     pthread_mutex_destroy(&r->mu);
+    free(r->from_peer);
     free(r);
 }
 
@@ -279,9 +299,16 @@ int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn
     if (!rc) {
         rc = settle_applied(r);
         /* more than the limits' worth: the rest follow through generate */
-        size_t npushed = 0;
-        if (!rc)
-            rc = cairn_sync_push(out, len, &npushed, r->s->doc, r->st, chs, n);
+        size_t npushed = 0, k = 0;
+        const cairn_change **keep = n ? malloc(n * sizeof *keep) : NULL;
+        if (!rc && n && !keep)
+            rc = CAIRN_ENOMEM;
+        for (size_t i = 0; !rc && i < n; i++)
+            if (!from_peer_has(r, &chs[i]->hash))
+                keep[k++] = chs[i];
+        if (!rc && k)
+            rc = cairn_sync_push(out, len, &npushed, r->s->doc, r->st, keep, k);
+        free(keep);
         doc_read_unlock(r->s);
     }
     pthread_mutex_unlock(&r->mu);
@@ -318,6 +345,10 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
             rc = cairn_sync_receive(&chs, &n, r->st, r->s->doc, msg, len);
         doc_read_unlock(r->s);
     }
+    if (!rc && n && !r->from_peer)
+        r->from_peer = calloc(REPLICA_FROM_PEER, sizeof *r->from_peer);
+    for (size_t i = 0; !rc && r->from_peer && i < n; i++)
+        r->from_peer[from_peer_slot(&chs[i]->hash)] = chs[i]->hash;
     pthread_mutex_unlock(&r->mu);
     if (rc)
         return rc;

@@ -54,7 +54,8 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
 /* Optimistic push of |n| changes of this store already durable (decoded,
  * borrowed; e.g. what a cairn_store_subscribe callback handed out, decoded
  * off the committer thread), in apply order: *out NULL when the peer
- * already has them all. At most the limits' worth are taken; the rest
+ * already has them all. Changes lately received from this peer are left
+ * out (it has them: a relay does not echo them back). At most the limits' worth are taken; the rest
  * follow through generate. */
 int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
                        size_t n);

@@ -20,8 +20,27 @@
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
  * once after a (re)connect and after a received message was made durable.
+ *
+ * PARTIAL MESH. With --peer-links a node dials and accepts only the members
+ * named there (a hello from another is refused), and its pushes relay: they
+ * carry every queued change except those the peer authored or sent us
+ * (replica.h), so a change crosses a line of sites hop by hop at push speed
+ * instead of one sync interval per hop. In a full mesh every member hears
+ * each change from its author, and a relay would only send duplicates.
+ * Such a node also tells its links the client URLs it knows of every
+ * member (a Members message, again whenever they change; of two reports on
+ * a member the one from its later start wins), so MemberList names them
+ * on nodes with no link to that member.
  * A message that does not decode, or carries a change the document
  * refuses, resets the stream with a log line naming the peer and why.
+ *
+ * LEAVING. On shutdown every live stream gets a Goodbye and its clean
+ * close (the client's half-close, the server's OK status), and the thread
+ * waits up to PEER_GOODBYE_MS for the peers to end theirs before it
+ * cancels what is left: the peer logs a departure, not a broken stream,
+ * and dials again with its backoff. Per-peer counters (peer_stats) are
+ * atomics the peer thread and the committer bump and any thread reads;
+ * the line logged when a stream closes carries them.
  */
 #include "server/peer/peer.h"
 
@@ -49,6 +68,7 @@
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
 #define PEER_TICK_MS 10
+#define PEER_GOODBYE_MS 500
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
 
@@ -75,6 +95,10 @@ typedef struct plink {
     int sending;
     int hello_in; /* the peer's hello was accepted */
     int dead;     /* cancelled: freed once nothing is pending */
+    int bye;      /* this side said goodbye (shutting down) */
+    int closed;   /* its status / close completed */
+    size_t sbuf_len;
+    grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
 } plink;
 
@@ -95,12 +119,18 @@ typedef struct ppeer {
     uint32_t backoff_ms;
     atomic_int answer_due; /* a received message is durable: answer now */
     atomic_int connected;  /* the subscriber queues pushes only then */
-    char **client_urls;    /* from its last hello; under peer_net.info_mu */
+    int linked;            /* in --peer-links (every member without it) */
+    cairn_actor actor;     /* from its hello */
+    char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
     size_t nclient_urls;
+    uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
+    uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
     pthread_mutex_t qmu;
     qchange *qhead, **qtail;
     size_t qbytes;
-    uint64_t dropped;
+    /* peer_stats: bumped by the peer thread (dropped: by the committer) */
+    _Atomic uint64_t connects, msgs_sent, bytes_sent, msgs_received, bytes_received, pushes,
+        dropped, sync_rounds;
 } ppeer;
 
 struct peer_net {
@@ -124,6 +154,8 @@ struct peer_net {
     atomic_int stop;
     pthread_mutex_t info_mu; /* the peers' client URLs */
     uint64_t my_id, cluster_id;
+    uint64_t incarnation; /* this start, in ms since the epoch */
+    uint64_t urls_gen;    /* bumped when a member's client URLs change */
     cairn_actor actor;
     uint8_t token_hash[32];
 };
@@ -158,6 +190,7 @@ static plink *link_new(peer_net *n, ppeer *p, int dialed)
     grpc_metadata_array_init(&l->md);
     grpc_metadata_array_init(&l->trailing);
     l->status_details = grpc_empty_slice();
+    l->bye_details = grpc_slice_from_static_string("goodbye: shutting down");
     l->t_send = (ptag){T_SEND, l};
     l->t_recv = (ptag){T_RECV, l};
     l->t_close = (ptag){T_CLOSE, l};
@@ -191,7 +224,13 @@ static void link_kill(plink *l, const char *why)
     if (p->live == l) {
         p->live = NULL;
         atomic_store(&p->connected, 0);
-        cairn_log(CAIRN_LOG_INFO, "peer %s: stream closed: %s", p->name, why);
+        cairn_log(CAIRN_LOG_INFO,
+                  "peer %s: stream closed: %s (since start: %" PRIu64 " messages / %" PRIu64
+                  " bytes sent, %" PRIu64 " / %" PRIu64 " received, %" PRIu64 " pushes, %" PRIu64
+                  " sync rounds, %" PRIu64 " pushes dropped)",
+                  p->name, why, atomic_load(&p->msgs_sent), atomic_load(&p->bytes_sent),
+                  atomic_load(&p->msgs_received), atomic_load(&p->bytes_received),
+                  atomic_load(&p->pushes), atomic_load(&p->sync_rounds), atomic_load(&p->dropped));
     }
     if (!p->live && !p->dial) {
         /* jittered exponential backoff: [b/2, b) */
@@ -208,6 +247,7 @@ static void link_free(plink *l)
     grpc_metadata_array_destroy(&l->md);
     grpc_metadata_array_destroy(&l->trailing);
     grpc_slice_unref(l->status_details);
+    grpc_slice_unref(l->bye_details);
     if (l->rbuf)
         grpc_byte_buffer_destroy(l->rbuf);
     if (l->sbuf)
@@ -251,6 +291,7 @@ static int link_send(plink *l, const Cairnpb__PeerMessage *m, int first)
     l->sbuf = rpc_pack(&m->base);
     if (!l->sbuf)
         return CAIRN_ENOMEM;
+    l->sbuf_len = grpc_byte_buffer_length(l->sbuf);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     size_t k = 0;
@@ -295,6 +336,7 @@ static void link_start(plink *l)
     h.name = n->cfg->name;
     h.client_urls = n->cfg->advertise_client_urls;
     h.n_client_urls = n->cfg->nadvertise_client_urls;
+    h.incarnation = n->incarnation;
     Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
     m.body_case = CAIRNPB__PEER_MESSAGE__BODY_HELLO;
     m.hello = &h;
@@ -393,7 +435,9 @@ static void make_live(ppeer *p, plink *l)
     p->qbytes = 0;
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
-    p->next_sync_ms = 0; /* sync at once */
+    atomic_fetch_add(&p->connects, 1);
+    p->next_sync_ms = 0;  /* sync at once */
+    p->urls_sent_gen = 0; /* and tell it the members' client URLs */
     cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
               l->dialed ? "dialed" : "accepted");
 }
@@ -406,6 +450,22 @@ static void refuse(plink *l, const char *what)
     cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", addr ? addr : peer_name(l), what);
     gpr_free(addr);
     link_kill(l, what);
+}
+
+/* |p|'s client URLs are now |v| (copied), as of its start |incarnation|. */
+static void set_client_urls(peer_net *n, ppeer *p, char *const *v, size_t k, uint64_t incarnation)
+{
+    int ok;
+    char **urls = copy_urls(v, k, &ok);
+    if (!ok)
+        return;
+    pthread_mutex_lock(&n->info_mu);
+    free_urls(p->client_urls, p->nclient_urls);
+    p->client_urls = urls;
+    p->nclient_urls = k;
+    pthread_mutex_unlock(&n->info_mu);
+    p->urls_incarnation = incarnation;
+    n->urls_gen++;
 }
 
 static void on_hello(plink *l, const Cairnpb__Hello *h)
@@ -449,17 +509,15 @@ static void on_hello(plink *l, const Cairnpb__Hello *h)
         refuse(l, why);
         return;
     }
+    if (!p->linked) {
+        snprintf(why, sizeof why, "member %s is not in this node's --peer-links", p->name);
+        refuse(l, why);
+        return;
+    }
     l->p = p;
     l->hello_in = 1;
-    int ok;
-    char **urls = copy_urls(h->client_urls, h->n_client_urls, &ok);
-    if (ok) {
-        pthread_mutex_lock(&n->info_mu);
-        free_urls(p->client_urls, p->nclient_urls);
-        p->client_urls = urls;
-        p->nclient_urls = h->n_client_urls;
-        pthread_mutex_unlock(&n->info_mu);
-    }
+    memcpy(p->actor.b, h->actor_id.data, CAIRN_ACTOR_LEN);
+    set_client_urls(n, p, h->client_urls, h->n_client_urls, h->incarnation);
     plink *old = p->live;
     if (old && old != l) {
         uint64_t lower = n->my_id < p->id ? n->my_id : p->id;
@@ -509,19 +567,84 @@ static void on_sync(plink *l, const Cairnpb__Sync *s)
     }
 }
 
+#define PEER_MAX_URLS 64
+#define PEER_MAX_URL_LEN 1024
+
+/* A Members message: what a link knows of the members' client URLs; a
+ * report on a member from a later start than ours replaces it. An entry
+ * out of bounds is ignored (MemberList is informative). */
+static void on_members(plink *l, const Cairnpb__Members *ms)
+{
+    peer_net *n = l->n;
+    for (size_t i = 0; i < ms->n_members; i++) {
+        const Cairnpb__MemberUrls *e = ms->members[i];
+        ppeer *p = peer_by_id(n, e->member_id);
+        if (!p || e->incarnation <= p->urls_incarnation || e->n_client_urls > PEER_MAX_URLS)
+            continue;
+        size_t j = 0;
+        while (j < e->n_client_urls && strlen(e->client_urls[j]) <= PEER_MAX_URL_LEN)
+            j++;
+        if (j == e->n_client_urls)
+            set_client_urls(n, p, e->client_urls, e->n_client_urls, e->incarnation);
+    }
+}
+
+/* Sends on |l| the client URLs this node knows of every member, itself
+ * included. */
+static int send_members(peer_net *n, plink *l)
+{
+    Cairnpb__MemberUrls *es = calloc(n->npeers + 1, sizeof *es);
+    Cairnpb__MemberUrls **ep = calloc(n->npeers + 1, sizeof *ep);
+    int rc = CAIRN_ENOMEM;
+    if (es && ep) {
+        size_t k = 0;
+        cairnpb__member_urls__init(&es[k]);
+        es[k].member_id = n->my_id;
+        es[k].incarnation = n->incarnation;
+        es[k].client_urls = n->cfg->advertise_client_urls;
+        es[k].n_client_urls = n->cfg->nadvertise_client_urls;
+        ep[k] = &es[k];
+        k++;
+        for (size_t i = 0; i < n->npeers; i++) {
+            ppeer *p = &n->peers[i];
+            if (!p->urls_incarnation)
+                continue;
+            cairnpb__member_urls__init(&es[k]);
+            es[k].member_id = p->id;
+            es[k].incarnation = p->urls_incarnation;
+            es[k].client_urls = p->client_urls;
+            es[k].n_client_urls = p->nclient_urls;
+            ep[k] = &es[k];
+            k++;
+        }
+        Cairnpb__Members ms = CAIRNPB__MEMBERS__INIT;
+        ms.members = ep;
+        ms.n_members = k;
+        Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+        m.body_case = CAIRNPB__PEER_MESSAGE__BODY_MEMBERS;
+        m.members = &ms;
+        rc = link_send(l, &m, 0);
+    }
+    free(es);
+    free(ep);
+    return rc;
+}
+
 static void on_recv(plink *l, int ok)
 {
     if (l->dead)
         return;
     if (!ok || !l->rbuf) {
-        link_kill(l, "the peer closed the stream");
+        link_kill(l, l->bye ? "shutting down (said goodbye)" : "the peer closed the stream");
         return;
     }
     grpc_byte_buffer_reader rd;
     Cairnpb__PeerMessage *m = NULL;
+    size_t rlen = 0;
     if (grpc_byte_buffer_reader_init(&rd, l->rbuf)) {
         grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
         m = cairnpb__peer_message__unpack(NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        rlen = GRPC_SLICE_LENGTH(all);
         grpc_slice_unref(all);
         grpc_byte_buffer_reader_destroy(&rd);
     }
@@ -538,14 +661,23 @@ static void on_recv(plink *l, int ok)
             refuse(l, "the first message is not a hello");
     } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_SYNC) {
         on_sync(l, m->sync);
+    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_MEMBERS) {
+        on_members(l, m->members);
     } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_GOODBYE) {
-        cairn_log(CAIRN_LOG_INFO, "peer %s: goodbye: %s", peer_name(l),
-                  m->goodbye->reason ? m->goodbye->reason : "");
-        link_kill(l, "goodbye");
+        /* a clean departure: link_kill's line says it, and the peer is
+         * dialed again after the backoff */
+        char why[160];
+        snprintf(why, sizeof why, "the peer left (goodbye: %.100s)",
+                 m->goodbye->reason ? m->goodbye->reason : "");
+        link_kill(l, why);
     } else {
         cairn_log(CAIRN_LOG_WARN, "peer %s: an unexpected message: resetting the stream",
                   peer_name(l));
         link_kill(l, "an unexpected peer message");
+    }
+    if (l->p) {
+        atomic_fetch_add(&l->p->msgs_received, 1);
+        atomic_fetch_add(&l->p->bytes_received, rlen);
     }
     cairnpb__peer_message__free_unpacked(m, NULL);
     if (!l->dead)
@@ -554,6 +686,9 @@ static void on_recv(plink *l, int ok)
 
 static void on_close(plink *l)
 {
+    l->closed = 1;
+    if (l->bye)
+        return; /* shutting down: link_kill comes after the goodbyes */
     if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
         cairn_log(l->hello_in ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG, "peer %s: stream ended: %s",
@@ -588,7 +723,11 @@ static void on_accept(peer_net *n, int ok)
     }
     grpc_call_details_destroy(&n->adetails);
     grpc_metadata_array_destroy(&n->amd);
-    if (ours) {
+    if (ours && atomic_load(&n->stop)) {
+        /* saying goodbye: a peer that dials again at once is turned away */
+        grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE, "shutting down", NULL);
+        grpc_call_unref(call);
+    } else if (ours) {
         plink *l = link_new(n, NULL, 0);
         if (!l) {
             grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory",
@@ -618,7 +757,11 @@ static void on_event(peer_net *n, ptag *t, int ok)
         l->sending = 0;
         grpc_byte_buffer_destroy(l->sbuf);
         l->sbuf = NULL;
-        if (!ok)
+        if (ok && l->p) {
+            atomic_fetch_add(&l->p->msgs_sent, 1);
+            atomic_fetch_add(&l->p->bytes_sent, l->sbuf_len);
+        }
+        if (!ok && !l->bye)
             link_kill(l, "a send failed");
         return;
     case T_RECV:
@@ -634,7 +777,8 @@ static void on_event(peer_net *n, ptag *t, int ok)
 
 /* ---- sending ----------------------------------------------------------- */
 
-/* The changes queued for |p| that this node authored, as one push. */
+/* The changes queued for |p| as one push: those this node authored, and
+ * with --peer-links those of others too but |p|'s own. */
 static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
 {
     *out = NULL;
@@ -655,7 +799,9 @@ static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
         qchange *next = q->next;
         cairn_change *c;
         if (!rc && cairn_change_decode(&c, q->bytes, q->len, NULL) == 0) {
-            if (memcmp(c->actor.b, n->actor.b, CAIRN_ACTOR_LEN) == 0)
+            int mine = memcmp(c->actor.b, n->actor.b, CAIRN_ACTOR_LEN) == 0;
+            int theirs = memcmp(c->actor.b, p->actor.b, CAIRN_ACTOR_LEN) == 0;
+            if (mine || (n->cfg->peer_links && !theirs))
                 chs[k++] = c;
             else
                 cairn_change_free(c);
@@ -674,6 +820,8 @@ static void tick(peer_net *n)
     uint64_t now = now_ms();
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
+        if (!p->linked)
+            continue;
         if (!p->live && !p->dial && now >= p->next_dial_ms) {
             dial(n, p);
             continue;
@@ -684,9 +832,19 @@ static void tick(peer_net *n)
         uint8_t *msg = NULL;
         size_t len = 0;
         int rc = push_queued(n, p, &msg, &len);
+        if (!rc && msg)
+            atomic_fetch_add(&p->pushes, 1);
+        if (!rc && !msg && n->cfg->peer_links && p->urls_sent_gen != n->urls_gen) {
+            p->urls_sent_gen = n->urls_gen;
+            if (send_members(n, l))
+                link_kill(l, "cannot send");
+            continue;
+        }
         if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || now >= p->next_sync_ms)) {
             p->next_sync_ms = now + n->cfg->sync_interval_ms;
             rc = cairn_replica_generate(p->rep, &msg, &len);
+            if (!rc && msg)
+                atomic_fetch_add(&p->sync_rounds, 1);
         }
         if (rc) {
             cairn_log(CAIRN_LOG_ERROR, "peer %s: cannot make a sync message: %s", p->name,
@@ -711,6 +869,63 @@ static void drain(peer_net *n, int ms)
     }
 }
 
+/* A Goodbye and the stream's clean close on |l|, which sends nothing now. */
+static void say_goodbye(plink *l)
+{
+    Cairnpb__Goodbye g = CAIRNPB__GOODBYE__INIT;
+    g.reason = "shutting down";
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_GOODBYE;
+    m.goodbye = &g;
+    l->sbuf = rpc_pack(&m.base);
+    if (!l->sbuf) {
+        l->closed = 1;
+        return;
+    }
+    l->sbuf_len = grpc_byte_buffer_length(l->sbuf);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = l->sbuf;
+    if (l->dialed) {
+        ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    } else {
+        ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[1].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[1].data.send_status_from_server.status_details = &l->bye_details;
+    }
+    l->bye = 1;
+    if (link_batch(l, ops, 2, &l->t_send)) {
+        grpc_byte_buffer_destroy(l->sbuf);
+        l->sbuf = NULL;
+        l->closed = 1; /* nothing to wait for: cancelled with the rest */
+        return;
+    }
+    l->sending = 1;
+}
+
+/* Shutting down: a goodbye on every live stream once its send in flight
+ * completed, then up to PEER_GOODBYE_MS for the streams to close (the
+ * peer ends its side when it reads the goodbye). */
+static void say_goodbyes(peer_net *n)
+{
+    uint64_t until = now_ms() + PEER_GOODBYE_MS;
+    for (;;) {
+        int waiting = 0;
+        for (size_t i = 0; i < n->npeers; i++) {
+            plink *l = n->peers[i].live;
+            if (!l || l->dead || l->closed)
+                continue;
+            if (!l->bye && !l->sending)
+                say_goodbye(l);
+            waiting |= l->bye || l->sending;
+        }
+        if (!waiting || now_ms() >= until)
+            return;
+        drain(n, PEER_TICK_MS);
+    }
+}
+
 static void *peer_main(void *arg)
 {
     peer_net *n = arg;
@@ -718,7 +933,8 @@ static void *peer_main(void *arg)
         drain(n, PEER_TICK_MS);
         tick(n);
     }
-    /* shutting down: end every stream, wait until nothing is pending */
+    say_goodbyes(n);
+    /* end every stream, wait until nothing is pending */
     grpc_server_shutdown_and_notify(n->server, n->cq, &n->t_shutdown);
     grpc_server_cancel_all_calls(n->server);
     for (plink *l = n->links; l; l = l->next)
@@ -748,7 +964,7 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
             continue;
         pthread_mutex_lock(&p->qmu);
         if (p->qbytes + change_len > PEER_QUEUE_BYTES) {
-            p->dropped++; /* periodic sync sends it later */
+            atomic_fetch_add(&p->dropped, 1); /* periodic sync sends it later */
         } else {
             qchange *q = malloc(sizeof *q + change_len);
             if (q) {
@@ -759,7 +975,7 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
                 p->qtail = &q->next;
                 p->qbytes += change_len;
             } else {
-                p->dropped++;
+                atomic_fetch_add(&p->dropped, 1);
             }
         }
         pthread_mutex_unlock(&p->qmu);
@@ -825,6 +1041,9 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         pthread_mutex_init(&p->qmu, NULL);
         p->qtail = &p->qhead;
         p->backoff_ms = PEER_BACKOFF_MIN_MS;
+        p->linked = !cfg->peer_links;
+        for (size_t j = 0; j < cfg->npeer_links; j++)
+            p->linked |= strcmp(cfg->peer_links[j], m->name) == 0;
         atomic_init(&p->answer_due, 0);
         atomic_init(&p->connected, 0);
         n->npeers++;
@@ -850,6 +1069,10 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     n->my_id = cairn_store_member_id(store);
     n->cluster_id = cairn_store_cluster_id(store);
     cairn_store_actor(store, &n->actor);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    n->incarnation = (uint64_t)wall.tv_sec * 1000u + (uint64_t)wall.tv_nsec / 1000000u;
+    n->urls_gen = 1;
     crypto_generichash(n->token_hash, sizeof n->token_hash,
                        (const uint8_t *)cfg->initial_cluster_token,
                        strlen(cfg->initial_cluster_token), NULL, 0);
@@ -881,6 +1104,7 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
             rc = CAIRN_EINVAL;
             break;
         }
+        cairn_unix_remove_stale(addr);
         grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
         n->ports[i] = grpc_server_add_http2_port(n->server, addr, cr);
         grpc_server_credentials_release(cr);
@@ -924,6 +1148,29 @@ void peer_net_urls_free(char **urls, size_t nurls)
     free_urls(urls, nurls);
 }
 
+size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
+{
+    if (!n)
+        return 0;
+    for (size_t i = 0; i < n->npeers && i < max; i++) {
+        ppeer *p = &n->peers[i];
+        peer_stats *o = &out[i];
+        memset(o, 0, sizeof *o);
+        o->id = p->id;
+        snprintf(o->name, sizeof o->name, "%s", p->name);
+        o->connected = atomic_load(&p->connected);
+        o->connects = atomic_load(&p->connects);
+        o->msgs_sent = atomic_load(&p->msgs_sent);
+        o->bytes_sent = atomic_load(&p->bytes_sent);
+        o->msgs_received = atomic_load(&p->msgs_received);
+        o->bytes_received = atomic_load(&p->bytes_received);
+        o->pushes = atomic_load(&p->pushes);
+        o->pushes_dropped = atomic_load(&p->dropped);
+        o->sync_rounds = atomic_load(&p->sync_rounds);
+    }
+    return n->npeers;
+}
+
 int peer_net_port(const peer_net *n, size_t i)
 {
     return n && i < n->nports ? n->ports[i] : 0;
@@ -936,8 +1183,11 @@ int peer_net_start(peer_net *n)
     if (pthread_create(&n->th, NULL, peer_main, n) != 0)
         return CAIRN_ENOMEM;
     n->started = 1;
-    cairn_log(CAIRN_LOG_INFO, "serving peers on %s (%zu other members)",
-              n->cfg->listen_peer_urls[0], n->npeers);
+    size_t nlinked = 0;
+    for (size_t i = 0; i < n->npeers; i++)
+        nlinked += n->peers[i].linked;
+    cairn_log(CAIRN_LOG_INFO, "serving peers on %s (%zu other members, linked to %zu)",
+              n->cfg->listen_peer_urls[0], n->npeers, nlinked);
     return 0;
 }
 

@@ -11,6 +11,7 @@
  */
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "server/server.h"
 #include "store/store.h"
@@ -31,12 +32,40 @@ int peer_net_start(peer_net *n);
 int peer_net_client_urls(peer_net *n, uint64_t id, char ***urls, size_t *nurls);
 void peer_net_urls_free(char **urls, size_t nurls);
 
+/* What the transport did with one other member since this node started
+ * (peer_net_stats). Counters only grow; a stream counts from its hello on. */
+typedef struct peer_stats {
+    uint64_t id;             /* the member id */
+    char name[64];           /* its --name (cut to fit) */
+    int connected;           /* a stream is up now */
+    uint64_t connects;       /* streams that passed the hellos and went live */
+    uint64_t msgs_sent;      /* messages whose send completed (hellos included,
+                                but for one sent before the peer's arrived) */
+    uint64_t bytes_sent;     /* their bytes, as framed in protobuf */
+    uint64_t msgs_received;  /* messages received and decoded */
+    uint64_t bytes_received; /* their bytes */
+    uint64_t pushes;         /* push messages sent (optimistic push) */
+    uint64_t pushes_dropped; /* changes not queued for it: the queue was full
+                                (or out of memory); periodic sync sent them */
+    uint64_t sync_rounds;    /* sync messages sent: periodic, after a
+                                reconnect, and answers */
+} peer_stats;
+
+/* Copies the counters of up to |max| other members, in --initial-cluster
+ * order, into |out|; returns how many other members there are (call with
+ * max 0 to size |out|). Lock-free reads of atomic counters: any thread, at
+ * any time between peer_net_new and peer_net_free; counters of one member
+ * are each exact but not one snapshot together. */
+size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max);
+
 /* The port bound for listen peer URL |i| (0 if none). */
 int peer_net_port(const peer_net *n, size_t i);
-/* Ends every stream and joins the thread; the store is not touched after
- * it returns, except by the subscriber (which only queues bytes) and the
- * completions of receives still in the store: free only after the store
- * closed. Idempotent. */
+/* Says goodbye on every live stream (a Goodbye message, then the stream's
+ * clean close; waits at most PEER_GOODBYE_MS, 500 ms, for the peers to
+ * close theirs), ends every stream and joins the thread; the store is not
+ * touched after it returns, except by the subscriber (which only queues
+ * bytes) and the completions of receives still in the store: free only
+ * after the store closed. Idempotent. */
 void peer_net_stop(peer_net *n);
 void peer_net_free(peer_net *n);
 

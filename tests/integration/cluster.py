@@ -21,6 +21,9 @@ per node by design), or a report of the differences. Every wait is bounded
 and close() (also on __exit__ and at interpreter exit) kills every process
 it started, by PID.
 
+Cluster(binary, 4, links=[(0, 1), (1, 2), (2, 3)]) starts a partial mesh
+(a line): each node gets --peer-links naming its partners.
+
 Capabilities are read from `cairn --help`: without --experimental-peer-dial
 the proxies are created but the nodes dial each other directly (so faults do
 not apply) and `peer_dial` is False; tests that need faults skip on that.
@@ -99,6 +102,8 @@ class Node(procs.Server):
         i = a.index("--initial-cluster")
         a[i + 1] = ",".join("%s=%s" % (n.name, n.peer_url) for n in c.nodes)
         a += ["--initial-cluster-token", c.token]
+        if c.links is not None:
+            a += ["--peer-links", ",".join(c.nodes[j].name for j in sorted(c.links[self.idx]))]
         if c.caps["sync_interval"] and c.sync_interval_ms is not None:
             a += ["--sync-interval-ms", str(c.sync_interval_ms)]
         if c.peer_dial:
@@ -236,12 +241,20 @@ def diff_spaces(spaces, most=10):
 
 class Cluster:
     def __init__(self, binary, n=3, sync_interval_ms=None, lifetime=3600, log=print,
-                 workdir=None):
+                 workdir=None, links=None):
         self.binary = binary
         self.log = log
         self.caps = capabilities(binary)
         self.peer_dial = self.caps["peer_dial"]
         self.sync_interval_ms = sync_interval_ms
+        # links: None = full mesh; else pairs (i, j) of node indices, each
+        # node started with --peer-links naming its partners
+        self.links = None
+        if links is not None:
+            self.links = {i: set() for i in range(n)}
+            for i, j in links:
+                self.links[i].add(j)
+                self.links[j].add(i)
         self.token = "cairn-it-%d" % os.getpid()
         self.own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="cairn-cluster-")
@@ -403,6 +416,16 @@ class Cluster:
                                                                range_end=ALL_KEYS[1]),
                         "etcdserverpb.RangeResponse", timeout=RPC_TIMEOUT * 2)
         return r.header.revision, {kv.key: kv.value for kv in r.kvs}
+
+    def range_kvs(self, n):
+        """{key: (value, lease, version)} of the node's whole key space: the
+        KeyValue fields beside its revisions (create/mod revision are local
+        to a node; README, "What differs from etcd")."""
+        r = self._unary(n, "/etcdserverpb.KV/Range",
+                        self.msgs["etcdserverpb.RangeRequest"](key=ALL_KEYS[0],
+                                                               range_end=ALL_KEYS[1]),
+                        "etcdserverpb.RangeResponse", timeout=RPC_TIMEOUT * 2)
+        return {kv.key: (kv.value, kv.lease, kv.version) for kv in r.kvs}
 
     def heads(self, n):
         """The node's heads (sorted), or None when the server has no

@@ -292,6 +292,12 @@ def faults_on(c, rng, steps, args):
     hashes = {n.name: hashkv(c, n) for n in c.nodes}
     print("hashkv: %s" % hashes)
     check(len(set(hashes.values())) == 1, "equal HashKV at equal heads: %s" % hashes)
+    # Range's KeyValue at equal heads: key, value and lease agree; create and
+    # mod revision and version are local to a node (README, "Across nodes").
+    fields = {n.name: {k: (v, lease) for k, (v, lease, _ver) in c.range_kvs(n).items()}
+              for n in c.nodes}
+    check(all(f == fields[c.nodes[0].name] for f in fields.values()),
+          "equal key, value and lease of every KeyValue at equal heads")
     for node in c.nodes:
         c.put(node, b"final/" + node.name.encode(), b"from " + node.name.encode())
     ok, report = c.converge(CONVERGE_TIMEOUT / 2)
