@@ -11,7 +11,7 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libjansson-dev libjemalloc-dev libyaml-dev
   etcd-server etcd-client
-  python3 python3-grpcio python3-protobuf python3-h2
+  python3 python3-grpcio python3-protobuf python3-h2 python3-prometheus-client
 )
 if [ "${1:-}" = --bench ]; then
   PKGS+=(gnuplot-nox golang-go golang-etcd-server-dev)

@@ -195,9 +195,9 @@ static const struct flag flags[] = {
     {"auth-token-ttl", F_IGNORED, T_UINT, NO_AUTH, 0, NULL},
     /* Profiling and monitoring */
     {"enable-pprof", F_IGNORED, T_BOOL, "Go runtime profiling; cairn is not a Go program", 0, NULL},
-    {"metrics", F_IGNORED, T_STRING, "cairn exports no Prometheus metrics yet", 0, NULL},
-    {"listen-metrics-urls", F_IGNORED, T_STRING, "cairn serves no metrics or /health endpoint yet",
-     0, NULL},
+    {"metrics", F_IGNORED, T_STRING, "cairn serves one metrics set (doc/metrics.md)", 0, NULL},
+    {"listen-metrics-urls", F_URLS, T_STRING,
+     "List of additional URLs to listen on that answer /metrics, /health and /version.", 0, NULL},
     /* Logging */
     {"logger", F_IGNORED, T_STRING, "cairn writes plain log lines to stderr", 0, NULL},
     {"log-outputs", F_IGNORED, T_STRING, "cairn writes plain log lines to stderr", 0, NULL},
@@ -714,6 +714,8 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
             dst = &cfg->advertise_client_urls, n = &cfg->nadvertise_client_urls;
         else if (strcmp(name, "listen-peer-urls") == 0)
             dst = &cfg->listen_peer_urls, n = &cfg->nlisten_peer_urls;
+        else if (strcmp(name, "listen-metrics-urls") == 0)
+            dst = &cfg->listen_metrics_urls, n = &cfg->nlisten_metrics_urls;
         else
             dst = &cfg->initial_advertise_peer_urls, n = &cfg->ninitial_advertise_peer_urls;
         rc = set_urls(dst, n, v);
@@ -1202,6 +1204,7 @@ void cairn_config_destroy(cairn_config *cfg)
     free_list(cfg->listen_client_urls, cfg->nlisten_client_urls);
     free_list(cfg->advertise_client_urls, cfg->nadvertise_client_urls);
     free_list(cfg->listen_peer_urls, cfg->nlisten_peer_urls);
+    free_list(cfg->listen_metrics_urls, cfg->nlisten_metrics_urls);
     free_list(cfg->initial_advertise_peer_urls, cfg->ninitial_advertise_peer_urls);
     free_cluster(cfg->initial_cluster, cfg->ninitial_cluster);
     free(cfg->initial_cluster_state);

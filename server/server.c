@@ -14,6 +14,9 @@
 #include "crdt/error.h"
 #include "server/cairn/cairn.h"
 #include "server/etcd/etcd.h"
+#include "server/http/front.h"
+#include "server/http/gateway.h"
+#include "server/http/serve.h"
 #include "server/node.h"
 #include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
@@ -23,8 +26,8 @@
 #include <string.h>
 
 static const rpc_service *const services[] = {
-    &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
-    &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+    &etcd_kv_service,           &etcd_watch_service,       &etcd_lease_service,
+    &etcd_cluster_service,      &etcd_maintenance_service, &etcd_auth_service,
     &cairn_replication_service,
 };
 
@@ -62,22 +65,31 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
         rc = CAIRN_ENOMEM;
         goto fail;
     }
+    /* the client URLs are cairn's own sockets, shared by gRPC and
+     * HTTP/1.1 (http/front.c) */
+    /* a gateway body is JSON with base64 inside (4/3 of the bytes, and
+     * more): room for twice the request, the gRPC limit decides. 128
+     * HTTP/1.1 connections at most: each may buffer one such body. */
+    front_options fo = {2 * cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES, 128, 0, 0};
+    rc = front_new(&srv->front, &fo, srv->rpc, serve_http, srv);
+    if (rc == 0)
+        rc = gateway_new(&srv->gateway, srv->rpc, srv->front);
+    if (rc != 0)
+        goto fail;
     for (size_t i = 0; i < cfg->nlisten_client_urls; i++) {
-        char addr[256];
-        if (cairn_url_to_addr(addr, sizeof addr, cfg->listen_client_urls[i]) != 0) {
-            snprintf(err, errlen, "invalid listen client URL %s", cfg->listen_client_urls[i]);
-            rc = CAIRN_EINVAL;
+        rc = front_listen(srv->front, cfg->listen_client_urls[i], FRONT_CLIENT, NULL,
+                          &srv->ports[i], err, errlen);
+        if (rc < 0)
             goto fail;
-        }
-        cairn_unix_remove_stale(addr);
-        srv->ports[i] = rpc_engine_listen(srv->rpc, addr);
-        if (srv->ports[i] == 0) {
-            snprintf(err, errlen, "cannot listen for client traffic on %s (address in use?)",
-                     cfg->listen_client_urls[i]);
-            rc = CAIRN_EIO;
-            goto fail;
-        }
         srv->nports++;
+    }
+    /* etcd: --listen-metrics-urls serve /metrics and /health, no gRPC */
+    for (size_t i = 0; i < cfg->nlisten_metrics_urls; i++) {
+        int port;
+        rc = front_listen(srv->front, cfg->listen_metrics_urls[i], FRONT_METRICS, NULL, &port, err,
+                          errlen);
+        if (rc < 0)
+            goto fail;
     }
     rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
     if (rc != 0)
@@ -98,6 +110,10 @@ int cairn_server_start(cairn_server *srv)
 {
     int rc = rpc_engine_start(srv->rpc);
     if (rc == 0)
+        rc = gateway_start(srv->gateway);
+    if (rc == 0)
+        rc = front_start(srv->front);
+    if (rc == 0)
         rc = peer_net_start(srv->peer);
     if (rc != 0)
         return rc;
@@ -110,6 +126,11 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
 {
     /* the peer thread uses the store: it stops first */
     peer_net_stop(srv->peer);
+    /* before gRPC's shutdown: no connection is handed over after it */
+    front_stop(srv->front);
+    /* its calls in flight end, and its connection closes, before gRPC's
+     * shutdown (which waits for every connection) */
+    gateway_stop(srv->gateway);
     if (srv->rpc)
         rpc_engine_stop(srv->rpc, grace_ms);
     if (srv->store) {
@@ -129,6 +150,8 @@ void cairn_server_free(cairn_server *srv)
     node_destroy(srv);
     watch_hub_free(srv);
     kv_batcher_free(srv);
+    gateway_free(srv->gateway);
+    front_free(srv->front);
     free(srv->ports);
     rpc_engine_free(srv->rpc);
     free(srv);

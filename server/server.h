@@ -81,6 +81,8 @@ typedef struct cairn_config {
     size_t nadvertise_client_urls;
     char **listen_peer_urls;
     size_t nlisten_peer_urls;
+    char **listen_metrics_urls; /* /metrics, /health, /version only */
+    size_t nlisten_metrics_urls;
     char **initial_advertise_peer_urls;
     size_t ninitial_advertise_peer_urls;
     cairn_config_member *initial_cluster;

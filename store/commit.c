@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crdt/error.h"
@@ -82,11 +83,21 @@ static void *committer_main(void *arg)
         }
         if (b && !rc) {
             char *err = NULL;
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             leveldb_write(s->db, s->wopt_sync, b, &err);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
             rc = cairn_store_db_err(s, err);
             if (!rc) {
                 atomic_fetch_add(&s->n_syncs, 1);
                 atomic_fetch_add(&s->n_changes, nb);
+                uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
+                              (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+                size_t i = 0;
+                while (i < CAIRN_STORE_SYNC_BUCKETS && ns > (1000000ull << i))
+                    i++;
+                atomic_fetch_add_explicit(&s->sync_le[i], 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&s->sync_ns, ns, memory_order_relaxed);
             }
             if (rc)
                 atomic_store(&s->failed, CAIRN_EIO);
@@ -293,6 +304,9 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
 {
     out->syncs = atomic_load(&s->n_syncs);
     out->changes = atomic_load(&s->n_changes);
+    for (size_t i = 0; i <= CAIRN_STORE_SYNC_BUCKETS; i++)
+        out->sync_le[i] = atomic_load_explicit(&s->sync_le[i], memory_order_relaxed);
+    out->sync_ns = atomic_load_explicit(&s->sync_ns, memory_order_relaxed);
 }
 
 int cairn_store_commit_start(cairn_store *s)

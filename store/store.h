@@ -488,8 +488,8 @@ void cairn_store_options_init(cairn_store_options *o);
 /* Opens (creating or recovering) the store in o->dir. The options are
  * borrowed for the call. Recovery loads the checkpoint (CHECKPOINT above)
  * and replays the changes after it, or replays every stored change: time
- * linear in the checkpoint's size plus the tail, or in the history. Fails with CAIRN_EIO (cannot open / lock the database),
- * CAIRN_ECORRUPT (a record fails its checksum, hash or replay check), or
+ * linear in the checkpoint's size plus the tail, or in the history. Fails with CAIRN_EIO (cannot
+ * open / lock the database), CAIRN_ECORRUPT (a record fails its checksum, hash or replay check), or
  * CAIRN_EINVAL (|name| not in the initial cluster). */
 int cairn_store_open(cairn_store **out, const cairn_store_options *o);
 
@@ -698,9 +698,15 @@ uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n);
 
 /* Counters since open, for metrics: group writes (one fsync each) and the
  * changes they carried; changes / syncs is the group-commit factor. */
+#define CAIRN_STORE_SYNC_BUCKETS 14
 typedef struct cairn_store_stats {
     uint64_t syncs;
     uint64_t changes;
+    /* How long each group write took (the write with its fsync): counts in
+     * etcd's buckets, upper bounds 1 ms << i (the last: above 8.192 s),
+     * and the sum in nanoseconds. */
+    uint64_t sync_le[CAIRN_STORE_SYNC_BUCKETS + 1];
+    uint64_t sync_ns;
 } cairn_store_stats;
 void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 

@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
@@ -60,12 +61,26 @@ enum { ST_NEW = 1, ST_ACTIVE, ST_STREAM, ST_DONE };
 
 _Static_assert(sizeof(rpc_call) <= 1024, "an rpc_call must stay in glibc's per-thread cache");
 
+/* What /metrics reports of one method (grpc_server_*), per worker: relaxed
+ * atomics on lines that only the worker's calls touch (mostly from the
+ * worker's own thread; a write's answer comes from the store's), summed
+ * when scraped (rpc_engine_stats). */
+typedef struct rpc_method_stats {
+    atomic_uint_least64_t started;
+    atomic_uint_least64_t handled[RPC_NCODES];
+    atomic_uint_least64_t msg_received, msg_sent;
+    atomic_uint_least64_t bytes_received, bytes_sent;
+} rpc_method_stats;
+
 struct rpc_worker {
     rpc_engine *e;
     grpc_completion_queue *cq;
     pthread_t thread;
     int running;
+    rpc_method_stats *stats; /* nentries + 1 (the last: unregistered methods) */
 };
+
+#define COUNT(field, n) atomic_fetch_add_explicit(&(field), (n), memory_order_relaxed)
 
 /* One registered method. */
 typedef struct rpc_entry {
@@ -98,6 +113,11 @@ struct rpc_engine {
     char shutdown_tag;  /* its address is the shutdown notification's tag */
     int64_t live_calls; /* accepted and not yet freed (shut_mu) */
 };
+
+static rpc_method_stats *stats_of(rpc_call *c)
+{
+    return &c->w->stats[c->entry >= 0 ? (size_t)c->entry : c->e->nentries];
+}
 
 /* ---- posting requests ---------------------------------------------------- */
 
@@ -196,7 +216,11 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
         n++;
         c->sent_initial_md = 1;
     }
+    rpc_method_stats *st = stats_of(c);
+    COUNT(st->handled[(unsigned)status < RPC_NCODES ? status : GRPC_STATUS_UNKNOWN], 1);
     if (send) {
+        COUNT(st->msg_sent, 1);
+        COUNT(st->bytes_sent, grpc_byte_buffer_length(send));
         if (c->send)
             grpc_byte_buffer_destroy(c->send);
         c->send = send;
@@ -269,6 +293,9 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
     if (c->send)
         grpc_byte_buffer_destroy(c->send);
     c->send = rpc_pack(msg);
+    rpc_method_stats *st = stats_of(c);
+    COUNT(st->msg_sent, 1);
+    COUNT(st->bytes_sent, grpc_byte_buffer_length(c->send));
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = c->send;
     n++;
@@ -305,6 +332,9 @@ int rpc_payload_take(rpc_call *c, uint8_t **out, size_t *len)
     *out = NULL;
     *len = 0;
     size_t n = grpc_byte_buffer_length(c->payload);
+    rpc_method_stats *st = stats_of(c);
+    COUNT(st->msg_received, 1);
+    COUNT(st->bytes_received, n);
     if (n > c->e->opts.max_recv_bytes)
         return CAIRN_EMSGTOOLARGE;
     grpc_byte_buffer_reader reader;
@@ -415,6 +445,7 @@ static void unknown_method(rpc_call *c)
 static void dispatch(rpc_call *c)
 {
     c->state = ST_ACTIVE;
+    COUNT(stats_of(c)->started, 1);
     if (!c->method) {
         unknown_method(c);
         return;
@@ -429,6 +460,8 @@ static void dispatch(rpc_call *c)
         return;
     }
     size_t len = grpc_byte_buffer_length(c->payload);
+    COUNT(stats_of(c)->msg_received, 1);
+    COUNT(stats_of(c)->bytes_received, len);
     uint64_t limit = c->e->opts.max_recv_bytes;
     if (len > limit) {
         char detail[128];
@@ -611,6 +644,38 @@ int rpc_engine_listen(rpc_engine *e, const char *addr)
     return port;
 }
 
+void rpc_engine_adopt_fd(rpc_engine *e, int fd)
+{
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_add_channel_from_fd(e->grpc, fd, creds);
+    grpc_server_credentials_release(creds);
+}
+
+size_t rpc_engine_stats(const rpc_engine *e, rpc_method_counts *out, size_t max)
+{
+    size_t n = e->nentries + 1 < max ? e->nentries + 1 : max;
+    for (size_t m = 0; m < n; m++) {
+        rpc_method_counts *o = &out[m];
+        memset(o, 0, sizeof *o);
+        o->path = m < e->nentries ? e->entries[m].m->path : NULL;
+        o->kind = m < e->nentries ? e->entries[m].m->kind : RPC_UNARY;
+        for (int i = 0; i < e->nworkers; i++) {
+            rpc_method_stats *st = e->workers[i].stats;
+            if (!st)
+                continue;
+            st += m;
+            o->started += atomic_load_explicit(&st->started, memory_order_relaxed);
+            for (int k = 0; k < RPC_NCODES; k++)
+                o->handled[k] += atomic_load_explicit(&st->handled[k], memory_order_relaxed);
+            o->msg_received += atomic_load_explicit(&st->msg_received, memory_order_relaxed);
+            o->msg_sent += atomic_load_explicit(&st->msg_sent, memory_order_relaxed);
+            o->bytes_received += atomic_load_explicit(&st->bytes_received, memory_order_relaxed);
+            o->bytes_sent += atomic_load_explicit(&st->bytes_sent, memory_order_relaxed);
+        }
+    }
+    return n;
+}
+
 int rpc_engine_workers(const rpc_engine *e)
 {
     return e->nworkers;
@@ -618,6 +683,10 @@ int rpc_engine_workers(const rpc_engine *e)
 
 int rpc_engine_start(rpc_engine *e)
 {
+    for (int i = 0; i < e->nworkers; i++)
+        if (!e->workers[i].stats &&
+            !(e->workers[i].stats = calloc(e->nentries + 1, sizeof(rpc_method_stats))))
+            return CAIRN_ENOMEM;
     grpc_server_start(e->grpc);
     e->started = 1;
     for (int i = 0; i < e->nworkers; i++) {
@@ -730,6 +799,8 @@ void rpc_engine_free(rpc_engine *e)
                 ;
             grpc_completion_queue_destroy(e->workers[i].cq);
         }
+    for (int i = 0; i < e->nworkers; i++)
+        free(e->workers[i].stats);
     free(e->workers);
     free(e->entries);
     free(e->svcs);

@@ -138,9 +138,34 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o);
 int rpc_engine_add(rpc_engine *e, const rpc_service *svc, void *arg);
 /* Listens on |addr| ("127.0.0.1:2379"); the port bound, 0 on failure. */
 int rpc_engine_listen(rpc_engine *e, const char *addr);
+/* Serves gRPC on the connected socket |fd| (its HTTP/2 preface unread),
+ * which gRPC owns from here: the front listener (http/front.c) hands over
+ * the client URLs' connections this way. After rpc_engine_start. */
+void rpc_engine_adopt_fd(rpc_engine *e, int fd);
 /* Starts the workers; calls are served from here on. */
 int rpc_engine_start(rpc_engine *e);
 int rpc_engine_workers(const rpc_engine *e);
+
+/* gRPC's status codes, OK (0) to UNAUTHENTICATED (16). */
+#define RPC_NCODES 17
+
+/* Counts of one method since rpc_engine_start (grpc-go's
+ * grpc_server_* metrics): calls started, calls ended with each status
+ * code (calls that die cancelled are not counted: they never end with a
+ * status of ours), messages and their bytes both ways. */
+typedef struct rpc_method_counts {
+    const char *path; /* NULL: every unregistered method */
+    int kind;         /* RPC_* */
+    uint64_t started;
+    uint64_t handled[RPC_NCODES];
+    uint64_t msg_received, msg_sent;
+    uint64_t bytes_received, bytes_sent;
+} rpc_method_counts;
+
+/* Fills up to |max| counts (one per registered method, then one for the
+ * unregistered ones) and returns how many. Any thread; values are
+ * relaxed reads, each consistent on its own. */
+size_t rpc_engine_stats(const rpc_engine *e, rpc_method_counts *out, size_t max);
 /* Stops accepting calls, calls every service's |stopping| hook, lets calls
  * in flight finish (cancelling those that take longer than |grace_ms|),
  * waits until every accepted call is freed and joins the workers. */

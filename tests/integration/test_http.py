@@ -1,0 +1,407 @@
+#!/usr/bin/python3
+"""HTTP/1.1 beside gRPC on the client URL (server/http/): /health, /version,
+/metrics and the error answers, side by side with a real etcd 3.4 — status,
+body and the headers that matter (Date and Content-Length aside) — and gRPC
+(etcdctl, python grpc) still served on the same port while HTTP garbage,
+silent connections and keep-alive HTTP clients share it. /health flips to
+503 under a NOSPACE alarm on both; --listen-metrics-urls answers /metrics
+and /health but no gRPC; /metrics parses with the Prometheus client and
+carries etcd's types for every etcd name cairn serves.
+
+Bounded: every socket has a timeout, every loop a count.
+
+Usage: test_http.py --cairn build/cairn --etcd etcd
+"""
+
+import argparse
+import http.client
+import os
+import re
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from system_python import grpc  # noqa: E402
+from procs import Server, free_port  # noqa: E402
+from verdict import check, failures, strip_ids  # noqa: E402
+from wire import field_bytes  # noqa: E402
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:  # scripts/deps.sh installs python3-prometheus-client
+    text_string_to_metric_families = None
+
+TIMEOUT = 10
+# headers both must send alike (Go's net/http and etcd's CORS wrapper)
+SAME_HEADERS = ("content-type", "access-control-allow-origin", "access-control-allow-methods",
+                "access-control-allow-headers", "allow", "x-content-type-options")
+
+
+def get(port, path, method="GET", body=None, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    hdrs = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hdrs, data
+
+
+def raw(port, data, wait=TIMEOUT):
+    """Sends |data| and reads until the server closes (or |wait| passes)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=wait)
+    s.sendall(data)
+    out = b""
+    try:
+        while len(out) < 1 << 20:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
+def same(path, e, c, method="GET", body_same=True):
+    es, eh, eb = get(e, path, method)
+    cs, ch, cb = get(c, path, method)
+    check(es == cs, "%s %s: status etcd %d cairn %d" % (method, path, es, cs))
+    if body_same:
+        check(eb == cb, "%s %s: body etcd %r cairn %r" % (method, path, eb, cb))
+    for h in SAME_HEADERS:
+        check(eh.get(h) == ch.get(h), "%s %s: header %s etcd %r cairn %r" %
+              (method, path, h, eh.get(h), ch.get(h)))
+    return cs, ch, cb
+
+
+def grpc_put_get(port, key):
+    ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+    put = ch.unary_unary("/etcdserverpb.KV/Put")
+    rng = ch.unary_unary("/etcdserverpb.KV/Range")
+    put(field_bytes(1, key) + field_bytes(2, b"v"), timeout=TIMEOUT)
+    out = rng(field_bytes(1, key), timeout=TIMEOUT)
+    ch.close()
+    return key in out
+
+
+def test_endpoints(e, c):
+    same("/health", e.client_port, c.client_port)
+    same("/health", e.client_port, c.client_port, method="POST")
+    same("/version", e.client_port, c.client_port, method="PUT")
+    same("/nope", e.client_port, c.client_port)
+    st, _, body = get(c.client_port, "/version")
+    import json
+    v = json.loads(body)
+    ev = json.loads(get(e.client_port, "/version")[2])
+    check(st == 200 and v.get("etcdserver") == ev["etcdserver"] and
+          v.get("etcdcluster") == ev["etcdcluster"] and "cairn" in v,
+          "/version: cairn %r etcd %r" % (v, ev))
+    # HTTP/1.0 without Host, and HTTP/1.1 without Host (Go's 400)
+    for req in (b"GET /health HTTP/1.0\r\n\r\n", b"GET /health HTTP/1.1\r\n\r\n"):
+        eo, co = raw(e.client_port, req), raw(c.client_port, req)
+        check(eo.split(b"\r\n")[0] == co.split(b"\r\n")[0],
+              "%r: etcd %r cairn %r" % (req, eo[:60], co[:60]))
+        check(eo.endswith(b"\r\n\r\n" + eo.split(b"\r\n\r\n", 1)[1]) and
+              eo.split(b"\r\n\r\n", 1)[1] == co.split(b"\r\n\r\n", 1)[1],
+              "%r: body etcd %r cairn %r" % (req, eo[-60:], co[-60:]))
+
+
+# fields whose values legitimately differ: ids and sizes depend on ports,
+# random lease ids and the backends
+VARYING = ("ID", "dbSize", "dbSizeInUse", "leader", "raftIndex", "raftAppliedIndex",
+           "peerURLs", "clientURLs", "TTL")
+
+
+def strip(x):
+    x = strip_ids(x)
+    if isinstance(x, dict):
+        return {k: strip(v) for k, v in x.items() if k not in VARYING}
+    if isinstance(x, list):
+        return [strip(v) for v in x]
+    return x
+
+
+def gw(port, path, body):
+    import json
+    st, h, b = get(port, path, method="POST", body=body.encode() if isinstance(body, str) else body,
+                   headers={"Content-Type": "application/json"})
+    try:
+        j = json.loads(b)
+    except ValueError:
+        j = b
+    return st, h, j
+
+
+def test_gateway(e, c):
+    """The same requests to both, answers compared field by field."""
+    import json
+    seq = [
+        ("/v3/kv/put", '{"key":"Zm9v","value":"YmFy"}'),
+        ("/v3/kv/range", '{"key":"Zm9v"}'),
+        ("/v3/kv/range", '{"key":"bm8="}'),
+        ("/v3/kv/put", '{"key":"Zm9v","value":"YmF6","prev_kv":true}'),
+        ("/v3/kv/range", '{"key":"Zm8=","range_end":"Zm9w","sortOrder":"DESCEND","keysOnly":true}'),
+        ("/v3/kv/range", '{"key":"Zm9v","limit":"5","bogus":1}'),
+        ("/v3/kv/txn", '{"compare":[{"key":"Zm9v","result":"EQUAL","target":"VALUE",'
+                       '"value":"YmF6"}],"success":[{"requestPut":{"key":"YQ==","value":"Yg=="}},'
+                       '{"request_range":{"key":"Zm9v"}}],"failure":[]}'),
+        ("/v3/kv/txn", '{"compare":[{"key":"Zm9v","result":"GREATER","target":"MOD",'
+                       '"mod_revision":"100"}],"failure":[{"request_delete_range":{"key":"YQ=="}}]}'),
+        ("/v3/kv/deleterange", '{"key":"Zm9v","prev_kv":true}'),
+        ("/v3/kv/range", '{}'),
+        ("/v3/kv/compaction", '{"revision":100}'),
+        ("/v3/kv/compaction", '{"revision":"2"}'),
+        ("/v3/kv/range", '{"key":"Zm9v","revision":"1"}'),
+        ("/v3/kv/range", '{"key":5}'),
+        ("/v3/kv/range", '[1]'),
+        ("/v3beta/kv/range", '{"key":"YQ=="}'),
+        ("/v3/lease/revoke", '{"ID":"123"}'),
+        ("/v3/lease/timetolive", '{"ID":"123"}'),
+        ("/v3/maintenance/alarm", '{}'),
+        ("/v3/kv/nope", '{}'),
+    ]
+    for path, body in seq:
+        es, eh, ej = gw(e.client_port, path, body)
+        cs, ch, cj = gw(c.client_port, path, body)
+        check(es == cs, "%s %s: status etcd %d cairn %d (%r / %r)" % (path, body, es, cs, ej, cj))
+        check(strip(ej) == strip(cj), "%s %s:\n  etcd  %r\n  cairn %r" % (path, body, ej, cj))
+        check(eh.get("content-type") == ch.get("content-type"),
+              "%s: content-type %r %r" % (path, eh.get("content-type"), ch.get("content-type")))
+    # not JSON: both code 3 and 400 (the texts are Go's and jansson's)
+    es, _, ej = gw(e.client_port, "/v3/kv/range", "not-json")
+    cs, _, cj = gw(c.client_port, "/v3/kv/range", "not-json")
+    check(es == cs == 400 and ej.get("code") == cj.get("code") == 3 and
+          cj.get("error") == cj.get("message"), "not JSON: %r %r" % (ej, cj))
+    # a GET on a gateway path
+    es, _, eb = get(e.client_port, "/v3/kv/range")
+    cs, _, cb = get(c.client_port, "/v3/kv/range")
+    check(es == cs == 405 and eb == cb, "GET /v3/kv/range: %d %r / %d %r" % (es, eb, cs, cb))
+    # leases: each side's own id
+    ids = {}
+    for kind, port in (("etcd", e.client_port), ("cairn", c.client_port)):
+        st, _, j = gw(port, "/v3/lease/grant", '{"TTL":60}')
+        check(st == 200 and j.get("TTL") == "60" and "ID" in j, "%s grant: %r" % (kind, j))
+        ids[kind] = j.get("ID", "0")
+    answers = {}
+    for kind, port in (("etcd", e.client_port), ("cairn", c.client_port)):
+        lid = ids[kind]
+        a = [gw(port, "/v3/kv/put", '{"key":"bA==","value":"dg==","lease":"%s"}' % lid)]
+        a.append(gw(port, "/v3/lease/timetolive", '{"ID":"%s","keys":true}' % lid))
+        st, _, j = gw(port, "/v3/lease/leases", '{}')
+        check(st == 200 and {"ID": lid} in j.get("leases", []), "%s leases: %r" % (kind, j))
+        a.append(gw(port, "/v3/lease/revoke", '{"ID":"%s"}' % lid))
+        a.append(gw(port, "/v3/lease/revoke", '{"ID":"%s"}' % lid))
+        a.append(gw(port, "/v3/kv/range", '{"key":"bA=="}'))
+        answers[kind] = a
+    for (es, _, ej), (cs, _, cj) in zip(answers["etcd"], answers["cairn"]):
+        check(es == cs and strip(ej) == strip(cj), "lease: etcd %d %r cairn %d %r" %
+              (es, ej, cs, cj))
+    ttl = answers["cairn"][1][2]
+    check(ttl.get("grantedTTL") == "60" and 0 < int(ttl.get("TTL", 0)) <= 60,
+          "timetolive: %r" % ttl)
+    # status and member list: the same fields
+    for path in ("/v3/maintenance/status", "/v3/cluster/member/list"):
+        es, _, ej = gw(e.client_port, path, "{}")
+        cs, _, cj = gw(c.client_port, path, "{}")
+        check(es == cs == 200 and sorted(ej) == sorted(cj) and strip(ej) == strip(cj),
+              "%s: etcd %r cairn %r" % (path, ej, cj))
+    # gRPC sees what the gateway wrote
+    gw(c.client_port, "/v3/kv/put", '{"key":"Z3c=","value":"b2s="}')
+    r = c.etcdctl("get", "gw", check=False)
+    check(r.returncode == 0 and r.stdout == b"gw\nok\n", "etcdctl get gw: %r" % r.stdout)
+    # a body over --max-request-bytes: 413 before any call
+    # too large for etcd's check (code 3) and for gRPC's limit (code 8),
+    # though within the HTTP body cap: the same errors as etcd's
+    import base64
+    for n in (1600000, 2200000):
+        body = json.dumps({"key": "Yg==", "value": base64.b64encode(b"x" * n).decode()})
+        es, _, ej = gw(e.client_port, "/v3/kv/put", body)
+        cs, _, cj = gw(c.client_port, "/v3/kv/put", body)
+        check(es == cs and ej == cj, "put of %d bytes: etcd %d %r cairn %d %r" %
+              (n, es, ej, cs, cj))
+    # a body over twice --max-request-bytes (and gRPC's slack): 413 before
+    # any call
+    st, _, _ = gw(c.client_port, "/v3/kv/put", '{"key":"eA==","value":"%s"}' % ("A" * 5000000))
+    check(st == 413, "huge gateway body: %d" % st)
+
+
+def test_keepalive(c):
+    conn = http.client.HTTPConnection("127.0.0.1", c.client_port, timeout=TIMEOUT)
+    for i in range(5):
+        conn.request("GET", "/health" if i % 2 else "/version")
+        r = conn.getresponse()
+        r.read()
+        check(r.status == 200, "keep-alive request %d: %d" % (i, r.status))
+    conn.close()
+    # pipelined: three requests in one write, three answers in order
+    out = raw(c.client_port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+              b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+              b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    lines = re.findall(rb"HTTP/1\.1 \d+ [A-Za-z ]+(?=\r\n)", out)
+    check(lines == [b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"],
+          "pipelined answers: %r" % lines)
+
+
+def test_garbage(c):
+    """Bad HTTP gets a 400 and a close; gRPC on the same port is unaffected."""
+    silent = [socket.create_connection(("127.0.0.1", c.client_port), timeout=TIMEOUT)
+              for _ in range(20)]  # held open, saying nothing
+    cases = [b"GARBAGE\r\n\r\n", b"\x00\x01\x02\x03 / HTTP/1.1\r\n\r\n",
+             b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+             b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+             b"GET / HTTP/3.0\r\nHost: x\r\n\r\n",
+             b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+             b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"]
+    want = [400, 400, 400, 400, 505, 501, 400]
+    for req, w in zip(cases, want):
+        out = raw(c.client_port, req)
+        check(out.startswith(b"HTTP/1.1 %d " % w), "%r: %r" % (req, out[:80]))
+    big = b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"
+    out = raw(c.client_port, big)
+    check(out.startswith(b"HTTP/1.1 413 "), "huge body: %r" % out[:80])
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * 20000 + b"\r\n\r\n"
+    out = raw(c.client_port, head)
+    check(out.startswith(b"HTTP/1.1 431 "), "huge head: %r" % out[:80])
+    check(grpc_put_get(c.client_port, b"after-garbage"), "grpc put/get after garbage")
+    r = c.etcdctl("get", "after-garbage", check=False)
+    check(r.returncode == 0 and b"after-garbage" in r.stdout, "etcdctl after garbage")
+    for s in silent:
+        s.close()
+
+
+def test_metrics(e, c):
+    st, h, body = get(c.client_port, "/metrics")
+    check(st == 200 and h.get("content-type") == "text/plain; version=0.0.4; charset=utf-8",
+          "/metrics: %d %r" % (st, h.get("content-type")))
+    _, _, ebody = get(e.client_port, "/metrics")
+    if text_string_to_metric_families is None:
+        check(False, "python3-prometheus-client is not installed")
+        return
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    efams = {f.name: f for f in text_string_to_metric_families(ebody.decode())}
+    for name, f in fams.items():
+        if name in efams:
+            check(f.type == efams[name].type, "%s: type cairn %s etcd %s" %
+                  (name, f.type, efams[name].type))
+        else:
+            check(name.startswith("cairn_"), "%s: neither etcd's nor cairn_" % name)
+    for name in ("etcd_server_has_leader", "etcd_server_proposals_committed_total",
+                 "etcd_mvcc_db_total_size_in_bytes", "etcd_debugging_mvcc_keys_total",
+                 "etcd_disk_backend_commit_duration_seconds", "etcd_disk_wal_fsync_duration_seconds",
+                 "etcd_network_client_grpc_received_bytes", "grpc_server_started",
+                 "grpc_server_handled", "process_cpu_seconds", "process_resident_memory_bytes",
+                 "process_open_fds", "etcd_server_quota_backend_bytes"):
+        check(name in fams, "/metrics has no %s" % name)
+    if "grpc_server_handled" not in fams:
+        return
+
+    def sample(fams, fam, sname, **labels):
+        for s in fams[fam].samples:
+            if s.name == sname and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+    # the same label sets as etcd for a method both have
+    lab = dict(grpc_code="OK", grpc_method="Put", grpc_service="etcdserverpb.KV",
+               grpc_type="unary")
+    check(sample(efams, "grpc_server_handled", "grpc_server_handled_total", **lab) is not None,
+          "etcd has no handled{Put,OK}")
+    before = sample(fams, "grpc_server_handled", "grpc_server_handled_total", **lab)
+    keys = sample(fams, "etcd_debugging_mvcc_keys_total", "etcd_debugging_mvcc_keys_total")
+    for i in range(3):
+        c.etcdctl("put", "metrics-%d" % i, "x")
+    c.etcdctl("get", "nothing-here")
+    fams = {f.name: f for f in text_string_to_metric_families(
+        get(c.client_port, "/metrics")[2].decode())}
+    after = sample(fams, "grpc_server_handled", "grpc_server_handled_total", **lab)
+    check(before is not None and after == before + 3, "handled{Put,OK}: %r -> %r" % (before, after))
+    k2 = sample(fams, "etcd_debugging_mvcc_keys_total", "etcd_debugging_mvcc_keys_total")
+    check(k2 == keys + 3, "keys_total %r -> %r" % (keys, k2))
+    n = sample(fams, "etcd_disk_wal_fsync_duration_seconds",
+               "etcd_disk_wal_fsync_duration_seconds_count")
+    check(n is not None and n >= 3, "fsync histogram count %r" % n)
+    rx = sample(fams, "etcd_network_client_grpc_received_bytes",
+                "etcd_network_client_grpc_received_bytes_total")
+    check(rx is not None and rx > 0, "received bytes %r" % rx)
+
+
+def test_metrics_url(cairn):
+    mport = free_port()
+    c = Server("cairn", cairn, extra=["--listen-metrics-urls", "http://127.0.0.1:%d" % mport])
+    try:
+        c.start()
+        st, _, body = get(mport, "/metrics")
+        check(st == 200 and b"etcd_server_has_leader 1" in body, "metrics URL /metrics: %d" % st)
+        st, _, body = get(mport, "/health")
+        check(st == 200 and body == b'{"health":"true"}', "metrics URL /health: %d %r" % (st, body))
+        st, _, _ = get(mport, "/v3/kv/range", method="POST", body=b'{"key":"YQ=="}')
+        check(st == 404, "metrics URL serves no gateway: %d" % st)
+        ch = grpc.insecure_channel("127.0.0.1:%d" % mport)
+        try:
+            ch.unary_unary("/etcdserverpb.KV/Range")(field_bytes(1, b"k"), timeout=3)
+            check(False, "metrics URL served gRPC")
+        except grpc.RpcError:
+            pass
+        ch.close()
+    finally:
+        c.cleanup()
+
+
+def test_nospace(cairn, etcd):
+    """/health: 503 {"health":"false"} while a NOSPACE alarm is raised."""
+    answers = {}
+    for kind, binary in (("etcd", etcd), ("cairn", cairn)):
+        s = Server(kind, binary, extra=["--quota-backend-bytes", "100000"])
+        try:
+            s.start()
+            for i in range(6):
+                r = s.etcdctl("put", "big-%d" % i, "x" * 60000, check=False)
+                if r.returncode != 0:
+                    break
+            alarms = s.etcdctl("alarm", "list").stdout
+            check(b"NOSPACE" in alarms, "%s: no NOSPACE alarm: %r" % (kind, alarms))
+            answers[kind] = get(s.client_port, "/health")
+            s.etcdctl("alarm", "disarm", check=False)
+            s.etcdctl("compact", "1", check=False)
+        finally:
+            s.cleanup()
+    (es, eh, eb), (cs, ch, cb) = answers["etcd"], answers["cairn"]
+    check(es == cs == 503 and eb == cb == b'{"health":"false"}\n',
+          "NOSPACE /health: etcd %d %r cairn %d %r" % (es, eb, cs, cb))
+    for h in SAME_HEADERS:
+        check(eh.get(h) == ch.get(h), "NOSPACE /health header %s: %r %r" % (h, eh.get(h), ch.get(h)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cairn", required=True)
+    ap.add_argument("--etcd", required=True)
+    a = ap.parse_args()
+    e = Server("etcd", a.etcd)
+    c = Server("cairn", a.cairn)
+    try:
+        e.start()
+        c.start()
+        test_gateway(e, c)
+        test_endpoints(e, c)
+        test_keepalive(c)
+        test_garbage(c)
+        test_metrics(e, c)
+        # a clean exit (under ASan: no leak, no error report)
+        rc = c.stop()
+        check(rc == 0, "cairn exited with %r:\n%s" % (rc, c.read_log()[-3000:]))
+    finally:
+        e.cleanup()
+        c.cleanup()
+    test_metrics_url(a.cairn)
+    test_nospace(a.cairn, a.etcd)
+    if failures:
+        print("%d checks failed" % len(failures))
+        sys.exit(1)
+    print("test_http: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
