@@ -40,11 +40,11 @@
 
 #include "cairnpb/peer.pb-c.h"
 #include "crdt/error.h"
+#include "server/peer/peer_msg.h"
 #include "server/rpc/rpc.h"
 #include "store/replica.h"
 
 #define PEER_METHOD "/cairnpb.Peer/Stream"
-#define PEER_PROTOCOL_VERSION 1u
 #define PEER_QUEUE_BYTES (8u << 20)
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
@@ -408,34 +408,12 @@ static void refuse(plink *l, const char *what)
     link_kill(l, what);
 }
 
-static void on_hello(plink *l, const Cairnpb__Hello *h)
+/* A hello that passed peer_hello_check (peer_msg.c): who it is. */
+static void on_hello(void *arg, const Cairnpb__Hello *h)
 {
+    plink *l = arg;
     peer_net *n = l->n;
     char why[256];
-    if (h->protocol_version != PEER_PROTOCOL_VERSION) {
-        snprintf(why, sizeof why, "peer protocol version %" PRIu32 ", this node speaks %u",
-                 h->protocol_version, PEER_PROTOCOL_VERSION);
-        refuse(l, why);
-        return;
-    }
-    if (h->cluster_id != n->cluster_id) {
-        snprintf(why, sizeof why,
-                 "member %s is in cluster %016" PRIx64 ", this node in cluster %016" PRIx64,
-                 h->name ? h->name : "?", h->cluster_id, n->cluster_id);
-        refuse(l, why);
-        return;
-    }
-    if (h->token_hash.len != sizeof n->token_hash ||
-        memcmp(h->token_hash.data, n->token_hash, sizeof n->token_hash) != 0) {
-        snprintf(why, sizeof why, "member %s has another --initial-cluster-token",
-                 h->name ? h->name : "?");
-        refuse(l, why);
-        return;
-    }
-    if (h->actor_id.len != CAIRN_ACTOR_LEN) {
-        refuse(l, "the hello's actor id is not 16 bytes");
-        return;
-    }
     ppeer *p = peer_by_id(n, h->member_id);
     if (!p) {
         snprintf(why, sizeof why, "member id %016" PRIx64 " is not another member of this cluster",
@@ -492,11 +470,12 @@ static void received_durable(void *arg, int rc)
         atomic_store(&p->answer_due, 1);
 }
 
-static void on_sync(plink *l, const Cairnpb__Sync *s)
+static void on_sync(void *arg, const uint8_t *msg, size_t len)
 {
+    plink *l = arg;
     ppeer *p = l->p;
     int rejected = 0;
-    int rc = cairn_replica_receive(p->rep, s->msg.data, s->msg.len, &rejected, received_durable, p);
+    int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
     char why[160];
     if (rc) {
         snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
@@ -509,6 +488,25 @@ static void on_sync(plink *l, const Cairnpb__Sync *s)
     }
 }
 
+static void on_goodbye(void *arg, const char *reason)
+{
+    plink *l = arg;
+    cairn_log(CAIRN_LOG_INFO, "peer %s: goodbye: %s", peer_name(l), reason);
+    link_kill(l, "goodbye");
+}
+
+static void on_refuse(void *arg, const char *why)
+{
+    refuse(arg, why);
+}
+
+static void on_reset(void *arg, const char *why)
+{
+    plink *l = arg;
+    cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", peer_name(l), why);
+    link_kill(l, why);
+}
+
 static void on_recv(plink *l, int ok)
 {
     if (l->dead)
@@ -518,36 +516,22 @@ static void on_recv(plink *l, int ok)
         return;
     }
     grpc_byte_buffer_reader rd;
-    Cairnpb__PeerMessage *m = NULL;
-    if (grpc_byte_buffer_reader_init(&rd, l->rbuf)) {
-        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-        m = cairnpb__peer_message__unpack(NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
-        grpc_slice_unref(all);
+    grpc_slice all = grpc_empty_slice();
+    int read = grpc_byte_buffer_reader_init(&rd, l->rbuf);
+    if (read) {
+        all = grpc_byte_buffer_reader_readall(&rd);
         grpc_byte_buffer_reader_destroy(&rd);
     }
     grpc_byte_buffer_destroy(l->rbuf);
     l->rbuf = NULL;
-    if (!m) {
+    if (!read) {
         refuse(l, "a peer message that does not decode: resetting the stream");
         return;
     }
-    if (!l->hello_in) {
-        if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_HELLO)
-            on_hello(l, m->hello);
-        else
-            refuse(l, "the first message is not a hello");
-    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_SYNC) {
-        on_sync(l, m->sync);
-    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_GOODBYE) {
-        cairn_log(CAIRN_LOG_INFO, "peer %s: goodbye: %s", peer_name(l),
-                  m->goodbye->reason ? m->goodbye->reason : "");
-        link_kill(l, "goodbye");
-    } else {
-        cairn_log(CAIRN_LOG_WARN, "peer %s: an unexpected message: resetting the stream",
-                  peer_name(l));
-        link_kill(l, "an unexpected peer message");
-    }
-    cairnpb__peer_message__free_unpacked(m, NULL);
+    const peer_self self = {l->n->cluster_id, l->n->token_hash};
+    const peer_handlers h = {l, on_hello, on_sync, on_goodbye, on_refuse, on_reset};
+    peer_msg_dispatch(GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), l->hello_in, &self, &h);
+    grpc_slice_unref(all);
     if (!l->dead)
         post_recv(l);
 }
