@@ -174,6 +174,18 @@ int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *id
     return 0;
 }
 
+int cairn_doc_run_reserve_(cairn_doc *d, uint32_t a)
+{
+    arun *r = &d->runs[a];
+    return grow((void **)&r->v, &r->cap, r->n + 1, sizeof *r->v);
+}
+
+void cairn_doc_run_push_(cairn_doc *d, uint32_t a, uint64_t index, uint64_t end)
+{
+    arun *r = &d->runs[a];
+    r->v[r->n++] = (aspan){index, end};
+}
+
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
 {
     if (actor_find(d, a, idx))
@@ -188,6 +200,10 @@ int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
         if (!nm)
             return CAIRN_ENOMEM;
         d->actor_max = nm;
+        arun *nr = xrealloc(d->runs, (size_t)cap * sizeof *nr);
+        if (!nr)
+            return CAIRN_ENOMEM;
+        d->runs = nr;
         d->actors_cap = cap;
     }
     if ((uint64_t)(d->nactors + 1) * 2 > d->acap) {
@@ -208,6 +224,7 @@ int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx)
     uint32_t x = d->nactors++;
     d->actors[x] = *a;
     d->actor_max[x] = 0;
+    d->runs[x] = (arun){0};
     uint32_t i = hash_bytes(d, a->b, CAIRN_ACTOR_LEN) & (d->acap - 1);
     while (d->aslots[i])
         i = (i + 1) & (d->acap - 1);
@@ -913,6 +930,9 @@ void cairn_doc_free(cairn_doc *d)
     free(d->tpred);
     free(d->actors);
     free(d->actor_max);
+    for (uint32_t i = 0; i < d->nactors; i++)
+        free(d->runs[i].v);
+    free(d->runs);
     free(d->aslots);
     cairn_change_free(d->last_commit);
     cairn_dag_free(d->dag);

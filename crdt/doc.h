@@ -143,10 +143,24 @@ void cairn_doc_rollback(cairn_doc *doc);
  * that is invalid against the document (unknown object, bad reference, wrong
  * seq) is rejected with nothing applied; the return code is the first such
  * error while valid ones still apply. CAIRN_ESTATE during a local edit.
- * Validation checks existence against this replica's state, not against the
- * change's causal past: an honest change only names ops it has seen, but a
- * hostile one naming a concurrent op may be accepted here and rejected on a
- * replica that has not seen that op yet. */
+ *
+ * Whether a change is accepted depends only on the change and its causal
+ * past (its deps and their ancestors), never on what else this replica
+ * holds or in which order it came: every op it names — an object, a list
+ * element, a predecessor — must be an op of one of its ancestors (or an
+ * earlier op of its own), else CAIRN_ENOTPAST (after the existence checks,
+ * so naming an op this replica has never seen stays ENOOBJ / ENOTFOUND: the
+ * code may differ between replicas, the verdict "rejected" does not). An
+ * honest change names only ops it has seen, so it always passes. So every
+ * replica accepts or rejects a given change alike, and the state stays a
+ * function of the set of accepted changes. A rejected change is not
+ * ordered, and neither is anything that depends on it: its descendants
+ * (among them every later change of its author, by the sequence rule)
+ * stay pending, identically on every replica (bounded by the DAG's pending
+ * limits), and offering it again is rejected again. Cost: nothing extra
+ * when the change's deps are this replica's heads; otherwise about the
+ * changes ordered here since it forked (see doc_receive.c). Not covered:
+ * two changes with one (actor, seq) — the first to arrive wins (dag.h). */
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
 
 /* ---- reads ----------------------------------------------------------------

@@ -8,10 +8,14 @@
  * tombstones, every object ever made, the clocks) and nothing derived that
  * is cheaper to rebuild (hash tables, heads, visible counts).
  *
- *   "CKPT" u8 version (1)
+ *   "CKPT" u8 version (2)
  *   DAG section (dag.c: hashes, deps, authors' seqs)
  *   uv nactors (>= 1), nactors x 16 B actor (the writer's index order;
  *      [0] is the writer), nactors x uv greatest op counter applied
+ *   nactors x run: uv n, then n x (uv apply index, uv last op counter) of
+ *      the actor's ordered changes that have ops, in order; each pair after
+ *      the first as deltas (>= 1) from the one before, within the actor's
+ *      clock (doc_int.h's arun; receive validation needs it)
  *   uv max_counter
  *   map  root
  *   uv nobjs, then nobjs x (id, u8 type (1 map, 2 list), map | list),
@@ -55,7 +59,7 @@
 #include "crdt/error.h"
 #include "crdt/wire.h"
 
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2
 #define MIN_OP_BYTES 3  /* counter, actor, kind */
 #define MIN_KEY_BYTES 5 /* key_len, a one-op vset */
 #define MIN_OBJ_BYTES 4 /* id, type, an empty body */
@@ -170,6 +174,16 @@ int cairn_doc_checkpoint(uint8_t **out, size_t *len, const cairn_doc *doc)
     wire_bytes_w(&w, doc->actors, (size_t)doc->nactors * sizeof *doc->actors);
     for (uint32_t i = 0; i < doc->nactors; i++)
         wire_uv_w(&w, doc->actor_max[i]);
+    for (uint32_t i = 0; i < doc->nactors; i++) {
+        const arun *r = &doc->runs[i];
+        wire_uv_w(&w, r->n);
+        aspan prev = {0, 0};
+        for (size_t k = 0; k < r->n; k++) {
+            wire_uv_w(&w, k ? r->v[k].index - prev.index : r->v[k].index);
+            wire_uv_w(&w, r->v[k].end - prev.end);
+            prev = r->v[k];
+        }
+    }
     wire_uv_w(&w, doc->max_counter);
     save_obj(&w, &doc->root);
     wire_uv_w(&w, nobjs);
@@ -539,6 +553,29 @@ static int load_actors(loader *l)
             return CAIRN_ECORRUPT;
         d->actor_max[l->perm[i]] = m;
     }
+    uint64_t norder = cairn_dag_count(d->dag);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t cnt;
+        if ((rc = wire_count(&l->r, &cnt, norder, 2)))
+            return rc;
+        arun *run = &d->runs[l->perm[i]];
+        if (cnt && !(run->v = malloc((size_t)cnt * sizeof *run->v)))
+            return CAIRN_ENOMEM;
+        run->cap = (size_t)cnt;
+        aspan prev = {0, 0};
+        for (uint64_t k = 0; k < cnt; k++) {
+            uint64_t di, de;
+            if ((rc = wire_uv(&l->r, &di)) || (rc = wire_uv(&l->r, &de)))
+                return rc;
+            if ((k && di == 0) || de == 0 || di >= norder - prev.index ||
+                de >= COUNTER_LIMIT - prev.end)
+                return CAIRN_ECORRUPT;
+            prev = (aspan){prev.index + di, prev.end + de};
+            run->v[run->n++] = prev;
+        }
+        if (prev.end > d->actor_max[l->perm[i]])
+            return CAIRN_ECORRUPT; /* the run stays within the actor's clock */
+    }
     if ((rc = wire_uv(&l->r, &d->max_counter)))
         return rc;
     if (d->max_counter >= COUNTER_LIMIT)
@@ -747,6 +784,13 @@ int cairn_doc_check_(const cairn_doc *d)
         uint32_t x;
         if (!cairn_doc_actor_find_(d, &d->actors[i], &x) || x != i ||
             d->actor_max[i] > d->max_counter)
+            return CAIRN_ECORRUPT;
+        const arun *r = &d->runs[i];
+        for (size_t k = 0; k < r->n; k++)
+            if (r->v[k].index >= cairn_dag_count(d->dag) ||
+                (k && (r->v[k].index <= r->v[k - 1].index || r->v[k].end <= r->v[k - 1].end)))
+                return CAIRN_ECORRUPT;
+        if (r->n && r->v[r->n - 1].end > d->actor_max[i])
             return CAIRN_ECORRUPT;
     }
     if (!obj_ok(d, &d->root))

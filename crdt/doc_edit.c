@@ -526,8 +526,8 @@ int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_o
         return 0;
     }
     cairn_change *c;
-    int rc = build_change(doc, &c);
-    if (rc)
+    int rc = run_reserve(doc, 0);
+    if (rc || (rc = build_change(doc, &c)) != 0)
         goto fail;
     cairn_hash h = c->hash;
     int state;
@@ -554,6 +554,7 @@ int cairn_doc_commit(cairn_doc *doc, const cairn_change **out, const cairn_doc_o
     if (last > doc->max_counter)
         doc->max_counter = last;
     doc->actor_max[0] = last;
+    run_push(doc, 0, index, last);
     if (obs && obs->change_cb)
         obs->change_cb(obs->arg, r, index, 1);
     if (obs && obs->patch_cb)

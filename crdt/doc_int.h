@@ -134,6 +134,18 @@ typedef struct undo {
     vset saved; /* U_MAP / U_ELEM: the state before the edit */
 } undo;
 
+/* An actor's ordered changes that carry ops, in its seq order (which is
+ * also apply order): each one's apply index and last op counter. Receive
+ * validation reads it to bound which of the actor's ops lie in a change's
+ * causal past (doc_receive.c). About 16 bytes per change. */
+typedef struct aspan {
+    uint64_t index, end;
+} aspan;
+typedef struct arun {
+    aspan *v;
+    size_t n, cap;
+} arun;
+
 /* A pending local op in document actor indices; key/value bytes and preds
  * are owned here until commit. */
 typedef struct pop {
@@ -145,6 +157,7 @@ struct cairn_doc {
     cairn_dag *dag;
     cairn_actor *actors; /* interned; [0] is this replica's actor */
     uint64_t *actor_max; /* greatest op counter applied per actor */
+    arun *runs;          /* per actor: its ordered changes with ops */
     uint32_t nactors, actors_cap;
     uint32_t *aslots; /* actor intern table: index + 1, 0 = empty */
     uint32_t acap;
@@ -195,6 +208,9 @@ uint32_t cairn_doc_obj_hash_(const void *arg, const void *e);
 uint32_t cairn_doc_key_hash_(const void *arg, const void *e);
 int cairn_doc_actor_find_(const cairn_doc *d, const cairn_actor *a, uint32_t *idx);
 int cairn_doc_actor_intern_(cairn_doc *d, const cairn_actor *a, uint32_t *idx);
+/* Room for one more span in actor |a|'s run; appends one (room reserved). */
+int cairn_doc_run_reserve_(cairn_doc *d, uint32_t a);
+void cairn_doc_run_push_(cairn_doc *d, uint32_t a, uint64_t index, uint64_t end);
 /* Releases a vset: its ops' bytes (by reference count) and its array. */
 void cairn_doc_vs_free_(vset *s);
 /* Grows array *p of |size|-byte elements to hold |need| (doubling). */
@@ -237,6 +253,8 @@ void cairn_doc_pending_clear_(cairn_doc *d);
 #define ptab_reserve cairn_doc_ptab_reserve_
 #define actor_find cairn_doc_actor_find_
 #define actor_intern cairn_doc_actor_intern_
+#define run_reserve cairn_doc_run_reserve_
+#define run_push cairn_doc_run_push_
 #define vs_free cairn_doc_vs_free_
 #define grow cairn_doc_grow_
 #define map_lookup cairn_doc_map_lookup_

@@ -2,9 +2,24 @@
  * Changes from peers (cairn_doc_receive). A change is validated as a whole
  * against the document — objects and list elements exist or are made
  * earlier in the same change, actions fit the object, references obey the
- * Lamport rule, op ids do not reuse the author's — before the DAG orders it
- * and any op is applied (doc.c), so a rejected change is never applied in
- * part. Then every buffered change it unblocks follows, in order.
+ * Lamport rule and lie in the change's causal past, op ids do not reuse the
+ * author's — before the DAG orders it and any op is applied (doc.c), so a
+ * rejected change is never applied in part. Then every buffered change it
+ * unblocks follows, in order.
+ *
+ * The causal past. Every reference a change makes to another change's op
+ * (an object, a list element, a predecessor) must name an op of one of its
+ * ancestors, so that the verdict depends only on the change and its past,
+ * never on which concurrent changes this replica happens to hold. An
+ * actor's changes form a chain (the DAG's sequence rule), so the past holds
+ * a prefix of each actor's changes, and op (g, a) lies in it iff g is at
+ * most the last op counter of a's last change in it. The changes ordered
+ * here that are not ancestors — the concurrent ones — are a suffix of each
+ * actor's chain; the document's per-actor runs (doc_int.h) give, walking
+ * back over that suffix, the bound. The concurrent set costs nothing when
+ * the change's deps are our heads (the common case: then it is empty) and
+ * otherwise about the changes made since the fork (cairn_dag_not_ancestors
+ * stops when only ancestors are left).
  */
 #include "crdt/doc.h"
 
@@ -37,8 +52,66 @@ static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *o
     return 0;
 }
 
+/* What validate knows of a ready change's causal past, computed on the
+ * first reference that needs it. */
+typedef struct past {
+    int known;      /* conc/empty computed */
+    int empty;      /* no deps: the past is empty */
+    uint64_t *conc; /* ordered here and not ancestors, ascending */
+    size_t nconc;
+    uint64_t *bound; /* per actor index of the change; UINT64_MAX = not yet */
+} past;
+
+static int in_sorted(const uint64_t *v, size_t n, uint64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v[mid] == x)
+            return 1;
+        if (v[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+static int past_compute(const cairn_doc *d, const cairn_change *c, past *p)
+{
+    p->known = 1;
+    if (c->ndeps == 0) {
+        p->empty = 1;
+        return 0;
+    }
+    const cairn_hash *h;
+    size_t nh = cairn_dag_heads(d->dag, &h);
+    if (nh == c->ndeps && memcmp(h, c->deps, nh * sizeof *h) == 0)
+        return 0; /* deps are our heads: everything ordered is its past */
+    return cairn_dag_not_ancestors(&p->conc, &p->nconc, d->dag, c->deps, c->ndeps);
+}
+
+/* 0 if op |r| (change actor index, counter >= 1, not of |c| itself) lies in
+ * the causal past of |c|, else CAIRN_ENOTPAST. */
+static int in_past(const cairn_doc *d, const cairn_change *c, past *p, const uint32_t *amap,
+                   cairn_opid r)
+{
+    int rc;
+    if (!p->known && (rc = past_compute(d, c, p)) != 0)
+        return rc;
+    uint64_t b = p->bound[r.actor];
+    if (b == UINT64_MAX) {
+        const arun *run = &d->runs[amap[r.actor]];
+        size_t i = p->empty ? 0 : run->n;
+        while (i > 0 && in_sorted(p->conc, p->nconc, run->v[i - 1].index))
+            i--;
+        b = p->bound[r.actor] = i ? run->v[i - 1].end : 0;
+    }
+    return r.counter <= b ? 0 : CAIRN_ENOTPAST;
+}
+
 static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
-                       const uint32_t *amap)
+                       const uint32_t *amap, const cairn_doc *d, past *p)
 {
     ptrdiff_t own;
     int rc = check_ref(c, i, e, &own);
@@ -53,11 +126,13 @@ static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_o
     }
     if (!list)
         return CAIRN_ENOTFOUND; /* a list made in this change has only its own elements */
-    return list_find(list, e.counter, amap[e.actor]) >= 0 ? 0 : CAIRN_ENOTFOUND;
+    if (list_find(list, e.counter, amap[e.actor]) < 0)
+        return CAIRN_ENOTFOUND;
+    return in_past(d, c, p, amap, e);
 }
 
 /* Validates the whole of |c| against the document before anything applies. */
-static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
+static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap, past *p)
 {
     if (c->nactors == 0 || c->start_op == 0 || c->start_op >= COUNTER_LIMIT ||
         c->nops > COUNTER_LIMIT - c->start_op || cairn_actor_cmp(&c->actors[0], &c->actor) != 0)
@@ -89,6 +164,8 @@ static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
             o = cairn_doc_find_obj_(d, op->obj.counter, amap[op->obj.actor]);
             if (!o)
                 return CAIRN_ENOOBJ;
+            if ((rc = in_past(d, c, p, amap, op->obj)) != 0)
+                return rc;
             type = o->type;
         }
         if (op->action < CAIRN_OP_MAKE_MAP || op->action > CAIRN_OP_INC)
@@ -105,13 +182,15 @@ static int validate(cairn_doc *d, const cairn_change *c, uint32_t *amap)
                 return CAIRN_EBADOP;
             if (!op->insert && op->elem.counter == 0)
                 return CAIRN_EBADOP;
-            if (op->elem.counter != 0 && (rc = elem_exists(c, i, o, op->elem, amap)) != 0)
+            if (op->elem.counter != 0 && (rc = elem_exists(c, i, o, op->elem, amap, d, p)) != 0)
                 return rc;
         }
         for (uint32_t k = 0; k < op->npred; k++) {
             if (op->pred[k].counter == 0)
                 return CAIRN_EBADOP;
             if ((rc = check_ref(c, i, op->pred[k], &own)) != 0)
+                return rc;
+            if (own < 0 && (rc = in_past(d, c, p, amap, op->pred[k])) != 0)
                 return rc;
         }
     }
@@ -172,12 +251,21 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
         return rc;
     int first = 0;
     uint32_t *amap = NULL;
-    size_t amap_cap = 0;
+    size_t amap_cap = 0, bound_cap = 0;
+    past p = {0};
     const cairn_change *r;
     while ((r = cairn_dag_peek_ready(doc->dag)) != NULL) {
+        free(p.conc);
+        p = (past){.bound = p.bound};
         rc = grow((void **)&amap, &amap_cap, r->nactors + 1, sizeof *amap);
         if (!rc)
-            rc = validate(doc, r, amap);
+            rc = grow((void **)&p.bound, &bound_cap, r->nactors + 1, sizeof *p.bound);
+        if (!rc) {
+            memset(p.bound, 0xff, (r->nactors + 1) * sizeof *p.bound);
+            rc = validate(doc, r, amap, &p);
+        }
+        if (!rc && r->nops)
+            rc = run_reserve(doc, amap[0]); /* before ordering: nothing fails after */
         if (rc) {
             cairn_dag_discard(doc->dag);
             if (!first)
@@ -207,12 +295,18 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
             doc->broken = rc; /* half-applied: nothing can be trusted now */
             cairn_change_free(body);
             free(amap);
+            free(p.conc);
+            free(p.bound);
             return rc;
         }
+        if (body->nops)
+            run_push(doc, amap[0], index, body->start_op + body->nops - 1);
         if (obs && obs->change_cb)
             obs->change_cb(obs->arg, body, index, 0);
         cairn_change_free(body);
     }
     free(amap);
+    free(p.conc);
+    free(p.bound);
     return first;
 }

@@ -32,7 +32,7 @@
     X(EIO, 13, "cairn: I/O error")                                                                 \
     X(ECORRUPT, 15, "cairn: corrupt data on disk")                                                 \
     X(EUNIMPLEMENTED, 12, "cairn: not implemented")                                                \
-    /* etcd: the errors below are etcd's own (status and message). */                             \
+    /* etcd: the errors below are etcd's own (status and message). */                              \
     X(EEMPTYKEY, 3, "etcdserver: key is not provided")                                             \
     X(EKEYNOTFOUND, 3, "etcdserver: key not found")                                                \
     X(EVALUEPROVIDED, 3, "etcdserver: value is provided")                                          \
@@ -54,11 +54,13 @@
     X(ETOOMANYREQUESTS, 8, "etcdserver: too many requests")                                        \
     X(ESTOPPED, 14, "etcdserver: server stopped")                                                  \
     X(ETIMEOUT, 14, "etcdserver: request timed out")                                               \
-    X(ECORRUPTCLUSTER, 15, "etcdserver: corrupt cluster")                                         \
-    /* grpc-go's own errors as etcd's server sends them (server/ only). */                        \
+    X(ECORRUPTCLUSTER, 15, "etcdserver: corrupt cluster")                                          \
+    /* grpc-go's own errors as etcd's server sends them (server/ only). */                         \
     X(EUNMARSHAL, 13, "grpc: error unmarshalling request: malformed message")                      \
     X(EMSGTOOLARGE, 8, "grpc: received message larger than max")                                   \
-    X(ENOSUCHMETHOD, 12, "unknown method")
+    X(ENOSUCHMETHOD, 12, "unknown method")                                                         \
+    /* crdt, added last so that no other code's number moves. */                                   \
+    X(ENOTPAST, 3, "cairn: change names an op outside its causal past")
 
 enum {
     CAIRN_OK = 0,

@@ -8,9 +8,9 @@
  *
  * A fourth replica, the victim, receives every honest change plus changes
  * decoded from byte-flipped copies of them (hostile input). It is never
- * compared (a hostile change naming a concurrent op may be judged differently
- * by replicas in different states; see doc.c), but it must not crash, leak
- * or end up unable to dump itself.
+ * compared (a flipped copy is a second change with an honest change's
+ * (actor, seq), and of two such forks the first to arrive wins; see dag.h),
+ * but it must not crash, leak or end up unable to dump itself.
  */
 #include <stdint.h>
 #include <stdlib.h>

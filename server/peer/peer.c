@@ -59,11 +59,11 @@
 
 #include "cairnpb/peer.pb-c.h"
 #include "crdt/error.h"
+#include "server/peer/peer_msg.h"
 #include "server/rpc/rpc.h"
 #include "store/replica.h"
 
 #define PEER_METHOD "/cairnpb.Peer/Stream"
-#define PEER_PROTOCOL_VERSION 1u
 #define PEER_QUEUE_BYTES (8u << 20)
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
@@ -475,34 +475,12 @@ static void set_client_urls(peer_net *n, ppeer *p, char *const *v, size_t k, uin
     n->urls_gen++;
 }
 
-static void on_hello(plink *l, const Cairnpb__Hello *h)
+/* A hello that passed peer_hello_check (peer_msg.c): who it is. */
+static void on_hello(void *arg, const Cairnpb__Hello *h)
 {
+    plink *l = arg;
     peer_net *n = l->n;
     char why[256];
-    if (h->protocol_version != PEER_PROTOCOL_VERSION) {
-        snprintf(why, sizeof why, "peer protocol version %" PRIu32 ", this node speaks %u",
-                 h->protocol_version, PEER_PROTOCOL_VERSION);
-        refuse(l, why);
-        return;
-    }
-    if (h->cluster_id != n->cluster_id) {
-        snprintf(why, sizeof why,
-                 "member %s is in cluster %016" PRIx64 ", this node in cluster %016" PRIx64,
-                 h->name ? h->name : "?", h->cluster_id, n->cluster_id);
-        refuse(l, why);
-        return;
-    }
-    if (h->token_hash.len != sizeof n->token_hash ||
-        memcmp(h->token_hash.data, n->token_hash, sizeof n->token_hash) != 0) {
-        snprintf(why, sizeof why, "member %s has another --initial-cluster-token",
-                 h->name ? h->name : "?");
-        refuse(l, why);
-        return;
-    }
-    if (h->actor_id.len != CAIRN_ACTOR_LEN) {
-        refuse(l, "the hello's actor id is not 16 bytes");
-        return;
-    }
     ppeer *p = peer_by_id(n, h->member_id);
     if (!p) {
         snprintf(why, sizeof why, "member id %016" PRIx64 " is not another member of this cluster",
@@ -557,11 +535,12 @@ static void received_durable(void *arg, int rc)
         atomic_store(&p->answer_due, 1);
 }
 
-static void on_sync(plink *l, const Cairnpb__Sync *s)
+static void on_sync(void *arg, const uint8_t *msg, size_t len)
 {
+    plink *l = arg;
     ppeer *p = l->p;
     int rejected = 0;
-    int rc = cairn_replica_receive(p->rep, s->msg.data, s->msg.len, &rejected, received_durable, p);
+    int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
     char why[160];
     if (rc) {
         snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
@@ -580,8 +559,9 @@ static void on_sync(plink *l, const Cairnpb__Sync *s)
 /* A Members message: what a link knows of the members' client URLs; a
  * report on a member from a later start than ours replaces it. An entry
  * out of bounds is ignored (MemberList is informative). */
-static void on_members(plink *l, const Cairnpb__Members *ms)
+static void on_members(void *arg, const Cairnpb__Members *ms)
 {
+    plink *l = arg;
     peer_net *n = l->n;
     for (size_t i = 0; i < ms->n_members; i++) {
         const Cairnpb__MemberUrls *e = ms->members[i];
@@ -637,6 +617,28 @@ static int send_members(peer_net *n, plink *l)
     return rc;
 }
 
+static void on_goodbye(void *arg, const char *reason)
+{
+    plink *l = arg;
+    /* a clean departure: link_kill's line says it, and the peer is dialed
+     * again after the backoff */
+    char why[160];
+    snprintf(why, sizeof why, "the peer left (goodbye: %.100s)", reason);
+    link_kill(l, why);
+}
+
+static void on_refuse(void *arg, const char *why)
+{
+    refuse(arg, why);
+}
+
+static void on_reset(void *arg, const char *why)
+{
+    plink *l = arg;
+    cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", peer_name(l), why);
+    link_kill(l, why);
+}
+
 static void on_recv(plink *l, int ok)
 {
     if (l->dead)
@@ -646,47 +648,33 @@ static void on_recv(plink *l, int ok)
         return;
     }
     grpc_byte_buffer_reader rd;
-    Cairnpb__PeerMessage *m = NULL;
-    size_t rlen = 0;
-    if (grpc_byte_buffer_reader_init(&rd, l->rbuf)) {
-        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-        m = cairnpb__peer_message__unpack(NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
-        rlen = GRPC_SLICE_LENGTH(all);
-        grpc_slice_unref(all);
+    grpc_slice all = grpc_empty_slice();
+    int read = grpc_byte_buffer_reader_init(&rd, l->rbuf);
+    if (read) {
+        all = grpc_byte_buffer_reader_readall(&rd);
         grpc_byte_buffer_reader_destroy(&rd);
     }
     grpc_byte_buffer_destroy(l->rbuf);
     l->rbuf = NULL;
-    if (!m) {
+    if (!read) {
         refuse(l, "a peer message that does not decode: resetting the stream");
         return;
     }
-    if (!l->hello_in) {
-        if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_HELLO)
-            on_hello(l, m->hello);
-        else
-            refuse(l, "the first message is not a hello");
-    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_SYNC) {
-        on_sync(l, m->sync);
-    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_MEMBERS) {
-        on_members(l, m->members);
-    } else if (m->body_case == CAIRNPB__PEER_MESSAGE__BODY_GOODBYE) {
-        /* a clean departure: link_kill's line says it, and the peer is
-         * dialed again after the backoff */
-        char why[160];
-        snprintf(why, sizeof why, "the peer left (goodbye: %.100s)",
-                 m->goodbye->reason ? m->goodbye->reason : "");
-        link_kill(l, why);
-    } else {
-        cairn_log(CAIRN_LOG_WARN, "peer %s: an unexpected message: resetting the stream",
-                  peer_name(l));
-        link_kill(l, "an unexpected peer message");
-    }
+    const peer_self self = {l->n->cluster_id, l->n->token_hash};
+    const peer_handlers h = {.arg = l,
+                             .hello = on_hello,
+                             .sync = on_sync,
+                             .members = on_members,
+                             .goodbye = on_goodbye,
+                             .refuse = on_refuse,
+                             .reset = on_reset};
+    size_t rlen = GRPC_SLICE_LENGTH(all);
+    peer_msg_dispatch(GRPC_SLICE_START_PTR(all), rlen, l->hello_in, &self, &h);
+    grpc_slice_unref(all);
     if (l->p) {
         atomic_fetch_add(&l->p->msgs_received, 1);
         atomic_fetch_add(&l->p->bytes_received, rlen);
     }
-    cairnpb__peer_message__free_unpacked(m, NULL);
     if (!l->dead)
         post_recv(l);
 }

@@ -814,9 +814,11 @@ END_TEST
 
 /* ---- hostile changes ------------------------------------------------------ */
 
-/* A change by actor |who| (seq 1) on top of |d|'s heads. */
-static cairn_change *hostile(const cairn_doc *d, uint8_t who, uint64_t seq, uint64_t start_op,
-                             cairn_op *ops, uint32_t nops, cairn_actor *others, uint32_t nothers)
+/* A change by actor |who| on top of |deps| (sorted), as from a peer;
+ * |others| are the other actors its ops name, sorted. */
+static cairn_change *change_on(const cairn_hash *deps, uint32_t ndeps, uint8_t who, uint64_t seq,
+                               uint64_t start_op, cairn_op *ops, uint32_t nops, cairn_actor *others,
+                               uint32_t nothers)
 {
     cairn_change t;
     memset(&t, 0, sizeof t);
@@ -828,9 +830,8 @@ static cairn_change *hostile(const cairn_doc *d, uint8_t who, uint64_t seq, uint
     t.seq = seq;
     t.start_op = start_op;
     t.time_ms = 1;
-    const cairn_hash *h;
-    t.ndeps = (uint32_t)cairn_dag_heads(cairn_doc_dag(d), &h);
-    t.deps = (cairn_hash *)h;
+    t.ndeps = ndeps;
+    t.deps = (cairn_hash *)deps;
     t.nactors = nothers + 1;
     t.actors = actors;
     t.nops = nops;
@@ -842,6 +843,15 @@ static cairn_change *hostile(const cairn_doc *d, uint8_t who, uint64_t seq, uint
     ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
     cairn_change_free(c);
     return copy;
+}
+
+/* A change by actor |who| on top of |d|'s heads. */
+static cairn_change *hostile(const cairn_doc *d, uint8_t who, uint64_t seq, uint64_t start_op,
+                             cairn_op *ops, uint32_t nops, cairn_actor *others, uint32_t nothers)
+{
+    const cairn_hash *h;
+    uint32_t n = (uint32_t)cairn_dag_heads(cairn_doc_dag(d), &h);
+    return change_on(h, n, who, seq, start_op, ops, nops, others, nothers);
 }
 
 static cairn_op set_op(cairn_opid obj_id, const char *key, const char *val)
@@ -948,6 +958,174 @@ START_TEST(hostile_changes_rejected)
     ck_assert_int_eq(cairn_doc_receive(d, late, NULL), CAIRN_ESTATE);
     cairn_doc_rollback(d);
     cairn_doc_free(d);
+}
+END_TEST
+
+/* Issue 16: whether a change is accepted depends only on the change and its
+ * causal past. Actor 1's genesis G holds root "k" (100), list "l" (101) and
+ * its element (102); actor 2's X, concurrent to everything below, overwrites
+ * "k" (200), makes map "m" (201) and inserts an element (202). r1 has seen
+ * X, r2 has not. A change on top of G alone that names any of X's ops is
+ * rejected by both (before the fix, r1 accepted the object and element
+ * references that r2 refused, and both accepted the predecessor, which
+ * removed X's value on r1 and not on r2: they diverged). Honest changes
+ * naming ops of their past are accepted by both, in any order. */
+static cairn_change *clone_change(const cairn_change *c)
+{
+    cairn_change *copy;
+    ck_assert_int_eq(cairn_change_decode(&copy, c->bytes, c->len, &c->hash), 0);
+    return copy;
+}
+
+static void expect_rejected_by_both(cairn_doc *r1, cairn_doc *r2, cairn_change *c, int rc1, int rc2)
+{
+    cairn_change *copy = clone_change(c);
+    expect_rejected(r1, c, rc1);
+    expect_rejected(r2, copy, rc2);
+}
+
+START_TEST(acceptance_depends_only_on_the_causal_past)
+{
+    cairn_doc *a = new_doc(1), *p = new_doc(2), *r1 = new_doc(3), *r2 = new_doc(4);
+    cairn_objid l;
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    put_s(a, CAIRN_ROOT, "k", "v0");
+    ck_assert_int_eq(
+        cairn_doc_put_object(a, &l, CAIRN_ROOT, (const uint8_t *)"l", 1, CAIRN_OBJ_LIST), 0);
+    cairn_value e = str_v("e");
+    ck_assert_int_eq(cairn_doc_list_insert(a, l, 0, &e), 0);
+    commit(a);
+    cairn_hash g = *cairn_dag_hash_at(cairn_doc_dag(a), 0);
+    deliver(p, a);
+    deliver(r1, a);
+    deliver(r2, a);
+    ck_assert_int_eq(cairn_doc_begin(p, 200), 0);
+    put_s(p, CAIRN_ROOT, "k", "x");
+    cairn_objid m;
+    ck_assert_int_eq(
+        cairn_doc_put_object(p, &m, CAIRN_ROOT, (const uint8_t *)"m", 1, CAIRN_OBJ_MAP), 0);
+    cairn_read lr;
+    ck_assert_int_eq(cairn_doc_get(p, &lr, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    cairn_value xe = str_v("xe");
+    ck_assert_int_eq(cairn_doc_list_insert(p, lr.obj, 1, &xe), 0);
+    commit(p); /* X: ops 200 (k), 201 (m), 202 (element), actor 2 */
+    cairn_hash x = *cairn_dag_hash_at(cairn_doc_dag(p), 1);
+    deliver(r1, p);
+    ck_assert_str_eq(get_s(r1, CAIRN_ROOT, "k"), "x");
+    ck_assert_str_eq(get_s(r2, CAIRN_ROOT, "k"), "v0");
+
+    cairn_actor others[2] = {actor_n(1), actor_n(2)}; /* change indices 1, 2 */
+    cairn_op op;
+    /* the predecessor is X's value of "k" */
+    op = set_op(CAIRN_ROOT, "k", "hostile");
+    cairn_opid pred = {200, 2};
+    op.pred = &pred;
+    op.npred = 1;
+    expect_rejected_by_both(r1, r2, change_on(&g, 1, 7, 1, 300, &op, 1, others, 2), CAIRN_ENOTPAST,
+                            CAIRN_ENOTPAST);
+    /* a key of X's map: r2 does not know the object at all */
+    op = set_op((cairn_opid){201, 2}, "in", "hostile");
+    cairn_change *in_m = change_on(&g, 1, 7, 1, 300, &op, 1, others, 2);
+    cairn_change *in_m_later = clone_change(in_m);
+    expect_rejected_by_both(r1, r2, in_m, CAIRN_ENOTPAST, CAIRN_ENOOBJ);
+    /* an insert after X's element: r2 does not know the element */
+    memset(&op, 0, sizeof op);
+    op.action = CAIRN_OP_SET;
+    op.insert = 1;
+    op.obj = (cairn_opid){101, 1};
+    op.elem = (cairn_opid){202, 2};
+    op.value = str_v("hostile");
+    cairn_change *after_e = change_on(&g, 1, 7, 1, 300, &op, 1, others, 2);
+    cairn_change *after_e_later = clone_change(after_e);
+    expect_rejected_by_both(r1, r2, after_e, CAIRN_ENOTPAST, CAIRN_ENOTFOUND);
+    /* an op of its own author that no change of its past made */
+    op = set_op(CAIRN_ROOT, "k", "hostile");
+    pred = (cairn_opid){250, 0};
+    op.pred = &pred;
+    op.npred = 1;
+    expect_rejected_by_both(r1, r2, change_on(&g, 1, 7, 1, 300, &op, 1, NULL, 0), CAIRN_ENOTPAST,
+                            CAIRN_ENOTPAST);
+
+    /* once r2 has X, r2 gives r1's verdicts too, and they agree */
+    deliver(r2, p);
+    assert_same(r1, r2);
+    expect_rejected(r2, in_m_later, CAIRN_ENOTPAST);
+    expect_rejected(r2, after_e_later, CAIRN_ENOTPAST);
+    assert_same(r1, r2);
+
+    /* honest: actor 9 on top of G overwrites G's "k" and follows G's element
+     * (both in its past), concurrently with X: accepted by both */
+    cairn_op ops[2];
+    ops[0] = set_op(CAIRN_ROOT, "k", "nine");
+    pred = (cairn_opid){100, 1};
+    ops[0].pred = &pred;
+    ops[0].npred = 1;
+    memset(&ops[1], 0, sizeof ops[1]);
+    ops[1].action = CAIRN_OP_SET;
+    ops[1].insert = 1;
+    ops[1].obj = (cairn_opid){101, 1};
+    ops[1].elem = (cairn_opid){102, 1};
+    ops[1].value = str_v("nine");
+    cairn_change *h1 = change_on(&g, 1, 9, 1, 300, ops, 2, others, 1);
+    cairn_hash h1h = h1->hash;
+    cairn_change *h1b = clone_change(h1);
+    ck_assert_int_eq(cairn_doc_receive(r1, h1, NULL), 0);
+    /* and its successor on top of X and itself names X's ops: r3, which has
+     * neither X nor h1 yet, buffers it and accepts it once they arrive */
+    cairn_doc *r3 = new_doc(5);
+    deliver(r3, a);
+    cairn_hash deps2[2] = {x, h1h};
+    if (cairn_hash_cmp(&deps2[0], &deps2[1]) > 0) {
+        deps2[0] = h1h;
+        deps2[1] = x;
+    }
+    cairn_opid preds2[2] = {{200, 1}, {300, 0}}; /* actors: 9, 2 */
+    ops[0] = set_op(CAIRN_ROOT, "k", "nine-2");
+    ops[0].pred = preds2;
+    ops[0].npred = 2;
+    ops[1] = set_op((cairn_opid){201, 1}, "in", "nine-2");
+    cairn_change *h2 = change_on(deps2, 2, 9, 2, 400, ops, 2, others + 1, 1);
+    cairn_change *h2b = clone_change(h2), *h2c = clone_change(h2);
+    ck_assert_int_eq(cairn_doc_receive(r3, h2c, NULL), 0); /* pending */
+    ck_assert_int_eq(cairn_doc_receive(r1, h2, NULL), 0);
+    ck_assert_int_eq(cairn_doc_receive(r2, h1b, NULL), 0);
+    ck_assert_int_eq(cairn_doc_receive(r2, h2b, NULL), 0);
+    ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(r1)), 4);
+    assert_same(r1, r2);
+    deliver(r3, r1); /* X and h1 in r1's order; h2 follows */
+    assert_same(r1, r3);
+    ck_assert_str_eq(get_s(r3, CAIRN_ROOT, "k"), "nine-2");
+    cairn_read mr;
+    ck_assert_int_eq(cairn_doc_get(r3, &mr, CAIRN_ROOT, (const uint8_t *)"m", 1), 0);
+    ck_assert_str_eq(get_s(r3, mr.obj, "in"), "nine-2");
+    ck_assert_int_eq(cairn_doc_get(r3, &lr, CAIRN_ROOT, (const uint8_t *)"l", 1), 0);
+    ck_assert_str_eq(list_s(r3, lr.obj), "e,nine,xe");
+
+    /* a restored replica keeps the runs it validates with */
+    uint8_t *ck;
+    size_t ckn;
+    ck_assert_int_eq(cairn_doc_checkpoint(&ck, &ckn, r2), 0);
+    cairn_doc *r4;
+    cairn_actor a4 = actor_n(4);
+    ck_assert_int_eq(cairn_doc_from_checkpoint(&r4, ck, ckn, &a4), 0);
+    free(ck);
+    ck_assert_int_eq(cairn_doc_check_(r4), 0);
+    op = set_op(CAIRN_ROOT, "k", "hostile");
+    pred = (cairn_opid){400, 1}; /* h2's op, concurrent to a change on top of G */
+    op.pred = &pred;
+    op.npred = 1;
+    cairn_actor a9 = actor_n(9);
+    expect_rejected(r4, change_on(&g, 1, 7, 1, 500, &op, 1, &a9, 1), CAIRN_ENOTPAST);
+    /* on top of h2 the same reference is in the past: accepted */
+    op.value = str_v("seven");
+    ck_assert_int_eq(cairn_doc_receive(r4, hostile(r4, 7, 1, 500, &op, 1, &a9, 1), NULL), 0);
+    ck_assert_str_eq(get_s(r4, CAIRN_ROOT, "k"), "seven");
+    cairn_doc_free(r4);
+    cairn_doc_free(a);
+    cairn_doc_free(p);
+    cairn_doc_free(r1);
+    cairn_doc_free(r2);
+    cairn_doc_free(r3);
 }
 END_TEST
 
@@ -1768,13 +1946,14 @@ static void ckb_head_at(struct ckb *k, uint64_t clock)
 {
     cairn_actor a = actor_n(1);
     k->n = 0;
-    ckb_raw(k, "CKPT\x01", 5);
+    ckb_raw(k, "CKPT\x02", 5);
     ckb_uv(k, 0); /* no changes */
     ckb_uv(k, 0); /* no dep bytes */
     ckb_uv(k, 0); /* no authors */
     ckb_uv(k, 1); /* one actor */
     ckb_raw(k, a.b, sizeof a.b);
     ckb_uv(k, clock); /* its clock */
+    ckb_uv(k, 0);     /* its run: no changes with ops */
     ckb_uv(k, clock); /* max counter */
 }
 
@@ -1820,14 +1999,16 @@ START_TEST(checkpoint_format_and_absurd_counts)
     cairn_doc_free(d);
     ck_assert_int_eq(ckb_load(&k), 0);
     /* magic and version */
-    k.b[4] = 2;
+    k.b[4] = 1; /* version 1 had no actor runs */
     ck_assert_int_eq(ckb_load(&k), CAIRN_EBADVERSION);
-    k.b[4] = 1;
+    k.b[4] = 3;
+    ck_assert_int_eq(ckb_load(&k), CAIRN_EBADVERSION);
+    k.b[4] = 2;
     k.b[0] = 'X';
     ck_assert_int_eq(ckb_load(&k), CAIRN_EBADVERSION);
     /* absurd counts fail before anything is allocated for them */
     k.n = 0;
-    ckb_raw(&k, "CKPT\x01", 5);
+    ckb_raw(&k, "CKPT\x02", 5);
     ckb_uv(&k, UINT64_C(1) << 39); /* changes */
     ck_assert_int_eq(ckb_load(&k), CAIRN_ELIMIT);
     k.n = 5;
@@ -2002,6 +2183,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, new_at_heads);
     tcase_add_test(tc, observer_patches);
     tcase_add_test(tc, hostile_changes_rejected);
+    tcase_add_test(tc, acceptance_depends_only_on_the_causal_past);
     tcase_add_test(tc, receive_reports_first_error_and_applies_the_rest);
     tcase_add_test(tc, alloc_failure_changes_nothing);
     tcase_add_test(tc, alloc_failure_in_commit_rolls_back);

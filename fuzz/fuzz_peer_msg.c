@@ -1,0 +1,397 @@
+/*
+ * Fuzz target: one peer stream from the network side. The input is the
+ * stream's messages as the peer's gRPC layer would hand them over, each a
+ * 16-bit little-endian length and that many bytes of a cairnpb.PeerMessage;
+ * every one goes through server/peer's decoder and dispatch
+ * (peer_msg_dispatch, the code peer.c runs) into a sync session over a
+ * replica that holds a few changes, as peer.c's handlers would: a hello is
+ * checked against this node (cluster id and token hash below), sync
+ * messages are received by the session, their changes applied and an
+ * answer generated; a refusal, a reset, a goodbye or a message the session
+ * or the document refuses ends the stream, and the next message starts a
+ * new one (which must open with a hello again). Every failure must be a
+ * named error and the replica must stay sound (cairn_doc_check_); never a
+ * crash or a leak. The store's own receive (group commit, durability) is
+ * not here: it needs a disk, and it is fed exactly what this session hands
+ * back.
+ *
+ * Built with -DPEER_MSG_GEN it is instead the seed writer: it plays a real
+ * peer against the same replica and writes its streams as inputs:
+ *   cc -DPEER_MSG_GEN -I. -Ibuild/proto-gen fuzz/fuzz_peer_msg.c \
+ *      server/peer/peer_msg.c build/server/libcairn_proto.a \
+ *      build/crdt/libcairn_crdt.a -lprotobuf-c -lsodium -lpthread -o /tmp/gen \
+ *      && /tmp/gen fuzz/corpus/peer_msg
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crdt/doc.h"
+#include "crdt/doc_int.h"
+#include "crdt/error.h"
+#include "crdt/sync.h"
+#include "server/peer/peer_msg.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CLUSTER_ID UINT64_C(0x1122334455667788)
+#define MAX_MSGS 64
+
+static const uint8_t token[32] = {0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab,
+                                  0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab,
+                                  0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab};
+
+static void check(int cond)
+{
+    if (!cond)
+        abort();
+}
+
+/* A named error: a row of CAIRN_ERRORS (whose status is never UNKNOWN). */
+static void named(int rc)
+{
+    check(rc < 0 && cairn_error_grpc_status(rc) != 2);
+}
+
+static cairn_actor actor(uint8_t b)
+{
+    cairn_actor a;
+    memset(a.b, b, sizeof a.b);
+    return a;
+}
+
+static void put(cairn_doc *d, uint64_t t, const char *k, const char *v)
+{
+    cairn_value val = {.type = CAIRN_V_STR};
+    val.v.bytes.ptr = (const uint8_t *)v;
+    val.v.bytes.len = strlen(v);
+    check(cairn_doc_begin(d, t) == 0);
+    check(cairn_doc_put(d, CAIRN_ROOT, (const uint8_t *)k, strlen(k), &val) == 0);
+    check(cairn_doc_commit(d, NULL, NULL) == 0);
+}
+
+/* This node's replica: the same three changes in every exec. */
+static cairn_doc *replica(void)
+{
+    cairn_doc *d;
+    cairn_actor a = actor(1);
+    check(cairn_doc_new(&d, &a) == 0);
+    put(d, 100, "a", "1");
+    put(d, 101, "b", "2");
+    put(d, 102, "a", "3");
+    return d;
+}
+
+struct stream {
+    cairn_doc *doc;
+    cairn_sync_state *st;
+    int hello_in;
+    uint8_t salt_ctr;
+    uint8_t *answer; /* the last message generated for the peer */
+    size_t answer_len;
+};
+
+static void end_stream(struct stream *s)
+{
+    s->hello_in = 0;
+    cairn_sync_reset(s->st); /* a new stream: what was in flight is lost */
+}
+
+static void on_hello(void *arg, const Cairnpb__Hello *h)
+{
+    struct stream *s = arg;
+    check(h->protocol_version == PEER_PROTOCOL_VERSION && h->cluster_id == CLUSTER_ID &&
+          h->actor_id.len == CAIRN_ACTOR_LEN);
+    s->hello_in = 1;
+}
+
+static void on_sync(void *arg, const uint8_t *msg, size_t len)
+{
+    struct stream *s = arg;
+    check(s->hello_in);
+    cairn_change **cs;
+    size_t n;
+    int rc = cairn_sync_receive(&cs, &n, s->st, s->doc, msg, len);
+    if (rc) {
+        named(rc);
+        end_stream(s);
+        return;
+    }
+    int rejected = 0;
+    for (size_t i = 0; i < n; i++) {
+        rc = cairn_doc_receive(s->doc, cs[i], NULL);
+        cs[i] = NULL;
+        if (rc) {
+            named(rc);
+            rejected = 1;
+        }
+    }
+    cairn_sync_changes_free(cs, n);
+    check(cairn_sync_applied(s->st, s->doc) == 0);
+    if (rejected) {
+        end_stream(s);
+        return;
+    }
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {s->salt_ctr++};
+    free(s->answer);
+    s->answer = NULL;
+    check(cairn_sync_generate(&s->answer, &s->answer_len, s->doc, s->st, salt) == 0);
+}
+
+static void on_goodbye(void *arg, const char *reason)
+{
+    check(reason != NULL);
+    end_stream(arg);
+}
+
+/* peer.c bounds each entry before it keeps any URL; here every entry the
+ * decoder hands out must at least be whole. */
+static void on_members(void *arg, const Cairnpb__Members *ms)
+{
+    (void)arg;
+    for (size_t i = 0; i < ms->n_members; i++)
+        for (size_t j = 0; j < ms->members[i]->n_client_urls; j++)
+            check(ms->members[i]->client_urls[j] != NULL);
+}
+
+static void on_refuse(void *arg, const char *why)
+{
+    check(why && *why);
+    end_stream(arg);
+}
+
+static struct stream *stream_new(void)
+{
+    struct stream *s = calloc(1, sizeof *s);
+    check(s != NULL);
+    s->doc = replica();
+    check(cairn_sync_state_new(&s->st, NULL) == 0);
+    return s;
+}
+
+static void stream_free(struct stream *s)
+{
+    free(s->answer);
+    cairn_sync_state_free(s->st);
+    cairn_doc_free(s->doc);
+    free(s);
+}
+
+static const peer_self self = {CLUSTER_ID, token};
+
+static void dispatch(struct stream *s, const uint8_t *m, size_t len)
+{
+    const peer_handlers h = {.arg = s,
+                             .hello = on_hello,
+                             .sync = on_sync,
+                             .members = on_members,
+                             .goodbye = on_goodbye,
+                             .refuse = on_refuse,
+                             .reset = on_refuse};
+    peer_msg_dispatch(m, len, s->hello_in, &self, &h);
+}
+
+#ifndef PEER_MSG_GEN
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct stream *s = stream_new();
+    for (int k = 0; k < MAX_MSGS && size >= 2; k++) {
+        size_t len = (size_t)data[0] | (size_t)data[1] << 8;
+        data += 2;
+        size -= 2;
+        if (len > size)
+            len = size;
+        dispatch(s, data, len);
+        data += len;
+        size -= len;
+    }
+    check(cairn_doc_check_(s->doc) == 0);
+    stream_free(s);
+    return 0;
+}
+
+#else /* the seed writer */
+
+#include "crdt/change.h"
+
+struct out {
+    uint8_t b[1 << 20];
+    size_t n;
+};
+
+static void frame(struct out *o, const Cairnpb__PeerMessage *m)
+{
+    size_t len = cairnpb__peer_message__get_packed_size(m);
+    check(len < 65536 && o->n + 2 + len <= sizeof o->b);
+    o->b[o->n++] = (uint8_t)len;
+    o->b[o->n++] = (uint8_t)(len >> 8);
+    cairnpb__peer_message__pack(m, o->b + o->n);
+    o->n += len;
+}
+
+static void hello(struct out *o, uint32_t version, uint64_t cluster, size_t actor_len)
+{
+    Cairnpb__Hello h = CAIRNPB__HELLO__INIT;
+    uint8_t a[CAIRN_ACTOR_LEN];
+    memset(a, 2, sizeof a);
+    static char name[] = "n2", url[] = "http://127.0.0.1:2379";
+    char *urls[] = {url};
+    h.protocol_version = version;
+    h.cluster_id = cluster;
+    h.member_id = 2;
+    h.actor_id = (ProtobufCBinaryData){actor_len, a};
+    h.token_hash = (ProtobufCBinaryData){sizeof token, (uint8_t *)token};
+    h.name = name;
+    h.n_client_urls = 1;
+    h.client_urls = urls;
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_HELLO;
+    m.hello = &h;
+    frame(o, &m);
+}
+
+static void sync_msg(struct out *o, const uint8_t *b, size_t len)
+{
+    Cairnpb__Sync sy = CAIRNPB__SYNC__INIT;
+    sy.msg = (ProtobufCBinaryData){len, (uint8_t *)b};
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_SYNC;
+    m.sync = &sy;
+    frame(o, &m);
+}
+
+static void goodbye(struct out *o)
+{
+    static char why[] = "shutting down";
+    Cairnpb__Goodbye g = CAIRNPB__GOODBYE__INIT;
+    g.reason = why;
+    Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
+    m.body_case = CAIRNPB__PEER_MESSAGE__BODY_GOODBYE;
+    m.goodbye = &g;
+    frame(o, &m);
+}
+
+static void write_seed(const char *dir, const char *name, const struct out *o)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    check(f && fwrite(o->b, 1, o->n, f) == o->n && fclose(f) == 0);
+}
+
+/* The peer: this node's first change, then edits of its own. */
+static cairn_doc *peer_doc(void)
+{
+    cairn_doc *d, *mine = replica();
+    cairn_actor a = actor(2);
+    check(cairn_doc_new(&d, &a) == 0);
+    cairn_change *c;
+    check(cairn_dag_load(&c, cairn_doc_dag(mine), 0) == 0);
+    check(cairn_doc_receive(d, c, NULL) == 0);
+    cairn_doc_free(mine);
+    put(d, 200, "a", "peer");
+    put(d, 201, "c", "peer");
+    return d;
+}
+
+/* Hello, then the peer's side of a whole sync exchange with the target's
+ * replica (the target's answers fed back), then a goodbye. */
+static void exchange(struct out *o, int push)
+{
+    cairn_doc *p = peer_doc();
+    cairn_sync_state *pst;
+    check(cairn_sync_state_new(&pst, NULL) == 0);
+    struct stream *s = stream_new();
+    o->n = 0;
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    dispatch(s, o->b + 2, o->n - 2);
+    if (push) {
+        cairn_change *cs[2];
+        const cairn_change *ccs[2];
+        for (int i = 0; i < 2; i++) {
+            check(cairn_dag_load(&cs[i], cairn_doc_dag(p),
+                                 cairn_dag_count(cairn_doc_dag(p)) - 2 + (uint64_t)i) == 0);
+            ccs[i] = cs[i];
+        }
+        uint8_t *m;
+        size_t len, np;
+        check(cairn_sync_push(&m, &len, &np, p, pst, ccs, 2) == 0 && m);
+        size_t at = o->n;
+        sync_msg(o, m, len);
+        dispatch(s, o->b + at + 2, o->n - at - 2);
+        free(m);
+        for (int i = 0; i < 2; i++)
+            cairn_change_free(cs[i]);
+    }
+    uint8_t salt[CAIRN_BLOOM_SALT_LEN] = {0x77};
+    for (int round = 0; round < 8; round++) {
+        uint8_t *m;
+        size_t len;
+        salt[1] = (uint8_t)round;
+        check(cairn_sync_generate(&m, &len, p, pst, salt) == 0);
+        if (!m && !s->answer)
+            break;
+        if (m) {
+            size_t at = o->n;
+            sync_msg(o, m, len);
+            free(s->answer);
+            s->answer = NULL;
+            dispatch(s, o->b + at + 2, o->n - at - 2);
+            free(m);
+        }
+        if (s->answer) {
+            cairn_change **cs;
+            size_t n;
+            check(cairn_sync_receive(&cs, &n, pst, p, s->answer, s->answer_len) == 0);
+            for (size_t i = 0; i < n; i++) {
+                check(cairn_doc_receive(p, cs[i], NULL) == 0);
+                cs[i] = NULL;
+            }
+            cairn_sync_changes_free(cs, n);
+            free(s->answer);
+            s->answer = NULL;
+        }
+    }
+    const cairn_hash *hp, *hs;
+    size_t np = cairn_dag_heads(cairn_doc_dag(p), &hp),
+           ns = cairn_dag_heads(cairn_doc_dag(s->doc), &hs);
+    check(np == ns && memcmp(hp, hs, np * sizeof *hp) == 0); /* the exchange converged */
+    goodbye(o);
+    stream_free(s);
+    cairn_sync_state_free(pst);
+    cairn_doc_free(p);
+}
+
+int main(int argc, char **argv)
+{
+    check(argc == 2);
+    static struct out o;
+    exchange(&o, 0);
+    write_seed(argv[1], "exchange", &o);
+    exchange(&o, 1);
+    write_seed(argv[1], "push_then_exchange", &o);
+    o.n = 0;
+    hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    write_seed(argv[1], "hello_twice", &o);
+    o.n = 0;
+    hello(&o, 2, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID + 1, CAIRN_ACTOR_LEN);
+    hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, 15);
+    goodbye(&o);
+    write_seed(argv[1], "refused_hellos", &o);
+    o.n = 0;
+    sync_msg(&o, (const uint8_t *)"\x01", 1);
+    o.b[o.n++] = 3;
+    o.b[o.n++] = 0;
+    memcpy(o.b + o.n, "\xff\xff\xff", 3);
+    o.n += 3;
+    hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    sync_msg(&o, (const uint8_t *)"\x01\x02\x03", 3);
+    write_seed(argv[1], "before_hello_garbage_bad_sync", &o);
+    return 0;
+}
+
+#endif
