@@ -42,6 +42,7 @@ struct cairn_server {
     struct watch_hub *watch;    /* etcd/watch.c */
     struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
     struct peer_net *peer;      /* peer/peer.c: the other members */
+    struct front *front;        /* http/front.c: the client URLs' sockets */
 };
 
 /* Sets up the node's locks and quota from srv->cfg (srv zeroed before). */

@@ -14,6 +14,8 @@
 #include "crdt/error.h"
 #include "server/cairn/cairn.h"
 #include "server/etcd/etcd.h"
+#include "server/http/front.h"
+#include "server/http/serve.h"
 #include "server/node.h"
 #include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
@@ -23,8 +25,8 @@
 #include <string.h>
 
 static const rpc_service *const services[] = {
-    &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
-    &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+    &etcd_kv_service,           &etcd_watch_service,       &etcd_lease_service,
+    &etcd_cluster_service,      &etcd_maintenance_service, &etcd_auth_service,
     &cairn_replication_service,
 };
 
@@ -62,20 +64,17 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
         rc = CAIRN_ENOMEM;
         goto fail;
     }
+    /* the client URLs are cairn's own sockets, shared by gRPC and
+     * HTTP/1.1 (http/front.c) */
+    front_options fo = {cfg->max_request_bytes, 256, 0, 0};
+    rc = front_new(&srv->front, &fo, srv->rpc, serve_http, srv);
+    if (rc != 0)
+        goto fail;
     for (size_t i = 0; i < cfg->nlisten_client_urls; i++) {
-        char addr[256];
-        if (cairn_url_to_addr(addr, sizeof addr, cfg->listen_client_urls[i]) != 0) {
-            snprintf(err, errlen, "invalid listen client URL %s", cfg->listen_client_urls[i]);
-            rc = CAIRN_EINVAL;
+        rc = front_listen(srv->front, cfg->listen_client_urls[i], FRONT_CLIENT, NULL,
+                          &srv->ports[i], err, errlen);
+        if (rc < 0)
             goto fail;
-        }
-        srv->ports[i] = rpc_engine_listen(srv->rpc, addr);
-        if (srv->ports[i] == 0) {
-            snprintf(err, errlen, "cannot listen for client traffic on %s (address in use?)",
-                     cfg->listen_client_urls[i]);
-            rc = CAIRN_EIO;
-            goto fail;
-        }
         srv->nports++;
     }
     rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
@@ -97,6 +96,8 @@ int cairn_server_start(cairn_server *srv)
 {
     int rc = rpc_engine_start(srv->rpc);
     if (rc == 0)
+        rc = front_start(srv->front);
+    if (rc == 0)
         rc = peer_net_start(srv->peer);
     if (rc != 0)
         return rc;
@@ -109,6 +110,8 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
 {
     /* the peer thread uses the store: it stops first */
     peer_net_stop(srv->peer);
+    /* before gRPC's shutdown: no connection is handed over after it */
+    front_stop(srv->front);
     if (srv->rpc)
         rpc_engine_stop(srv->rpc, grace_ms);
     if (srv->store) {
@@ -128,6 +131,7 @@ void cairn_server_free(cairn_server *srv)
     node_destroy(srv);
     watch_hub_free(srv);
     kv_batcher_free(srv);
+    front_free(srv->front);
     free(srv->ports);
     rpc_engine_free(srv->rpc);
     free(srv);

@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
@@ -609,6 +610,13 @@ int rpc_engine_listen(rpc_engine *e, const char *addr)
     int port = grpc_server_add_http2_port(e->grpc, addr, creds);
     grpc_server_credentials_release(creds);
     return port;
+}
+
+void rpc_engine_adopt_fd(rpc_engine *e, int fd)
+{
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_add_channel_from_fd(e->grpc, fd, creds);
+    grpc_server_credentials_release(creds);
 }
 
 int rpc_engine_workers(const rpc_engine *e)

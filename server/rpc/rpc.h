@@ -138,6 +138,10 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o);
 int rpc_engine_add(rpc_engine *e, const rpc_service *svc, void *arg);
 /* Listens on |addr| ("127.0.0.1:2379"); the port bound, 0 on failure. */
 int rpc_engine_listen(rpc_engine *e, const char *addr);
+/* Serves gRPC on the connected socket |fd| (its HTTP/2 preface unread),
+ * which gRPC owns from here: the front listener (http/front.c) hands over
+ * the client URLs' connections this way. After rpc_engine_start. */
+void rpc_engine_adopt_fd(rpc_engine *e, int fd);
 /* Starts the workers; calls are served from here on. */
 int rpc_engine_start(rpc_engine *e);
 int rpc_engine_workers(const rpc_engine *e);
