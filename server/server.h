@@ -47,6 +47,24 @@ typedef struct cairn_config_dial {
     char *addr;
 } cairn_config_dial;
 
+/* One side's TLS settings, etcd's --cert-file ... (client) and
+ * --peer-cert-file ... (peer) flags and the config file's
+ * client-transport-security / peer-transport-security maps. NULL/0 = not
+ * set. Parsing checks form only (a path is non-empty, a boolean is Go's);
+ * whether the files exist and hold what they should is for the TLS code. */
+typedef struct cairn_tls_config {
+    char *cert_file;        /* --cert-file / --peer-cert-file */
+    char *key_file;         /* --key-file / --peer-key-file */
+    char *trusted_ca_file;  /* --trusted-ca-file / --peer-trusted-ca-file */
+    char *crl_file;         /* --client-crl-file / --peer-crl-file */
+    char *allowed_cn;       /* --peer-cert-allowed-cn (peer only) */
+    char *allowed_hostname; /* --client-cert-allowed-hostname / --peer-cert-allowed-hostname */
+    int client_cert_auth;   /* --client-cert-auth / --peer-client-cert-auth */
+    int auto_tls;           /* --auto-tls / --peer-auto-tls */
+    /* --experimental-peer-skip-client-san-verification (peer only). */
+    int skip_client_san_verification;
+} cairn_tls_config;
+
 /* Every string is owned by the config (cairn_config_destroy frees it). */
 typedef struct cairn_config {
     char *name;
@@ -76,6 +94,12 @@ typedef struct cairn_config {
     uint32_t sync_interval_ms; /* --sync-interval-ms; 100 */
     cairn_config_dial *peer_dials;
     size_t npeer_dials;
+    cairn_tls_config client_tls;
+    cairn_tls_config peer_tls;
+    /* --cipher-suites: Go's names (TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256),
+     * both sides; none = the TLS library's defaults. */
+    char **cipher_suites;
+    size_t ncipher_suites;
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */

@@ -37,6 +37,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,44 +91,37 @@ static const struct {
     {"TLS_CHACHA20_POLY1305_SHA256", NULL},
 };
 
-int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *go_names,
-                          char *err, size_t errlen)
+int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *const *names,
+                          size_t nnames, char *err, size_t errlen)
 {
     size_t len = 0;
+    int any12 = 0;
     *tls13_only = 0;
     if (outlen)
         out[0] = '\0';
-    int any12 = 0, any = 0;
-    for (const char *s = go_names; s && *s;) {
-        const char *e = strchr(s, ',');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        while (n && (*s == ' ')) /* "A, B" as a YAML list would give it */
-            s++, n--;
+    for (size_t k = 0; k < nnames; k++) {
         size_t i = 0;
-        for (; i < sizeof suites / sizeof suites[0]; i++)
-            if (strlen(suites[i].go) == n && memcmp(suites[i].go, s, n) == 0)
-                break;
+        while (i < sizeof suites / sizeof suites[0] && strcmp(suites[i].go, names[k]) != 0)
+            i++;
         if (i == sizeof suites / sizeof suites[0]) {
             /* etcd: `unexpected TLS cipher suite "X"`, at start */
-            snprintf(err, errlen, "unexpected TLS cipher suite \"%.*s\"", (int)n, s);
+            snprintf(err, errlen, "unexpected TLS cipher suite \"%s\"", names[k]);
             return CAIRN_EINVAL;
         }
-        any = 1;
-        if (suites[i].openssl) {
-            size_t k = strlen(suites[i].openssl);
-            if (len + k + 2 > outlen) {
-                snprintf(err, errlen, "--cipher-suites: too many suites");
-                return CAIRN_EINVAL;
-            }
-            if (len)
-                out[len++] = ':';
-            memcpy(out + len, suites[i].openssl, k + 1);
-            len += k;
-            any12 = 1;
+        if (!suites[i].openssl)
+            continue;
+        size_t n = strlen(suites[i].openssl);
+        if (len + n + 2 > outlen) {
+            snprintf(err, errlen, "--cipher-suites: too many suites");
+            return CAIRN_EINVAL;
         }
-        s = e ? e + 1 : s + n;
+        if (len)
+            out[len++] = ':';
+        memcpy(out + len, suites[i].openssl, n + 1);
+        len += n;
+        any12 = 1;
     }
-    *tls13_only = any && !any12;
+    *tls13_only = nnames && !any12;
     return 0;
 }
 
@@ -251,11 +245,77 @@ out:
     return rc;
 }
 
+/* "https://host:port/" -> "host" (brackets of IPv6 removed). */
+static int url_host(char *out, size_t outlen, const char *url)
+{
+    const char *h = strstr(url, "://");
+    h = h ? h + 3 : url;
+    const char *end;
+    if (*h == '[') {
+        h++;
+        end = strchr(h, ']');
+    } else {
+        end = strrchr(h, ':');
+        const char *slash = strchr(h, '/');
+        if (!end || (slash && slash < end))
+            end = slash ? slash : h + strlen(h);
+    }
+    if (!end || end == h || (size_t)(end - h) >= outlen)
+        return -1;
+    memcpy(out, h, (size_t)(end - h));
+    out[end - h] = '\0';
+    return 0;
+}
+
+int cairn_tls_options_from(cairn_tls_options *o, cairn_tls_paths *paths,
+                           const struct cairn_config *cfg, const struct cairn_tls_config *t,
+                           const char *side, char *const *urls, size_t nurls, char *err,
+                           size_t errlen)
+{
+    memset(o, 0, sizeof *o);
+    o->cert_file = t->cert_file;
+    o->key_file = t->key_file;
+    o->trusted_ca_file = t->trusted_ca_file;
+    o->crl_file = t->crl_file;
+    o->client_cert_auth = t->client_cert_auth;
+    o->allowed_cn = t->allowed_cn;
+    o->allowed_hostname = t->allowed_hostname;
+    o->cipher_suites = (const char *const *)cfg->cipher_suites;
+    o->ncipher_suites = cfg->ncipher_suites;
+    if (!t->auto_tls || (t->cert_file && t->key_file))
+        return 0; /* etcd: given files win over --auto-tls */
+    char dir[4000];
+    snprintf(dir, sizeof dir, "%s/fixtures/%s", cfg->data_dir, side);
+    const char *hosts[16];
+    char hbuf[16][256];
+    size_t nh = 0;
+    for (size_t i = 0; i < nurls && nh < 16; i++)
+        if (url_host(hbuf[nh], sizeof hbuf[nh], urls[i]) == 0) {
+            size_t j = 0;
+            while (j < nh && strcmp(hosts[j], hbuf[nh]) != 0)
+                j++;
+            if (j == nh) {
+                hosts[nh] = hbuf[nh];
+                nh++;
+            }
+        }
+    int rc = cairn_tls_self_cert(dir, hosts, nh, err, errlen);
+    if (rc)
+        return rc;
+    snprintf(paths->cert, sizeof paths->cert, "%s/cert.pem", dir);
+    snprintf(paths->key, sizeof paths->key, "%s/key.pem", dir);
+    o->cert_file = paths->cert;
+    o->key_file = paths->key;
+    /* etcd: an auto-TLS side trusts no CA (peers skip verification) */
+    o->trusted_ca_file = NULL;
+    return 0;
+}
+
 /* ---- checking a peer's certificate ------------------------------------- */
 
 struct cairn_tls_checker {
     X509_STORE *store; /* NULL: no trusted CA given */
-    STACK_OF(X509_CRL) *crls;
+    STACK_OF(X509_CRL) * crls;
     char *allowed_cn, *allowed_hostname;
 };
 
@@ -336,20 +396,9 @@ static void common_name(X509 *x, char *cn, size_t cnlen)
         cn[0] = '\0';
 }
 
-/* The chain of |x| to the trusted CA, as Go words a failure. */
-static int verify_chain(const cairn_tls_checker *c, X509 *x, char *why, size_t whylen)
+/* An X509_V_ERR_* as Go words it. */
+static void verify_reason(int e, char *why, size_t whylen)
 {
-    X509_STORE_CTX *ctx = X509_STORE_CTX_new();
-    if (!ctx || X509_STORE_CTX_init(ctx, c->store, x, NULL) != 1) {
-        X509_STORE_CTX_free(ctx);
-        snprintf(why, whylen, "cannot verify the certificate: out of memory");
-        return CAIRN_ENOMEM;
-    }
-    int ok = X509_verify_cert(ctx) == 1;
-    int e = X509_STORE_CTX_get_error(ctx);
-    X509_STORE_CTX_free(ctx);
-    if (ok)
-        return 0;
     switch (e) {
     case X509_V_ERR_CERT_HAS_EXPIRED:
     case X509_V_ERR_CERT_NOT_YET_VALID:
@@ -365,6 +414,23 @@ static int verify_chain(const cairn_tls_checker *c, X509 *x, char *why, size_t w
     default:
         snprintf(why, whylen, "x509: %s", X509_verify_cert_error_string(e));
     }
+}
+
+/* The chain of |x| to the trusted CA, as Go words a failure. */
+static int verify_chain(const cairn_tls_checker *c, X509 *x, char *why, size_t whylen)
+{
+    X509_STORE_CTX *ctx = X509_STORE_CTX_new();
+    if (!ctx || X509_STORE_CTX_init(ctx, c->store, x, NULL) != 1) {
+        X509_STORE_CTX_free(ctx);
+        snprintf(why, whylen, "cannot verify the certificate: out of memory");
+        return CAIRN_ENOMEM;
+    }
+    int ok = X509_verify_cert(ctx) == 1;
+    int e = X509_STORE_CTX_get_error(ctx);
+    X509_STORE_CTX_free(ctx);
+    if (ok)
+        return 0;
+    verify_reason(e, why, whylen);
     return CAIRN_EINVAL;
 }
 
@@ -514,10 +580,11 @@ int cairn_tls_server_new(cairn_tls_server **out, const cairn_tls_options *o, cha
     if (SSL_CTX_use_PrivateKey_file(s->ctx, o->key_file, SSL_FILETYPE_PEM) != 1 ||
         SSL_CTX_check_private_key(s->ctx) != 1)
         return ssl_fail(s, CAIRN_EIO, err, errlen, "cannot load the key", o->key_file);
-    if (o->cipher_suites && o->cipher_suites[0]) {
+    if (o->ncipher_suites) {
         char list[2048];
         int only13;
-        int rc = cairn_tls_cipher_list(list, sizeof list, &only13, o->cipher_suites, err, errlen);
+        int rc = cairn_tls_cipher_list(list, sizeof list, &only13, o->cipher_suites,
+                                       o->ncipher_suites, err, errlen);
         if (rc) {
             cairn_tls_server_free(s);
             return rc;
@@ -549,6 +616,8 @@ int cairn_tls_server_new(cairn_tls_server **out, const cairn_tls_options *o, cha
      * sees the handshake pass, then the connection close) */
     cairn_tls_options co = {0};
     co.crl_file = o->crl_file;
+    co.allowed_cn = o->allowed_cn;
+    co.allowed_hostname = o->allowed_hostname;
     int rc = cairn_tls_checker_new(&s->checker, &co, err, errlen);
     if (rc) {
         cairn_tls_server_free(s);
@@ -568,10 +637,11 @@ typedef struct pconn {
     int fd, plain;    /* the TLS socket; our end of the socketpair */
     int plain_remote; /* the listener's end: the key of the CN lookup */
     int handshaking;
-    int hs_events;           /* what the handshake waits for */
+    int hs_events;            /* what the handshake waits for */
     int rd_events, wr_events; /* what SSL_read / SSL_write wait for */
     int tls_eof, plain_eof;
     int dead;
+    int closed; /* on the grave list: freed after the epoll batch */
     uint64_t deadline_ms;
     char cn[256];
     int has_cn;
@@ -591,6 +661,9 @@ struct cairn_tls_pump {
     pthread_mutex_t mu; /* the list (adds come from the listener) and CNs */
     pconn *conns;
     size_t nconns, max_conns;
+    /* closed during an epoll batch whose later events may still name
+     * them: freed once the batch is done (pump thread only) */
+    pconn *grave;
 };
 
 static uint64_t now_ms(void)
@@ -627,6 +700,35 @@ static void reject(pconn *c, const char *why)
     c->dead = 1;
 }
 
+/* What the handshake's failure was, in the words etcd's listener logs. */
+static const char *handshake_reason(pconn *c, char *buf, size_t len)
+{
+    unsigned long e = ERR_peek_error();
+    int reason = ERR_GET_REASON(e);
+    long v = SSL_get_verify_result(c->ssl);
+    if (reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
+        ERR_clear_error();
+        return "tls: client didn't provide a certificate";
+    }
+    if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED && v != X509_V_OK) {
+        ERR_clear_error();
+        char why[200];
+        verify_reason((int)v, why, sizeof why);
+        snprintf(buf, len, "tls: failed to verify client certificate: %s", why);
+        return buf;
+    }
+    if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_HTTP_REQUEST ||
+        reason == SSL_R_HTTPS_PROXY_REQUEST) {
+        ERR_clear_error();
+        return "tls: first record does not look like a TLS handshake";
+    }
+    if (reason == SSL_R_UNSUPPORTED_PROTOCOL) {
+        ERR_clear_error();
+        return "tls: client offered only unsupported versions";
+    }
+    return ssl_reason(buf, len);
+}
+
 static void handshake(cairn_tls_pump *p, pconn *c)
 {
     ERR_clear_error();
@@ -634,12 +736,8 @@ static void handshake(cairn_tls_pump *p, pconn *c)
     if (r != 1) {
         int w = want_of(c->ssl, r);
         char buf[256];
-        if (w < 0) {
-            const char *why = ssl_reason(buf, sizeof buf);
-            if (strstr(why, "wrong version number") || strstr(why, "http request"))
-                why = "tls: first record does not look like a TLS handshake";
-            reject(c, why);
-        }
+        if (w < 0)
+            reject(c, handshake_reason(c, buf, sizeof buf));
         c->hs_events = w < 0 ? 0 : w;
         return;
     }
@@ -772,13 +870,27 @@ static void conn_close(cairn_tls_pump *p, pconn *c)
     p->nconns--;
     pthread_mutex_unlock(&p->mu);
     SSL_free(c->ssl);
+    c->ssl = NULL;
     close(c->fd);
     close(c->plain);
-    free(c);
+    c->closed = 1;
+    c->next = p->grave;
+    p->grave = c;
+}
+
+static void bury(cairn_tls_pump *p)
+{
+    while (p->grave) {
+        pconn *c = p->grave;
+        p->grave = c->next;
+        free(c);
+    }
 }
 
 static void service(cairn_tls_pump *p, pconn *c, uint32_t events)
 {
+    if (c->closed)
+        return;
     int moved = 0;
     if (c->handshaking)
         handshake(p, c);
@@ -808,12 +920,19 @@ static void sweep_handshakes(cairn_tls_pump *p)
             return;
         reject(late, "tls: handshake timed out");
         conn_close(p, late);
+        bury(p);
     }
 }
 
 static void *pump_main(void *arg)
 {
     cairn_tls_pump *p = arg;
+    /* OpenSSL writes with write(2): a peer gone is EPIPE here, not a
+     * signal to the process */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
     struct epoll_event evs[64];
     uint64_t last_sweep = now_ms();
     while (!atomic_load(&p->stop)) {
@@ -823,6 +942,7 @@ static void *pump_main(void *arg)
                 continue; /* the wake pipe */
             service(p, evs[i].data.ptr, evs[i].events);
         }
+        bury(p);
         if (now_ms() - last_sweep >= 1000) {
             sweep_handshakes(p);
             last_sweep = now_ms();
@@ -879,6 +999,7 @@ void cairn_tls_pump_free(cairn_tls_pump *p)
     }
     while (p->conns)
         conn_close(p, p->conns);
+    bury(p);
     close(p->wake);
     close(p->wake_w);
     close(p->ep);

@@ -28,19 +28,20 @@ typedef struct cairn_tls_options {
     const char *trusted_ca_file;
     const char *crl_file;
     int client_cert_auth;
-    const char *allowed_cn;       /* peers only; NULL = any */
-    const char *allowed_hostname; /* peers only; NULL = any */
-    const char *cipher_suites;    /* Go's names, comma separated; NULL = defaults */
+    const char *allowed_cn;           /* peers only; NULL = any */
+    const char *allowed_hostname;     /* peers only; NULL = any */
+    const char *const *cipher_suites; /* Go's names; none = OpenSSL's defaults */
+    size_t ncipher_suites;
 } cairn_tls_options;
 
-/* Go's cipher suite names (comma separated, as --cipher-suites takes
- * them) as an OpenSSL cipher list ("A:B") in |out|, in the given order.
+/* Go's cipher suite names (--cipher-suites) as an OpenSSL cipher list
+ * ("A:B") in |out|, in the given order.
  * TLS 1.3 suites (TLS_AES_128_GCM_SHA256, ...) are accepted and, as in Go,
  * do not restrict TLS 1.3; *tls13_only is set when only such names were
  * given (no TLS 1.2 suite is then allowed). CAIRN_EINVAL with
  * etcd's message in |err| for an unknown name. */
-int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *go_names,
-                          char *err, size_t errlen);
+int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *const *names,
+                          size_t nnames, char *err, size_t errlen);
 
 /* etcd: --auto-tls: <dir>/cert.pem and <dir>/key.pem (dir is
  * <data-dir>/fixtures/client or /peer), an ECDSA P-521 key and a
@@ -50,6 +51,21 @@ int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char 
  * message in |err|. */
 int cairn_tls_self_cert(const char *dir, const char *const *hosts, size_t nhosts, char *err,
                         size_t errlen);
+
+/* One side's options from the daemon's config: |t| (cfg->client_tls or
+ * cfg->peer_tls) with --cipher-suites; with --auto-tls and no cert file,
+ * the self-signed pair in <data-dir>/fixtures/<side> (made if missing)
+ * for the hosts of |urls|, its paths kept in |paths| (which |o| then
+ * points into). CAIRN_EIO with a message. */
+struct cairn_config;
+struct cairn_tls_config;
+typedef struct cairn_tls_paths {
+    char cert[4096], key[4096];
+} cairn_tls_paths;
+int cairn_tls_options_from(cairn_tls_options *o, cairn_tls_paths *paths,
+                           const struct cairn_config *cfg, const struct cairn_tls_config *t,
+                           const char *side, char *const *urls, size_t nurls, char *err,
+                           size_t errlen);
 
 /* ---- checking a peer's certificate ------------------------------------- */
 
