@@ -9,7 +9,7 @@ PKGS=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libsodium-dev check libsubunit-dev libleveldb-dev libsnappy-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  libjansson-dev libjemalloc-dev
+  libjansson-dev libjemalloc-dev libyaml-dev
   etcd-server etcd-client
   python3 python3-grpcio python3-protobuf python3-h2
 )

@@ -71,6 +71,8 @@ int main(int argc, char **argv)
         return 2;
     }
     cairn_log_set_level(cfg.log_level);
+    for (size_t i = 0; i < cfg.nnotes; i++)
+        cairn_log(cfg.notes[i].level, "%s", cfg.notes[i].text);
 
     cairn_server *srv;
     rc = cairn_server_new(&srv, &cfg, err, sizeof err);

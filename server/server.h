@@ -65,6 +65,12 @@ typedef struct cairn_tls_config {
     int skip_client_san_verification;
 } cairn_tls_config;
 
+/* A line for the log, at CAIRN_LOG_*. */
+typedef struct cairn_config_note {
+    int level;
+    char *text;
+} cairn_config_note;
+
 /* Every string is owned by the config (cairn_config_destroy frees it). */
 typedef struct cairn_config {
     char *name;
@@ -100,6 +106,12 @@ typedef struct cairn_config {
      * both sides; none = the TLS library's defaults. */
     char **cipher_suites;
     size_t ncipher_suites;
+    /* What parsing has to say once the log is up (an etcd flag that does
+     * not apply to cairn, an ETCD_* variable used or unknown, the config
+     * file loaded): main logs each once at start. */
+    cairn_config_note *notes;
+    size_t nnotes;
+    char *config_file; /* --config-file / ETCD_CONFIG_FILE, or NULL */
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */
@@ -111,13 +123,25 @@ enum { CAIRN_CONFIG_RUN = 0, CAIRN_CONFIG_HELP = 1, CAIRN_CONFIG_VERSION = 2 };
  * one-line explanation written to |err| (size |errlen|). |cfg| must be
  * destroyed in every case. */
 int cairn_config_parse(cairn_config *cfg, int argc, char **argv, char *err, size_t errlen);
+/* The same with the environment |envp| (NULL-terminated "K=V" strings)
+ * instead of the process's: a flag not given takes its ETCD_* variable
+ * (etcd's names: --listen-client-urls <- ETCD_LISTEN_CLIENT_URLS); a
+ * variable beside its flag is an error, as in etcd 3.4. --config-file (or
+ * ETCD_CONFIG_FILE) loads etcd's YAML keys instead, and then other flags
+ * and variables are ignored (etcd 3.4). */
+int cairn_config_parse_env(cairn_config *cfg, int argc, char **argv, char **envp, char *err,
+                           size_t errlen);
 void cairn_config_destroy(cairn_config *cfg);
 /* Writes the --help text. */
 void cairn_config_usage(FILE *out);
 
-/* "http://127.0.0.1:2379" -> "127.0.0.1:2379" (gRPC's address form) in
- * |out|. CAIRN_EINVAL for another scheme, a missing port or a path. */
+/* "http://127.0.0.1:2379" -> "127.0.0.1:2379" and "unix://sock:1" ->
+ * "unix:sock:1" (gRPC's address forms) in |out|. CAIRN_EINVAL for another
+ * scheme, a missing port or a path. */
 int cairn_url_to_addr(char *out, size_t outlen, const char *url);
+/* Before binding |addr| (cairn_url_to_addr's form): a socket file left by
+ * an earlier run is removed, as etcd does, so a restart can bind again. */
+void cairn_unix_remove_stale(const char *addr);
 
 /* ---- the server ---------------------------------------------------------- */
 

@@ -1079,6 +1079,7 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
             rc = CAIRN_EINVAL;
             break;
         }
+        cairn_unix_remove_stale(addr);
         grpc_server_credentials *cr = server_creds(n, cfg->listen_peer_urls[i], err, errlen);
         if (!cr) {
             rc = CAIRN_EINVAL;

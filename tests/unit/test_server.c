@@ -61,9 +61,16 @@ START_TEST(both_value_forms_and_single_dash)
 {
     cairn_config cfg;
     char err[256];
-    const char *args[] = {"--name=n1", "-data-dir", "/tmp/x", "--max-txn-ops", "7",
-                          "-max-request-bytes=100", "--listen-client-urls",
-                          "http://127.0.0.1:1,http://127.0.0.1:2/", "--log-level=debug", NULL};
+    const char *args[] = {"--name=n1",
+                          "-data-dir",
+                          "/tmp/x",
+                          "--max-txn-ops",
+                          "7",
+                          "-max-request-bytes=100",
+                          "--listen-client-urls",
+                          "http://127.0.0.1:1,http://127.0.0.1:2/",
+                          "--log-level=debug",
+                          NULL};
     ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
     ck_assert_str_eq(cfg.name, "n1");
     ck_assert_str_eq(cfg.data_dir, "/tmp/x");
@@ -96,18 +103,22 @@ START_TEST(initial_cluster_merges_names)
 {
     cairn_config cfg;
     char err[256];
-    const char *args[] = {"--name", "b", "--initial-cluster",
+    const char *args[] = {"--name",
+                          "b",
+                          "--initial-cluster",
                           "a=http://127.0.0.1:1,b=http://127.0.0.1:2,a=http://127.0.0.1:3",
-                          "--initial-cluster", "a=http://127.0.0.1:1,b=http://127.0.0.1:2", NULL};
+                          "--initial-cluster",
+                          "a=http://127.0.0.1:1,b=http://127.0.0.1:2",
+                          NULL};
     ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
     ck_assert_uint_eq(cfg.ninitial_cluster, 2); /* the last flag wins */
     ck_assert_str_eq(cfg.initial_cluster[0].name, "a");
     ck_assert_uint_eq(cfg.initial_cluster[0].npeer_urls, 1);
     cairn_config_destroy(&cfg);
 
-    const char *args2[] = {"--initial-cluster",
-                           "default=http://127.0.0.1:1,x=http://127.0.0.1:2,default=http://127.0.0.1:3",
-                           NULL};
+    const char *args2[] = {
+        "--initial-cluster",
+        "default=http://127.0.0.1:1,x=http://127.0.0.1:2,default=http://127.0.0.1:3", NULL};
     ck_assert_int_eq(parse(&cfg, err, sizeof err, args2), CAIRN_CONFIG_RUN);
     ck_assert_uint_eq(cfg.ninitial_cluster, 2);
     ck_assert_uint_eq(cfg.initial_cluster[0].npeer_urls, 2);
@@ -135,7 +146,7 @@ START_TEST(rejections)
     expect_error(a3, "max-request-bytes");
     const char *a4[] = {"--max-txn-ops=0", NULL};
     expect_error(a4, "max-txn-ops");
-    const char *a5[] = {"--listen-client-urls", "https://127.0.0.1:1", NULL};
+    const char *a5[] = {"--listen-client-urls", "ftp://127.0.0.1:1", NULL};
     expect_error(a5, "listen-client-urls");
     const char *a6[] = {"--listen-client-urls", "http://127.0.0.1", NULL};
     expect_error(a6, "listen-client-urls");
@@ -161,8 +172,8 @@ START_TEST(rejections)
     expect_error(a16, "NAME=HOST:PORT");
     const char *a17[] = {"--experimental-peer-dial", "n2=127.0.0.1:", NULL};
     expect_error(a17, "NAME=HOST:PORT");
-    const char *a18[] = {"--listen-peer-urls", "https://127.0.0.1:1", NULL};
-    expect_error(a18, "does not serve TLS");
+    const char *a18[] = {"--listen-peer-urls", "ftp://127.0.0.1:1", NULL};
+    expect_error(a18, "expected http://host:port, https://host:port");
 }
 END_TEST
 
@@ -175,8 +186,12 @@ START_TEST(peer_flags)
     ck_assert_uint_eq(cfg.sync_interval_ms, 100);
     ck_assert_uint_eq(cfg.npeer_dials, 0);
     cairn_config_destroy(&cfg);
-    const char *args[] = {"--sync-interval-ms", "25", "--experimental-peer-dial",
-                          "n2=127.0.0.1:7001", "--experimental-peer-dial=n3=[::1]:7002", NULL};
+    const char *args[] = {"--sync-interval-ms",
+                          "25",
+                          "--experimental-peer-dial",
+                          "n2=127.0.0.1:7001",
+                          "--experimental-peer-dial=n3=[::1]:7002",
+                          NULL};
     ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
     ck_assert_uint_eq(cfg.sync_interval_ms, 25);
     ck_assert_uint_eq(cfg.npeer_dials, 2);
@@ -204,11 +219,86 @@ START_TEST(help_version_and_ignored)
 }
 END_TEST
 
+/* The TLS flags fill cfg->client_tls / peer_tls (form only; the files are
+ * server/tls's at start); an unknown cipher name is refused here. */
+START_TEST(tls_flags_fill_the_tls_config)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *args[] = {"--cert-file=c.pem",
+                          "--key-file",
+                          "k.pem",
+                          "--trusted-ca-file=ca.pem",
+                          "--client-cert-auth",
+                          "--client-crl-file=crl.pem",
+                          "--client-cert-allowed-hostname",
+                          "h",
+                          "--auto-tls=false",
+                          "--peer-cert-file",
+                          "pc.pem",
+                          "--peer-key-file=pk.pem",
+                          "--peer-trusted-ca-file=pca.pem",
+                          "--peer-client-cert-auth=true",
+                          "--peer-crl-file=pcrl.pem",
+                          "--peer-cert-allowed-cn=n1",
+                          "--peer-cert-allowed-hostname=ph",
+                          "--peer-auto-tls",
+                          "--experimental-peer-skip-client-san-verification",
+                          "--cipher-suites",
+                          "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256",
+                          NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, args), CAIRN_CONFIG_RUN);
+    ck_assert_str_eq(cfg.client_tls.cert_file, "c.pem");
+    ck_assert_str_eq(cfg.client_tls.key_file, "k.pem");
+    ck_assert_str_eq(cfg.client_tls.trusted_ca_file, "ca.pem");
+    ck_assert_str_eq(cfg.client_tls.crl_file, "crl.pem");
+    ck_assert_str_eq(cfg.client_tls.allowed_hostname, "h");
+    ck_assert_int_eq(cfg.client_tls.client_cert_auth, 1);
+    ck_assert_int_eq(cfg.client_tls.auto_tls, 0);
+    ck_assert_ptr_null(cfg.client_tls.allowed_cn);
+    ck_assert_str_eq(cfg.peer_tls.cert_file, "pc.pem");
+    ck_assert_str_eq(cfg.peer_tls.key_file, "pk.pem");
+    ck_assert_str_eq(cfg.peer_tls.trusted_ca_file, "pca.pem");
+    ck_assert_str_eq(cfg.peer_tls.crl_file, "pcrl.pem");
+    ck_assert_str_eq(cfg.peer_tls.allowed_cn, "n1");
+    ck_assert_str_eq(cfg.peer_tls.allowed_hostname, "ph");
+    ck_assert_int_eq(cfg.peer_tls.client_cert_auth, 1);
+    ck_assert_int_eq(cfg.peer_tls.auto_tls, 1);
+    ck_assert_int_eq(cfg.peer_tls.skip_client_san_verification, 1);
+    ck_assert_uint_eq(cfg.ncipher_suites, 2);
+    ck_assert_str_eq(cfg.cipher_suites[1], "TLS_AES_128_GCM_SHA256");
+    cairn_config_destroy(&cfg);
+
+    /* etcd's defaults given explicitly change nothing, so they start. */
+    const char *dflt[] = {"--cert-file=",         "--auto-tls=false", "--peer-auto-tls=0",
+                          "--client-cert-auth=F", "--cipher-suites=", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, dflt), CAIRN_CONFIG_RUN);
+    ck_assert_ptr_null(cfg.client_tls.cert_file);
+    cairn_config_destroy(&cfg);
+
+    const char *bad1[] = {"--auto-tls=maybe", NULL};
+    expect_error(bad1, "invalid boolean value \"maybe\" for flag --auto-tls");
+    const char *bad2[] = {"--cipher-suites", "TLS_X,,TLS_Y", NULL};
+    expect_error(bad2, "cipher-suites");
+    const char *bad3[] = {"--cipher-suites", "tls_lower", NULL};
+    expect_error(bad3, "cipher-suites");
+    const char *bad4[] = {"--cipher-suites", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_FOO", NULL};
+    /* etcd 3.4: `unexpected TLS cipher suite "TLS_FOO"` */
+    expect_error(bad4, "unexpected TLS cipher suite \"TLS_FOO\"");
+    const char *ok[] = {"--listen-client-urls", "https://127.0.0.1:1", "--listen-peer-urls",
+                        "https://127.0.0.1:2", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, ok), CAIRN_CONFIG_RUN);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
 START_TEST(urls_to_addresses)
 {
     char a[64];
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://127.0.0.1:2379"), 0);
     ck_assert_str_eq(a, "127.0.0.1:2379");
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "https://127.0.0.1:2380/"), 0);
+    ck_assert_str_eq(a, "127.0.0.1:2380");
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://localhost:1/"), 0);
     ck_assert_str_eq(a, "localhost:1");
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://[::1]:5"), 0);
@@ -321,10 +411,11 @@ static int unary(grpc_channel *ch, const char *path, const char *req, char *msg,
                  char *out, size_t cap)
 {
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                               grpc_slice_from_static_string(path), NULL,
-                                               deadline, NULL);
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
+    grpc_call *call =
+        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                 grpc_slice_from_static_string(path), NULL, deadline, NULL);
     grpc_slice body = grpc_slice_from_copied_string(req);
     grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
     grpc_byte_buffer *recv = NULL;
@@ -357,7 +448,8 @@ static int unary(grpc_channel *ch, const char *path, const char *req, char *msg,
         grpc_byte_buffer_reader rd;
         ck_assert(grpc_byte_buffer_reader_init(&rd, recv));
         grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-        snprintf(out, cap, "%.*s", (int)GRPC_SLICE_LENGTH(all), (const char *)GRPC_SLICE_START_PTR(all));
+        snprintf(out, cap, "%.*s", (int)GRPC_SLICE_LENGTH(all),
+                 (const char *)GRPC_SLICE_START_PTR(all));
         grpc_slice_unref(all);
         grpc_byte_buffer_reader_destroy(&rd);
         grpc_byte_buffer_destroy(recv);
@@ -428,6 +520,7 @@ static Suite *suite(void)
     tcase_add_test(tc, rejections);
     tcase_add_test(tc, peer_flags);
     tcase_add_test(tc, help_version_and_ignored);
+    tcase_add_test(tc, tls_flags_fill_the_tls_config);
     tcase_add_test(tc, urls_to_addresses);
     tcase_add_test(tc, crc32c_vectors);
     tcase_add_test(tc, error_rows);
