@@ -722,6 +722,11 @@ static const char *handshake_reason(pconn *c, char *buf, size_t len)
         ERR_clear_error();
         return "tls: first record does not look like a TLS handshake";
     }
+    if (reason == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || reason == SSL_R_TLSV1_ALERT_UNKNOWN_CA) {
+        /* the client does not trust our certificate */
+        ERR_clear_error();
+        return "remote error: tls: bad certificate";
+    }
     if (reason == SSL_R_UNSUPPORTED_PROTOCOL) {
         ERR_clear_error();
         return "tls: client offered only unsupported versions";
@@ -1062,6 +1067,8 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
     peer_addr(fd, c->addr, sizeof c->addr);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+    /* the listener's end is non-blocking like an accepted socket */
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
     c->ssl = SSL_new(srv->ctx);
     if (!c->ssl || SSL_set_fd(c->ssl, fd) != 1) {
         SSL_free(c->ssl);

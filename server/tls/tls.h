@@ -108,7 +108,7 @@ int cairn_tls_pump_new(cairn_tls_pump **out, size_t max_conns);
 /* Closes every connection and joins the thread. */
 void cairn_tls_pump_free(cairn_tls_pump *p);
 /* Takes |fd| (an accepted TCP socket; closed on failure too) and returns,
- * in *plain, the local end of a socketpair that carries the connection's
+ * in *plain, the (non-blocking) local end of a socketpair that carries the connection's
  * plaintext once the handshake and the checks passed (a refused client
  * shows as EOF on it). The caller owns *plain. |srv| must outlive |p|'s
  * use of it. 0, CAIRN_EIO or CAIRN_ENOMEM. */

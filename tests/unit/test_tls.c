@@ -7,6 +7,7 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -252,6 +253,7 @@ static void run_client(cairn_tls_pump *p, cairn_tls_server *s, client *cl, char 
     ck_assert_int_ge(fd, 0);
     int plain;
     ck_assert_int_eq(cairn_tls_pump_add(p, s, fd, &plain), 0);
+    fcntl(plain, F_SETFL, fcntl(plain, F_GETFL) & ~O_NONBLOCK);
     ssize_t n = read(plain, plain_got, 15);
     plain_got[n > 0 ? n : 0] = '\0';
     cn[0] = '\0';
