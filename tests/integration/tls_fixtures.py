@@ -65,11 +65,13 @@ class CA:
              "-nodes", "-keyout", self.key, "-out", self.cert, "-days", "30",
              "-subj", "/CN=%s" % name, "-config", self.conf, "-extensions", "ext_ca")
 
-    def leaf(self, cn, start=None, end=None):
-        """A leaf cert and key signed by this CA; returns (cert, key)."""
-        key = os.path.join(self.dir, cn + "-key.pem")
-        csr = os.path.join(self.dir, cn + ".csr")
-        cert = os.path.join(self.dir, cn + ".pem")
+    def leaf(self, cn, start=None, end=None, fname=None):
+        """A leaf cert and key signed by this CA (files named |fname|, the
+        CN by default); returns (cert, key)."""
+        fname = fname or cn
+        key = os.path.join(self.dir, fname + "-key.pem")
+        csr = os.path.join(self.dir, fname + ".csr")
+        cert = os.path.join(self.dir, fname + ".pem")
         _run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", key, "-out", csr, "-subj", "/CN=%s" % cn)
         args = ["ca", "-batch", "-config", self.conf, "-extensions", "ext_leaf",
@@ -96,9 +98,10 @@ class Fixtures:
     pass
 
 
-def make(root, peers=()):
-    """Writes every fixture under |root|; |peers| are extra leaf CNs of the
-    main CA (e.g. member names), available as f.leaf[cn]."""
+def make(root, peers=(), peer_cn=None):
+    """Writes every fixture under |root|; |peers| are extra leaves of the
+    main CA (e.g. member names), available as f.leaf[name], with the CN
+    |peer_cn| if given (else the name)."""
     san = "IP:127.0.0.1, DNS:localhost"
     f = Fixtures()
     ca = CA(root, "ca", san)
@@ -107,8 +110,10 @@ def make(root, peers=()):
     f.other_ca = other.cert
     f.server_cert, f.server_key = ca.leaf("server")
     f.leaf = {}
-    for cn in ("good", "revoked", "intruder") + tuple(peers):
+    for cn in ("good", "revoked", "intruder"):
         f.leaf[cn] = ca.leaf(cn)
+    for name in peers:
+        f.leaf[name] = ca.leaf(peer_cn or name, fname=name)
     # a certificate whose validity ended a year ago
     f.leaf["expired"] = ca.leaf("expired", "20240101000000Z", "20250101000000Z")
     f.leaf["other"] = other.leaf("other")
