@@ -1064,20 +1064,11 @@ static int apply_env(cairn_config *cfg, char **envp, const unsigned char *set, c
     return 0;
 }
 
-/* The TLS settings' form (the files are loaded by server/tls at start). */
+/* The TLS settings' form (the files are loaded by server/tls at start):
+ * etcd stops at start on an unknown cipher name. */
 static int check_tls(const cairn_config *cfg, char *err, size_t errlen)
 {
-    if (cfg->ncipher_suites) {
-        /* etcd: an unknown name stops it at start */
-        char list[2048];
-        int only13;
-        int rc = cairn_tls_cipher_list(list, sizeof list, &only13,
-                                       (const char *const *)cfg->cipher_suites, cfg->ncipher_suites,
-                                       err, errlen);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    return cairn_tls_grpc_ciphers(cfg, 0, err, errlen);
 }
 
 static void init_defaults(cairn_config *cfg)

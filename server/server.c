@@ -46,18 +46,9 @@ static int is_tls_url(const char *url)
 static int tls_setup(cairn_server *srv, char *err, size_t errlen)
 {
     const cairn_config *cfg = srv->cfg;
-    if (cfg->ncipher_suites) {
-        char list[2048];
-        int only13;
-        int rc = cairn_tls_cipher_list(list, sizeof list, &only13,
-                                       (const char *const *)cfg->cipher_suites, cfg->ncipher_suites,
-                                       err, errlen);
-        if (rc)
-            return rc;
-        /* read by gRPC when it first makes TLS credentials */
-        if (!only13)
-            setenv("GRPC_SSL_CIPHER_SUITES", list, 1);
-    }
+    int rc = cairn_tls_grpc_ciphers(cfg, 1, err, errlen);
+    if (rc)
+        return rc;
     int any = 0;
     for (size_t i = 0; i < cfg->nlisten_client_urls; i++)
         any |= is_tls_url(cfg->listen_client_urls[i]);
@@ -65,8 +56,8 @@ static int tls_setup(cairn_server *srv, char *err, size_t errlen)
         return 0;
     cairn_tls_options o;
     cairn_tls_paths paths;
-    int rc = cairn_tls_options_from(&o, &paths, cfg, &cfg->client_tls, "client",
-                                    cfg->listen_client_urls, cfg->nlisten_client_urls, err, errlen);
+    rc = cairn_tls_options_from(&o, &paths, cfg, &cfg->client_tls, "client",
+                                cfg->listen_client_urls, cfg->nlisten_client_urls, err, errlen);
     if (!rc && (!o.cert_file || !o.key_file)) {
         snprintf(err, errlen,
                  "cannot serve https:// client URLs without --cert-file and --key-file, or "

@@ -831,27 +831,6 @@ static int is_https(const char *url)
     return strncmp(url, "https://", 8) == 0;
 }
 
-/* The host of |url| in |out| (for the TLS name check when dialing through
- * --experimental-peer-dial). */
-static void url_host(char *out, size_t outlen, const char *url)
-{
-    char addr[256];
-    out[0] = '\0';
-    if (cairn_url_to_addr(addr, sizeof addr, url))
-        return;
-    char *colon = strrchr(addr, ':');
-    if (colon)
-        *colon = '\0';
-    const char *h = addr;
-    if (*h == '[') {
-        h++;
-        char *b = strchr(addr, ']');
-        if (b)
-            *b = '\0';
-    }
-    snprintf(out, outlen, "%s", h);
-}
-
 static grpc_channel_credentials *channel_creds(peer_net *n)
 {
     grpc_ssl_pem_key_cert_pair kp = {n->tls_key, n->tls_cert};
@@ -897,10 +876,11 @@ static grpc_channel *open_channel(peer_net *n, const char *addr, const char *url
     grpc_channel_credentials *cr;
     if (is_https(url)) {
         /* the name checked is the peer URL's host, wherever we dial */
-        url_host(host, sizeof host, url);
-        a[na].type = GRPC_ARG_STRING;
-        a[na].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
-        a[na++].value.string = host;
+        if (cairn_tls_url_host(host, sizeof host, url) == 0) {
+            a[na].type = GRPC_ARG_STRING;
+            a[na].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+            a[na++].value.string = host;
+        }
         cr = channel_creds(n);
     } else {
         cr = grpc_insecure_credentials_create();

@@ -91,6 +91,22 @@ static const struct {
     {"TLS_CHACHA20_POLY1305_SHA256", NULL},
 };
 
+int cairn_tls_grpc_ciphers(const struct cairn_config *cfg, int set_env, char *err, size_t errlen)
+{
+    if (!cfg->ncipher_suites)
+        return 0;
+    char list[2048];
+    int only13;
+    int rc =
+        cairn_tls_cipher_list(list, sizeof list, &only13, (const char *const *)cfg->cipher_suites,
+                              cfg->ncipher_suites, err, errlen);
+    /* read by gRPC when it first makes TLS credentials; it has no
+     * setting for TLS 1.3's suites */
+    if (!rc && set_env && !only13)
+        setenv("GRPC_SSL_CIPHER_SUITES", list, 1);
+    return rc;
+}
+
 int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *const *names,
                           size_t nnames, char *err, size_t errlen)
 {
@@ -245,8 +261,7 @@ out:
     return rc;
 }
 
-/* "https://host:port/" -> "host" (brackets of IPv6 removed). */
-static int url_host(char *out, size_t outlen, const char *url)
+int cairn_tls_url_host(char *out, size_t outlen, const char *url)
 {
     const char *h = strstr(url, "://");
     h = h ? h + 3 : url;
@@ -290,7 +305,7 @@ int cairn_tls_options_from(cairn_tls_options *o, cairn_tls_paths *paths,
     char hbuf[16][256];
     size_t nh = 0;
     for (size_t i = 0; i < nurls && nh < 16; i++)
-        if (url_host(hbuf[nh], sizeof hbuf[nh], urls[i]) == 0) {
+        if (cairn_tls_url_host(hbuf[nh], sizeof hbuf[nh], urls[i]) == 0) {
             size_t j = 0;
             while (j < nh && strcmp(hosts[j], hbuf[nh]) != 0)
                 j++;
@@ -1108,4 +1123,15 @@ int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen)
         }
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+int cairn_tls_pump_call_cn(cairn_tls_pump *p, const char *grpc_peer, char *cn, size_t cnlen)
+{
+    if (!p || !grpc_peer || strncmp(grpc_peer, "fd:", 3) != 0)
+        return CAIRN_ENOTFOUND;
+    char *end;
+    long fd = strtol(grpc_peer + 3, &end, 10);
+    if (end == grpc_peer + 3 || *end || fd < 0 || fd > 0x7fffffff)
+        return CAIRN_ENOTFOUND;
+    return cairn_tls_pump_peer_cn(p, (int)fd, cn, cnlen);
 }

@@ -43,6 +43,12 @@ typedef struct cairn_tls_options {
 int cairn_tls_cipher_list(char *out, size_t outlen, int *tls13_only, const char *const *names,
                           size_t nnames, char *err, size_t errlen);
 
+struct cairn_config;
+/* Checks cfg's --cipher-suites (CAIRN_EINVAL with etcd's message) and,
+ * with |set_env|, gives them to gRPC's TLS (the peer links) through
+ * GRPC_SSL_CIPHER_SUITES: before gRPC makes its first TLS credentials. */
+int cairn_tls_grpc_ciphers(const struct cairn_config *cfg, int set_env, char *err, size_t errlen);
+
 /* etcd: --auto-tls: <dir>/cert.pem and <dir>/key.pem (dir is
  * <data-dir>/fixtures/client or /peer), an ECDSA P-521 key and a
  * self-signed certificate (organization "etcd", one year, SHA-512,
@@ -57,7 +63,6 @@ int cairn_tls_self_cert(const char *dir, const char *const *hosts, size_t nhosts
  * the self-signed pair in <data-dir>/fixtures/<side> (made if missing)
  * for the hosts of |urls|, its paths kept in |paths| (which |o| then
  * points into). CAIRN_EIO with a message. */
-struct cairn_config;
 struct cairn_tls_config;
 typedef struct cairn_tls_paths {
     char cert[4096], key[4096];
@@ -66,6 +71,10 @@ int cairn_tls_options_from(cairn_tls_options *o, cairn_tls_paths *paths,
                            const struct cairn_config *cfg, const struct cairn_tls_config *t,
                            const char *side, char *const *urls, size_t nurls, char *err,
                            size_t errlen);
+
+/* "https://host:port/" -> "host" in |out| (an IPv6 address without its
+ * brackets): the name a certificate is checked against. -1 if none. */
+int cairn_tls_url_host(char *out, size_t outlen, const char *url);
 
 /* ---- checking a peer's certificate ------------------------------------- */
 
@@ -119,5 +128,10 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
  * CAIRN_ENOTFOUND when that connection has no certificate or is gone.
  * Any thread. */
 int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen);
+/* The same from a gRPC call's peer string (grpc_call_get_peer): "fd:<n>"
+ * for a connection the listener handed to gRPC by its fd. For the auth
+ * layer (etcd: with --client-cert-auth the CN is the user name).
+ * CAIRN_ENOTFOUND for any other peer. */
+int cairn_tls_pump_call_cn(cairn_tls_pump *p, const char *grpc_peer, char *cn, size_t cnlen);
 
 #endif

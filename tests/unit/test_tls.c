@@ -259,6 +259,12 @@ static void run_client(cairn_tls_pump *p, cairn_tls_server *s, client *cl, char 
     cn[0] = '\0';
     if (n > 0) {
         ck_assert_int_eq(cairn_tls_pump_peer_cn(p, plain, cn, 256), 0);
+        char peer[32], cn2[256];
+        snprintf(peer, sizeof peer, "fd:%d", plain);
+        ck_assert_int_eq(cairn_tls_pump_call_cn(p, peer, cn2, sizeof cn2), 0);
+        ck_assert_str_eq(cn2, cn);
+        ck_assert_int_eq(cairn_tls_pump_call_cn(p, "ipv4:127.0.0.1:1", cn2, sizeof cn2),
+                         CAIRN_ENOTFOUND);
         ck_assert_int_eq(write(plain, "pong", 4), 4);
     }
     pthread_join(th, NULL);
