@@ -538,7 +538,24 @@ static void print_json(FILE *f, const options *o, const lg_result *r)
     fprintf(f, "},\"timeline_ops_per_s\":[");
     for (int t = 0; t < r->timeline_len; t++)
         fprintf(f, "%s%llu", t ? "," : "", (unsigned long long)r->timeline[t]);
-    fprintf(f, "]}\n");
+    /* by slot second: the window's whole seconds (duration), not the drain */
+    int slots = (int)(c->duration_s + 0.999);
+    if (slots > LG_TIMELINE_MAX)
+        slots = LG_TIMELINE_MAX;
+    fprintf(f, "],\"window_start_unix\":%.6f,\"timeline_by_slot\":{\"ok\":[", r->window_start_unix);
+    for (int t = 0; t < slots; t++)
+        fprintf(f, "%s%llu", t ? "," : "", (unsigned long long)r->slot_ok[t]);
+    fprintf(f, "],\"errors\":[");
+    for (int t = 0; t < slots; t++)
+        fprintf(f, "%s%llu", t ? "," : "", (unsigned long long)r->slot_errors[t]);
+    fprintf(f, "],\"mean_ms\":[");
+    for (int t = 0; t < slots; t++)
+        fprintf(f, "%s%.3f", t ? "," : "",
+                r->slot_ok[t] ? (double)r->slot_lat_sum[t] / (double)r->slot_ok[t] / 1e6 : 0.0);
+    fprintf(f, "],\"max_ms\":[");
+    for (int t = 0; t < slots; t++)
+        fprintf(f, "%s%.3f", t ? "," : "", (double)r->slot_lat_max[t] / 1e6);
+    fprintf(f, "]}}\n");
 }
 
 static void print_csv(FILE *f, const options *o, const lg_result *r)

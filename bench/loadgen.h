@@ -85,8 +85,15 @@ typedef struct lg_result {
     int load_done; /* load: every key inserted before the end */
     int drain_timed_out;
     double window_s;                    /* measured window actually used */
+    double window_start_unix;           /* when the window began, wall clock (s) */
     uint64_t timeline[LG_TIMELINE_MAX]; /* ok ops per second of the window */
     int timeline_len;
+    /* By the second of each op's slot (its scheduled start) in the window:
+     * ok and failed ops, and the latency sum and max of the ok ones (ns) */
+    uint64_t slot_ok[LG_TIMELINE_MAX];
+    uint64_t slot_errors[LG_TIMELINE_MAX];
+    uint64_t slot_lat_sum[LG_TIMELINE_MAX];
+    uint64_t slot_lat_max[LG_TIMELINE_MAX];
 } lg_result;
 
 const char *lg_workload_name(lg_workload w);

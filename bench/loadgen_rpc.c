@@ -509,8 +509,12 @@ static void record(op_ctx *c, poller *p, int code, uint64_t done)
         st->abandoned++;
         return;
     }
+    uint64_t slot = (c->sched_ns - e->w0) / NS_PER_S;
+    if (slot >= LG_TIMELINE_MAX)
+        slot = LG_TIMELINE_MAX - 1;
     if (code != 0) {
         st->errors[code]++;
+        st->slot_errors[slot]++;
         if (st->first_error[code][0] == '\0') {
             char *d = grpc_slice_to_c_string(c->details);
             const char *why = code == LG_CODE_BAD_RESPONSE
@@ -526,6 +530,10 @@ static void record(op_ctx *c, poller *p, int code, uint64_t done)
     lg_hist_record(&st->all, lat);
     lg_hist_record(&st->by_kind[c->kind], lat);
     st->ok++;
+    st->slot_ok[slot]++;
+    st->slot_lat_sum[slot] += lat;
+    if (lat > st->slot_lat_max[slot])
+        st->slot_lat_max[slot] = lat;
     if (done >= e->w0) {
         uint64_t sec = (done - e->w0) / NS_PER_S;
         if (sec < LG_TIMELINE_MAX)
@@ -853,6 +861,9 @@ int lg_run(lg_result *res, const lg_config *cfg)
         pthread_create(&e->pollers[i].tid, NULL, poll_main, &e->pollers[i]);
 
     e->t0 = now_ns();
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    res->window_start_unix = (double)wall.tv_sec + (double)wall.tv_nsec / 1e9 + cfg->warmup_s;
     e->w0 = e->t0 + (uint64_t)(cfg->warmup_s * 1e9);
     e->w1 = e->w0 + (uint64_t)(cfg->duration_s * 1e9);
     uint64_t unsent = 0;
@@ -900,8 +911,14 @@ int lg_run(lg_result *res, const lg_config *cfg)
         if (res->first_verify_failure[0] == '\0')
             memcpy(res->first_verify_failure, s->first_verify_failure,
                    sizeof s->first_verify_failure);
-        for (int t = 0; t < LG_TIMELINE_MAX; t++)
+        for (int t = 0; t < LG_TIMELINE_MAX; t++) {
             res->timeline[t] += s->timeline[t];
+            res->slot_ok[t] += s->slot_ok[t];
+            res->slot_errors[t] += s->slot_errors[t];
+            res->slot_lat_sum[t] += s->slot_lat_sum[t];
+            if (s->slot_lat_max[t] > res->slot_lat_max[t])
+                res->slot_lat_max[t] = s->slot_lat_max[t];
+        }
     }
     res->unsent = unsent;
     res->late = atomic_load(&e->late);

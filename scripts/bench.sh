@@ -28,17 +28,65 @@
 #   big         1,000,000 keys into a fresh pair: load time, RSS and disk
 #               after the load, restart time (exec -> first answered Range),
 #               RSS, disk and the key count after the restarts
+#   cluster     cairn clusters beside etcd clusters of the same size whose
+#               peer links all go through tests/integration/netproxy.py
+#               (bench/scripts/cluster_bench.py; its opening comment says
+#               exactly what and how): a. YCSB A open loop at
+#               --cluster-rate on one node, 3 and 5 nodes, 0 and 10 ms
+#               one-way links, p50/p99 beside each system's single node;
+#               b. the client's node cut off 5 s then healed: share of its
+#               requests that succeed in the cut, a per-second timeline
+#               (cluster-cut.png), heal -> the other side has the cut's
+#               writes; c. replication lag, put ack on node 1 -> watch
+#               event on node 2, 0 and 10 ms; d. wire bytes per replicated
+#               change over its own bytes (cairnpb.Replication/ChangeBytes),
+#               steady push and the exchange after a partition with 1,000
+#               changes a side; e. aggregate put throughput, clients on all
+#               3 nodes; f. one node cut off while the others take
+#               --catchup-changes puts, then healed: its local put p99
+#               during the catch-up vs idle, and the catch-up time. Each
+#               system's clusters run one after the other (not alternating
+#               run by run), nothing pinned. Table: results.md's "Cluster"
+#               section (also cluster.md), raw rows cl-* in raw.tsv,
+#               timelines in cluster/.
+#   cluster     cairn clusters beside etcd clusters of the same size whose
+#               peer links all go through tests/integration/netproxy.py
+#               (bench/scripts/cluster_bench.py; its opening comment says
+#               exactly what and how): a. YCSB A open loop at
+#               --cluster-rate on one node, 3 and 5 nodes, 0 and 10 ms
+#               one-way links, p50/p99 beside each system's single node;
+#               b. the client's node cut off 5 s then healed: share of its
+#               requests that succeed in the cut, a per-second timeline
+#               (cluster-cut.png), heal -> the other side has the cut's
+#               writes; c. replication lag, put ack on node 1 -> watch
+#               event on node 2, 0 and 10 ms; d. wire bytes per replicated
+#               change over its own bytes (cairnpb.Replication/ChangeBytes),
+#               steady push and the exchange after a partition with 1,000
+#               changes a side; e. aggregate put throughput, clients on all
+#               3 nodes; f. one node cut off while the others take
+#               --catchup-changes puts, then healed: its local put p99
+#               during the catch-up vs idle, and the catch-up time. Each
+#               system's clusters run one after the other (not alternating
+#               run by run), nothing pinned. Table: results.md's "Cluster"
+#               section (also cluster.md), raw rows cl-* in raw.tsv,
+#               timelines in cluster/.
 # With 2+ cores every part but etcd-bench pins the servers to CPU 0 and the
 # clients to CPU 1 (taskset).
 #
 # Options:
 #   --quick              smoke run: 1 repetition, 2 s runs, 2 rates, 20,000
-#                        keys for big, etcd-bench totals / 20. Not a measurement.
-#   --parts "P ..."      the parts to run (default: all seven)
+#                        keys for big, etcd-bench totals / 20; cluster: 3
+#                        nodes only, 500 ops/s, a 3 s cut, 20,000 catch-up
+#                        changes. Not a measurement.
+#   --parts "P ..."      the parts to run (default: all eight)
 #   --reps N             repetitions, medians over them (default 3)
 #   --duration S         seconds per cairn-loadgen run (default 5)
 #   --rates "R ..."      YCSB A rates (default 250 500 1000 ... 12000)
 #   --big-keys N         keys for big (default 1000000)
+#   --cluster-rate R     cluster: YCSB A rate for figure a (default 2000)
+#   --catchup-changes N  cluster: puts made while a node is cut off for
+#                        figure f (default 200000; 1000000 is the issue's
+#                        figure and adds about 2 x 1.5 minutes)
 #   --eb-put-total N     etcd-bench put requests per run (default 250000)
 #   --eb-range-total N   etcd-bench range requests per run (default 200000);
 #                        each run prints its seconds: on a quiet machine
@@ -69,6 +117,12 @@
 # watch 2-7, etcd-bench 14-44, batch 8-24, big 31-52; setup 15-32 s with
 # everything built). Building etcd's benchmark the first time adds about 3
 # minutes, installing its Go packages (deps.sh --bench) a few more.
+# cluster (not yet run on a quiet machine): about 10-11 minutes estimated
+# from its steps (per system: single node 20 s, 3 nodes 250 s of which the
+# 200,000-change catch-up 60-90 s, 5 nodes 45 s), so a full run of all eight
+# parts about 28; --catchup-changes 1000000 adds about 2 x 1.5-3 minutes.
+# Its --quick form took 176 s on this machine at load average 12-45 (one
+# repetition, 3 nodes only); expect 1-2 minutes on a quiet one.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -76,12 +130,13 @@ REPO=$(pwd)
 . bench/scripts/lib.sh
 
 QUICK=0 BUILD=build REPS="" DURATION="" BIG_KEYS="" RATES="" NOPIN=0 NOSETUP=0 OUTDIR="" KEEP=""
-EB_PUT_TOTAL="" EB_RANGE_TOTAL="" EB=""
-ALL_PARTS="peak mixed ycsb watch etcd-bench batch big"
+EB_PUT_TOTAL="" EB_RANGE_TOTAL="" EB="" CLUSTER_RATE="" CATCHUP=""
+ALL_PARTS="peak mixed ycsb watch etcd-bench batch big cluster"
 PARTS=$ALL_PARTS
 ARGS=("$@")
 lib_parse bench.sh "quick=QUICK parts:PARTS reps:REPS duration:DURATION rates:RATES big-keys:BIG_KEYS
   eb-put-total:EB_PUT_TOTAL eb-range-total:EB_RANGE_TOTAL build:BUILD etcd-benchmark:EB no-setup=NOSETUP
+  cluster-rate:CLUSTER_RATE catchup-changes:CATCHUP
   no-pin=NOPIN out:OUTDIR keep-data:KEEP" "$@"
 [ ${#LIB_ARGS[@]} -eq 0 ] || { echo "bench.sh: unexpected argument ${LIB_ARGS[0]}" >&2; exit 2; }
 for p in $PARTS; do
@@ -90,11 +145,16 @@ done
 if [ "$QUICK" = 1 ]; then
   : "${REPS:=1}" "${DURATION:=2}" "${BIG_KEYS:=20000}" "${RATES:=1000 4000}"
   : "${EB_PUT_TOTAL:=12500}" "${EB_RANGE_TOTAL:=10000}"
+  : "${CLUSTER_RATE:=500}" "${CATCHUP:=20000}"
   WATCH_COUNT=100
+  CLUSTER_FLAGS=(--quick --sizes 3 --cut-s 3 --cut-post-s 3 --lag-count 50 --idle-s 2 --keys 2000
+    --agg-clients 16)
 else
   : "${REPS:=3}" "${DURATION:=5}" "${BIG_KEYS:=1000000}" "${RATES:=250 500 1000 1500 2000 3000 4000 6000 8000 12000}"
   : "${EB_PUT_TOTAL:=250000}" "${EB_RANGE_TOTAL:=200000}"
+  : "${CLUSTER_RATE:=2000}" "${CATCHUP:=200000}"
   WATCH_COUNT=500
+  CLUSTER_FLAGS=()
 fi
 KEYS=10000
 LOAD_CHUNK=200000
@@ -475,6 +535,15 @@ if want big; then
   part_end big
 fi
 
+# ---------------------------------------------------------------- cluster
+if want cluster; then
+  part_begin "cluster: 3- and 5-node cairn beside etcd through link proxies, $REPS repetitions"
+  "$PY" "$REPO/bench/scripts/cluster_bench.py" --cairn "$CAIRN" --etcd "$ETCD" --loadgen "$LOADGEN" \
+    --out "$OUTDIR" --work "$WORK" --reps "$REPS" --duration "$DURATION" --rate "$CLUSTER_RATE" \
+    --catchup-changes "$CATCHUP" "${CLUSTER_FLAGS[@]}" </dev/null || say "the cluster part failed"
+  part_end cluster
+fi
+
 # ----------------------------------------------------------------- report
 {
   echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -489,6 +558,10 @@ REL=${OUTDIR#"$REPO/"}
 if [ "$QUICK" = 0 ] && [ "$PARTS" = "$ALL_PARTS" ] && [ "${REL#bench/results/}" != "$REL" ]; then
   "$PY" "$REPO/bench/scripts/report.py" --dir "$OUTDIR" --rates "$RATES" --big-keys "$BIG_KEYS" \
     --latest bench/results/LATEST.md --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+fi
+if [ "$QUICK" = 0 ] && want cluster && [ -s "$OUTDIR/cluster.md" ] && [ "${REL#bench/results/}" != "$REL" ]; then
+  "$PY" "$REPO/bench/scripts/cluster_bench.py" --out "$OUTDIR" --latest bench/results/LATEST.md \
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 fi
 say "results: $OUTDIR/results.md"
 cat "$OUTDIR/results.md"

@@ -371,3 +371,28 @@ int cairn_store_heads(cairn_store *s, cairn_hash **heads, size_t *n)
     doc_read_unlock(s);
     return rc;
 }
+
+int cairn_store_change_bytes(cairn_store *s, uint64_t *count, uint64_t *bytes)
+{
+    *count = 0;
+    *bytes = 0;
+    int rc = doc_read_lock(s, 1);
+    if (rc)
+        return rc;
+    const cairn_dag *d = cairn_doc_dag(s->doc);
+    uint64_t n = cairn_dag_count(d);
+    if (n > CAIRN_STORE_CHANGE_BYTES_MAX)
+        rc = CAIRN_ELIMIT;
+    for (uint64_t i = 0; !rc && i < n; i++) {
+        uint8_t *b;
+        size_t len;
+        rc = cairn_dag_load_bytes(&b, &len, d, i);
+        if (!rc) {
+            free(b);
+            *bytes += len;
+            ++*count;
+        }
+    }
+    doc_read_unlock(s);
+    return rc;
+}

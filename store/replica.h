@@ -82,4 +82,12 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
  * ENOMEM / EIO. */
 int cairn_store_heads(cairn_store *s, cairn_hash **heads, size_t *n);
 
+/* For the cluster benchmark (bytes on the wire per change's own bytes):
+ * how many changes the document holds and the sum of their canonical
+ * encoded sizes, every body loaded from storage under the read side.
+ * CAIRN_ELIMIT past CAIRN_STORE_CHANGE_BYTES_MAX changes (the walk holds
+ * the read side for its whole length), or the loader's errors. */
+#define CAIRN_STORE_CHANGE_BYTES_MAX 200000
+int cairn_store_change_bytes(cairn_store *s, uint64_t *count, uint64_t *bytes);
+
 #endif

@@ -57,12 +57,17 @@ ok=$(field "$row" 15); unsent=$(field "$row" 29)
 "$LOADGEN" --endpoint "$ENDPOINT" --keys "$KEYS" --workload range --clients 2 --duration 0.5 --format json \
   2>/dev/null >"$WORK/out.json" || fail "json run"
 python3 -c '
-import json, sys
+import json, sys, time
 d = json.load(open(sys.argv[1]))
 assert d["workload"] == "range" and d["ok"] > 0, d
 l = d["latency"]["all"]
 assert 0 < l["p50_us"] <= l["p99_us"] <= l["max_us"], l
 assert len(d["timeline_ops_per_s"]) >= 1
+t = d["timeline_by_slot"]
+assert len(t["ok"]) == len(t["errors"]) == len(t["mean_ms"]) == len(t["max_ms"]) == 1, t
+assert t["ok"][0] == d["ok"] and t["errors"][0] == d["errors_total"], (t, d["ok"])
+assert 0 < t["mean_ms"][0] <= t["max_ms"][0], t
+assert abs(d["window_start_unix"] - time.time()) < 60, d["window_start_unix"]
 ' "$WORK/out.json" || fail "json content"
 
 echo "loadgen-smoke: all checks passed against $NAME"

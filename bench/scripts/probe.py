@@ -10,6 +10,13 @@ matter: the clock stops at the event). Prints p50/p90/p99/max in ms as one
 CSV row (label,count,p50_ms,p90_ms,p99_ms,max_ms,mean_ms) and, with --cdf,
 writes the CDF (latency_ms fraction per line) for plotting.
 
+With --watch-endpoint the Watch stream is on another node of a cluster (the
+Puts still go to --endpoint), and with --from-ack the clock starts when the
+Put's reply arrives instead: replication lag, from a put's acknowledgement
+on node A to its watch event on node B (negative when the event came
+first); the row then ends with the p50 and p99 from the Put's sending to
+the event as well (sent_p50_ms, sent_p99_ms).
+
 Both servers are measured with the same client, so the Python client's own
 cost (tens of microseconds a message) is in both numbers alike.
 
@@ -26,6 +33,7 @@ proto/ (etcd's v3 API) into a temp dir. Loopback endpoints only. Bounded: every
 RPC has a deadline and the whole run an alarm (--timeout, default 120 s).
 
 Usage: probe.py watch-latency --endpoint 127.0.0.1:PORT [--count N]
+                        [--watch-endpoint 127.0.0.1:PORT] [--from-ack]
                         [--label S] [--cdf FILE] [--header]
        probe.py first-answer --endpoint 127.0.0.1:PORT --pidfile F
                         [--timeout S] -- SERVER-COMMAND...
@@ -111,13 +119,16 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--cdf")
     ap.add_argument("--header", action="store_true")
+    ap.add_argument("--watch-endpoint")
+    ap.add_argument("--from-ack", action="store_true")
     ap.add_argument("--pidfile")
     ap.add_argument("--log", type=argparse.FileType("ab"), default=subprocess.DEVNULL)
     ap.add_argument("--timeout", type=float, default=120.0)
     a = ap.parse_args(argv)
-    host = a.endpoint.replace("http://", "").rsplit(":", 1)[0]
-    if host not in ("127.0.0.1", "localhost", "[::1]"):
-        sys.exit("probe: loopback endpoints only")
+    for ep in (a.endpoint, a.watch_endpoint or a.endpoint):
+        host = ep.replace("http://", "").rsplit(":", 1)[0]
+        if host not in ("127.0.0.1", "localhost", "[::1]"):
+            sys.exit("probe: loopback endpoints only")
     signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
     signal.alarm(int(a.timeout) + 10)
 
@@ -132,7 +143,10 @@ def main():
     put = ch.unary_unary("/etcdserverpb.KV/Put",
                          request_serializer=rpc.PutRequest.SerializeToString,
                          response_deserializer=rpc.PutResponse.FromString)
-    watch = ch.stream_stream("/etcdserverpb.Watch/Watch",
+    wch = ch
+    if a.watch_endpoint:
+        wch = grpc.insecure_channel(a.watch_endpoint.replace("http://", ""))
+    watch = wch.stream_stream("/etcdserverpb.Watch/Watch",
                              request_serializer=rpc.WatchRequest.SerializeToString,
                              response_deserializer=rpc.WatchResponse.FromString)
 
@@ -169,26 +183,35 @@ def main():
         sys.exit("watch-latency: watch not created within 10 s")
 
     value = b"v" * 32
-    lat = []
+    lat, sent = [], []
     for i in range(a.count + 20):  # the first 20 warm up and are not counted
         key = prefix + b"%08d" % i
         t0 = time.perf_counter_ns()
         put(rpc.PutRequest(key=key, value=value), timeout=10)
+        t_ack = time.perf_counter_ns()
         while True:
             k, t1 = events.get(timeout=10)
             if k == key:
                 break
         if i >= 20:
-            lat.append((t1 - t0) / 1e6)
+            lat.append((t1 - (t_ack if a.from_ack else t0)) / 1e6)
+            sent.append((t1 - t0) / 1e6)
     reqs.put(None)
     stream.cancel()
     ch.close()
+    if wch is not ch:
+        wch.close()
 
     s = sorted(lat)
     row = "%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f" % (a.label, len(s), percentile(s, 50), percentile(s, 90),
                                             percentile(s, 99), s[-1], sum(s) / len(s))
+    header = "label,count,p50_ms,p90_ms,p99_ms,max_ms,mean_ms"
+    if a.from_ack:
+        s2 = sorted(sent)
+        row += ",%.3f,%.3f" % (percentile(s2, 50), percentile(s2, 99))
+        header += ",sent_p50_ms,sent_p99_ms"
     if a.header:
-        print("label,count,p50_ms,p90_ms,p99_ms,max_ms,mean_ms")
+        print(header)
     print(row)
     if a.cdf:
         with open(a.cdf, "w") as f:

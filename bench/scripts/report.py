@@ -269,6 +269,10 @@ def main():
                            (b, s, 1 - s / b, "met" if 1 - s / b <= 0.1 else "MISSED",
                             run.n("batch.tput", "single", "batched")))
 
+    cluster_md = os.path.join(a.dir, "cluster.md")
+    if os.path.exists(cluster_md):   # the cluster part's own table (cluster_bench.py)
+        out.append("\n" + open(cluster_md).read().replace("## cluster", "### Cluster", 1))
+
     out.append("\nYCSB A: a rate is *held* when the median achieved throughput is at least 95% of "
                "the target and no request slot went unsent (requests that took longer than the "
                "loadgen's 5 s deadline count as failed, so a queue that never drains does not hold); "

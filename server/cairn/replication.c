@@ -3,6 +3,8 @@
  * replication.proto). Heads: the node's heads as far as they are durable
  * (store/replica.h, cairn_store_heads), so a client or a test can tell two
  * nodes hold the same changes without reading their key spaces.
+ * ChangeBytes: the count and encoded size of the node's changes, for the
+ * cluster benchmark's bytes-on-the-wire figure.
  */
 #include "server/cairn/cairn.h"
 
@@ -42,8 +44,23 @@ static void replication_heads(rpc_call *c, const uint8_t *req, size_t len)
     free(heads);
 }
 
+static void replication_change_bytes(rpc_call *c, const uint8_t *req, size_t len)
+{
+    if (!rpc_unpack(c, &cairnpb__change_bytes_request__descriptor, req, len))
+        return;
+    cairn_server *srv = c->arg;
+    Cairnpb__ChangeBytesResponse out = CAIRNPB__CHANGE_BYTES_RESPONSE__INIT;
+    int rc = cairn_store_change_bytes(srv->store, &out.changes, &out.bytes);
+    if (rc) {
+        rpc_fail(c, rc, NULL);
+        return;
+    }
+    rpc_reply(c, &out.base);
+}
+
 static const rpc_method replication_methods[] = {
     {"/cairnpb.Replication/Heads", RPC_UNARY, replication_heads, 1},
+    {"/cairnpb.Replication/ChangeBytes", RPC_UNARY, replication_change_bytes, 1},
 };
 
 const rpc_service cairn_replication_service = {

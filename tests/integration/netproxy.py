@@ -24,6 +24,7 @@ Faults (methods of Proxy, or the same words on the control protocol):
   reset()             RST (SO_LINGER 0) both sides of every connection
   refuse(on)          new connections are reset at once (a down link)
   clear()             no faults
+  adopt(sock)         forward a socket some other listener accepted
 Everything is bounded: a connection holds at most BUFFER_CAP bytes per
 direction, every thread is a daemon that stops on close(), and the proxy
 closes itself after |lifetime| seconds.
@@ -344,30 +345,35 @@ class Proxy:
                     return
                 time.sleep(POLL)
                 continue
-            self.accepted += 1
-            if self.refusing:
+            self.adopt(a)
+
+    def adopt(self, a):
+        """Forwards the accepted socket |a| as if this proxy had accepted it
+        (a front listener that picks a proxy per dialer hands it over)."""
+        self.accepted += 1
+        if self.refusing or self.closed:
+            _rst(a)
+            return
+        b = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        b.settimeout(2.0)
+        try:
+            b.connect(self.target)
+        except OSError:
+            _rst(b)
+            _rst(a)
+            return
+        for s in (a, b):
+            s.settimeout(None)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.cv:
+            if self.closed:
                 _rst(a)
-                continue
-            b = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            b.settimeout(2.0)
-            try:
-                b.connect(self.target)
-            except OSError:
                 _rst(b)
-                _rst(a)
-                continue
-            for s in (a, b):
-                s.settimeout(None)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self.cv:
-                if self.closed:
-                    _rst(a)
-                    _rst(b)
-                    return
-                self.next_id += 1
-                c = Conn(self, self.next_id, a, b)
-                self.conns[c.cid] = c
-            c.start()
+                return
+            self.next_id += 1
+            c = Conn(self, self.next_id, a, b)
+            self.conns[c.cid] = c
+        c.start()
 
     def forget(self, conn):
         with self.cv:

@@ -158,6 +158,24 @@ def case_forward(echo):
               "forward: counters count the bytes each way (%s)" % st["bytes"])
 
 
+def case_adopt(echo):
+    """A socket some other listener accepted, handed over with adopt(), is
+    forwarded and faulted like the proxy's own."""
+    front = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    front.bind(("127.0.0.1", 0))
+    front.listen(1)
+    with front, netproxy.Proxy(("127.0.0.1", echo.port)) as p, \
+            dial(front.getsockname()[1]) as s:
+        a, _ = front.accept()
+        p.adopt(a)
+        check(rtt(s) >= 0, "adopt: bytes come back through the adopted socket")
+        p.delay(100, "a2b")
+        check(rtt(s) >= 0.1, "adopt: the proxy's delay applies to it")
+        st = p.stats()
+        check(st["accepted"] == 1 and st["open"] == 1 and st["bytes"]["b2a"]["sent"] == 8,
+              "adopt: counted as the proxy's connection (%s)" % st)
+
+
 def case_delay(echo):
     with netproxy.Proxy(("127.0.0.1", echo.port)) as p, dial(p.port) as s:
         base = min(rtt(s) for _ in range(5))
@@ -405,7 +423,7 @@ def case_cli(echo):
             proc.wait()
 
 
-CASES = [case_forward, case_delay, case_jitter, case_bandwidth, case_partition,
+CASES = [case_forward, case_adopt, case_delay, case_jitter, case_bandwidth, case_partition,
          case_one_direction, case_drop, case_reset, case_bounds, case_cli]
 
 

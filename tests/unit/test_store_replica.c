@@ -178,6 +178,34 @@ START_TEST(two_stores_converge)
 }
 END_TEST
 
+/* cairn_store_change_bytes: every change counted once, with its encoded
+ * size; two stores with equal heads hold the same count and bytes. */
+START_TEST(change_bytes_counts_every_change)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_replica *ab = session(a), *ba = session(b);
+    uint64_t n0, b0, n1, b1, n2, b2;
+    ck_assert_int_eq(cairn_store_change_bytes(a, &n0, &b0), 0);
+    ck_assert_uint_gt(n0, 0); /* the genesis change */
+    put_kv(a, "a1", "x");
+    ck_assert_int_eq(cairn_store_change_bytes(a, &n1, &b1), 0);
+    ck_assert_uint_eq(n1, n0 + 1);
+    ck_assert_uint_gt(b1, b0 + 4); /* at least the key and value */
+    put_kv(b, "b1", "a-longer-value");
+    ck_assert_int_gt(sync_link(ab, ba), 0);
+    ck_same_heads(a, b);
+    ck_assert_int_eq(cairn_store_change_bytes(a, &n1, &b1), 0);
+    ck_assert_int_eq(cairn_store_change_bytes(b, &n2, &b2), 0);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert_uint_eq(b1, b2);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
+}
+END_TEST
+
 START_TEST(burst_of_1000)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
@@ -331,6 +359,7 @@ int main(void)
     TCase *t = tcase_create("core");
     tcase_set_timeout(t, 120);
     tcase_add_test(t, two_stores_converge);
+    tcase_add_test(t, change_bytes_counts_every_change);
     tcase_add_test(t, burst_of_1000);
     tcase_add_test(t, three_in_a_line);
     tcase_add_test(t, corrupt_change_applies_nothing);
