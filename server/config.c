@@ -799,7 +799,9 @@ static int fill_defaults(cairn_config *cfg)
             return CAIRN_ENOMEM;
         cfg->ninitial_cluster = 1;
         cairn_config_member *m = &cfg->initial_cluster[0];
-        m->name = strdup(cfg->name);
+        /* etcd: an empty --name still gives "default=..." (and then no
+         * member has the local name). */
+        m->name = strdup(cfg->name[0] ? cfg->name : DEFAULT_NAME);
         m->peer_urls = calloc(cfg->ninitial_advertise_peer_urls, sizeof *m->peer_urls);
         if (!m->name || !m->peer_urls)
             return CAIRN_ENOMEM;

@@ -11,7 +11,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -29,7 +31,9 @@ static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
     argv[argc++] = (char *)"cairn";
     for (; *args; args++)
         argv[argc++] = (char *)*args;
-    return cairn_config_parse(cfg, argc, argv, err, errlen);
+    /* No ETCD_* variable of the test's environment may change a verdict. */
+    char *env[] = {NULL};
+    return cairn_config_parse_env(cfg, argc, argv, env, err, errlen);
 }
 
 START_TEST(defaults_are_etcds)
@@ -289,6 +293,202 @@ START_TEST(tls_flags_fill_the_tls_config)
                         "https://127.0.0.1:2", NULL};
     ck_assert_int_eq(parse(&cfg, err, sizeof err, ok), CAIRN_CONFIG_RUN);
     cairn_config_destroy(&cfg);
+    const char *ciphers[] = {"--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", NULL};
+    ck_assert_int_eq(parse(&cfg, err, sizeof err, ciphers), CAIRN_CONFIG_RUN);
+    ck_assert_uint_eq(cfg.ncipher_suites, 1);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+static int parse_env(cairn_config *cfg, char *err, size_t errlen, const char **args,
+                     const char **env)
+{
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = (char *)"cairn";
+    for (; *args; args++)
+        argv[argc++] = (char *)*args;
+    return cairn_config_parse_env(cfg, argc, argv, (char **)env, err, errlen);
+}
+
+static int has_note(const cairn_config *cfg, const char *needle)
+{
+    for (size_t i = 0; i < cfg->nnotes; i++)
+        if (strstr(cfg->notes[i].text, needle))
+            return 1;
+    return 0;
+}
+
+/* Go's flag package as etcd uses it: a bare boolean, "--" and the first
+ * non-flag end the flags, values are checked by type even for flags cairn
+ * ignores, and an ignored flag leaves a note for the log. */
+START_TEST(go_flag_syntax)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *env[] = {NULL};
+    const char *a1[] = {
+        "--pre-vote", "--debug", "--snapshot-count", "0x10", "--grpc-keepalive-min-time=1m30.5s",
+        NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, a1, env), CAIRN_CONFIG_RUN);
+    ck_assert_int_eq(cfg.log_level, CAIRN_LOG_DEBUG);
+    ck_assert(has_note(&cfg, "flag --pre-vote=true does not apply to cairn"));
+    ck_assert(has_note(&cfg, "flag --snapshot-count=0x10 does not apply"));
+    cairn_config_destroy(&cfg);
+    const char *a2[] = {"--pre-vote", "false", NULL};
+    expect_error(a2, "'false' is not a valid flag");
+    const char *a3[] = {"--", "--name", "x", NULL};
+    expect_error(a3, "'--name' is not a valid flag");
+    const char *a4[] = {"---name", "x", NULL};
+    expect_error(a4, "bad flag syntax: ---name");
+    const char *a5[] = {"--snapshot-count=", NULL};
+    expect_error(a5, "invalid value \"\" for flag --snapshot-count");
+    const char *a6[] = {"--pre-vote=", NULL};
+    expect_error(a6, "invalid boolean value \"\"");
+    const char *a7[] = {"--election-timeout=-1", NULL};
+    expect_error(a7, "election-timeout");
+    const char *a8[] = {"--grpc-keepalive-min-time=5", NULL};
+    expect_error(a8, "grpc-keepalive-min-time");
+    const char *a9[] = {"--enable-v2", NULL};
+    expect_error(a9, "cairn serves only etcd's v3 API");
+    const char *a10[] = {"--proxy=readonly", NULL};
+    expect_error(a10, "cairn is not a v2 proxy");
+    const char *a11[] = {"--discovery", "http://d", NULL};
+    expect_error(a11, "discovery is not implemented");
+    const char *a12[] = {"--name=", NULL};
+    expect_error(a12, "couldn't find local name \"\"");
+    const char *ok[] = {"--enable-v2=false", "--proxy", "off", "--discovery=", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, ok, env), CAIRN_CONFIG_RUN);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+/* etcd 3.4's pkg/flags: ETCD_<FLAG> fills a flag not given; beside its
+ * flag it is an error; an unknown ETCD_ variable is a warning. */
+START_TEST(environment_variables)
+{
+    cairn_config cfg;
+    char err[256];
+    const char *none[] = {NULL};
+    const char *env[] = {"ETCD_NAME=e1",
+                         "ETCD_MAX_TXN_OPS=9",
+                         "ETCD_LISTEN_CLIENT_URLS=unix://s:1",
+                         "ETCD_AUTO_TLS=false",
+                         "ETCD_BOGUS=1",
+                         "PATH=/bin",
+                         NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, none, env), CAIRN_CONFIG_RUN);
+    ck_assert_str_eq(cfg.name, "e1");
+    ck_assert_str_eq(cfg.data_dir, "e1.cairn");
+    ck_assert_uint_eq(cfg.max_txn_ops, 9);
+    ck_assert_str_eq(cfg.listen_client_urls[0], "unix://s:1");
+    ck_assert(has_note(&cfg, "recognized and used environment variable ETCD_NAME=e1"));
+    ck_assert(has_note(&cfg, "unrecognized environment variable ETCD_BOGUS=1"));
+    ck_assert(!has_note(&cfg, "PATH"));
+    cairn_config_destroy(&cfg);
+
+    const char *flag[] = {"--name", "f1", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, flag, env), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "conflicting environment variable \"ETCD_NAME\" is shadowed") != NULL,
+                  "%s", err);
+    cairn_config_destroy(&cfg);
+
+    const char *bad[] = {"ETCD_MAX_TXN_OPS=x", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, none, bad), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "max-txn-ops") != NULL, "%s", err);
+    cairn_config_destroy(&cfg);
+}
+END_TEST
+
+static char *write_tmp(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/cairn-test-config-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+/* --config-file: etcd's YAML keys (TLS in two maps, lists as sequences,
+ * empty = default, unknown keys skipped); flags and ETCD_ variables beside
+ * it are ignored, though a flag must still parse. */
+START_TEST(config_file)
+{
+    cairn_config cfg;
+    char err[512];
+    char *path = write_tmp("name: 'y1'\n"
+                           "data-dir:\n"
+                           "snapshot-count: 10000\n"
+                           "max-txn-ops: 64\n"
+                           "listen-client-urls: http://127.0.0.1:1,http://127.0.0.1:2\n"
+                           "log-outputs: [stderr]\n"
+                           "grpc-keepalive-timeout: 20000000000\n"
+                           "strict-reconfig-check: false\n"
+                           "client-transport-security:\n"
+                           "  cert-file: c.pem\n"
+                           "  client-cert-auth: true\n"
+                           "peer-transport-security:\n"
+                           "  auto-tls: true\n"
+                           "  trusted-ca-file:\n"
+                           "cipher-suites: [\n  TLS_A,\n  TLS_B\n]\n"
+                           "tls-min-version: 'TLS1.2'\n");
+    char flagv[128];
+    snprintf(flagv, sizeof flagv, "--config-file=%s", path);
+    const char *args[] = {flagv, "--name", "ignored", NULL};
+    const char *env[] = {"ETCD_MAX_TXN_OPS=5", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, args, env), CAIRN_EINVAL);
+    /* the file's names are not Go's: etcd's message */
+    ck_assert_msg(strstr(err, "unexpected TLS cipher suite \"TLS_A\"") != NULL, "%s", err);
+    ck_assert_str_eq(cfg.name, "y1");
+    ck_assert_str_eq(cfg.data_dir, "y1.cairn");
+    ck_assert_uint_eq(cfg.max_txn_ops, 64);
+    ck_assert_uint_eq(cfg.nlisten_client_urls, 2);
+    ck_assert_str_eq(cfg.client_tls.cert_file, "c.pem");
+    ck_assert_int_eq(cfg.client_tls.client_cert_auth, 1);
+    ck_assert_int_eq(cfg.peer_tls.auto_tls, 1);
+    ck_assert_ptr_null(cfg.peer_tls.trusted_ca_file);
+    ck_assert_uint_eq(cfg.ncipher_suites, 2);
+    ck_assert_str_eq(cfg.cipher_suites[1], "TLS_B");
+    ck_assert(has_note(&cfg, "snapshot-count"));
+    cairn_config_destroy(&cfg);
+    unlink(path);
+
+    path = write_tmp("name: z\nmax-txn-ops: lots\n");
+    snprintf(flagv, sizeof flagv, "--config-file=%s", path);
+    const char *none[] = {NULL};
+    const char *a2[] = {flagv, NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, a2, none), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, path) && strstr(err, "max-txn-ops"), "%s", err);
+    cairn_config_destroy(&cfg);
+    /* The flags beside the file still have to parse. */
+    const char *a3[] = {flagv, "--max-txn-ops=x", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, a3, none), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "--max-txn-ops") && !strstr(err, path), "%s", err);
+    cairn_config_destroy(&cfg);
+    unlink(path);
+
+    path = write_tmp("name: [unclosed\n");
+    char envv[128];
+    snprintf(envv, sizeof envv, "ETCD_CONFIG_FILE=%s", path);
+    const char *env2[] = {envv, NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, none, env2), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, path) != NULL, "%s", err);
+    cairn_config_destroy(&cfg);
+    unlink(path);
+
+    path = write_tmp("- a\n- b\n");
+    snprintf(flagv, sizeof flagv, "--config-file=%s", path);
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, a2, none), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "expected a mapping") != NULL, "%s", err);
+    cairn_config_destroy(&cfg);
+    unlink(path);
+
+    const char *a4[] = {"--config-file=/nonexistent/x.yml", NULL};
+    ck_assert_int_eq(parse_env(&cfg, err, sizeof err, a4, none), CAIRN_EINVAL);
+    ck_assert_msg(strstr(err, "/nonexistent/x.yml") != NULL, "%s", err);
+    cairn_config_destroy(&cfg);
 }
 END_TEST
 
@@ -307,6 +507,12 @@ START_TEST(urls_to_addresses)
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://h:99999"), CAIRN_EINVAL);
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "http://h:1/path"), CAIRN_EINVAL);
     ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "unix:///x"), CAIRN_EINVAL);
+    /* etcd: unix://host:port is a socket file "host:port" in the cwd. */
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "unix://localhost:12345"), 0);
+    ck_assert_str_eq(a, "unix:localhost:12345");
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "unix://sock"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "unixs://localhost:1"), CAIRN_EINVAL);
+    ck_assert_int_eq(cairn_url_to_addr(a, sizeof a, "https://localhost:1"), CAIRN_EINVAL);
     ck_assert_int_eq(cairn_url_to_addr(a, 4, "http://127.0.0.1:1"), CAIRN_EINVAL);
 }
 END_TEST
@@ -521,6 +727,9 @@ static Suite *suite(void)
     tcase_add_test(tc, peer_flags);
     tcase_add_test(tc, help_version_and_ignored);
     tcase_add_test(tc, tls_flags_fill_the_tls_config);
+    tcase_add_test(tc, go_flag_syntax);
+    tcase_add_test(tc, environment_variables);
+    tcase_add_test(tc, config_file);
     tcase_add_test(tc, urls_to_addresses);
     tcase_add_test(tc, crc32c_vectors);
     tcase_add_test(tc, error_rows);
