@@ -9,9 +9,9 @@ PKGS=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libsodium-dev check libsubunit-dev libleveldb-dev libsnappy-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  libjansson-dev libjemalloc-dev libyaml-dev
+  libjansson-dev libjemalloc-dev libyaml-dev libssl-dev openssl
   etcd-server etcd-client
-  python3 python3-grpcio python3-protobuf python3-h2 python3-prometheus-client
+  python3 python3-grpcio python3-protobuf python3-h2 python3-prometheus-client python3-etcd3
 )
 if [ "${1:-}" = --bench ]; then
   PKGS+=(gnuplot-nox golang-go golang-etcd-server-dev)

@@ -17,6 +17,7 @@
 #include "server/server.h"
 
 #include "crdt/error.h"
+#include "server/tls/tls.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -154,7 +155,7 @@ static const struct flag flags[] = {
     {"auto-compaction-mode", F_IGNORED, T_STRING,
      "auto compaction is not implemented: history is kept until a Compact call", 0, NULL},
     {"enable-v2", F_REFUSED, T_BOOL, "cairn serves only etcd's v3 API", 0, "false"},
-    /* Security: parsed; refused until TLS is implemented (check_tls). */
+    /* Security: server/tls (client links) and server/peer (peer links). */
     {"cert-file", F_TLS_PATH, T_STRING, "Path to the client server TLS cert file.", CTLS(cert_file),
      NULL},
     {"key-file", F_TLS_PATH, T_STRING, "Path to the client server TLS key file.", CTLS(key_file),
@@ -256,7 +257,8 @@ static const struct flag flags[] = {
 
 #define NFLAGS (sizeof flags / sizeof flags[0])
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
@@ -313,13 +315,19 @@ int cairn_url_to_addr(char *out, size_t outlen, const char *url)
     /* etcd: a unix:// URL names a socket file "host:port", relative to the
      * working directory (etcd 3.4 refuses unix:///path: "URL address does
      * not have the form host:port"); gRPC's form is "unix:host:port". */
-    static const char http[] = "http://", unix_[] = "unix://";
+    /* https:// and unixs:// are the same addresses with TLS (server/tls) */
+    static const char http[] = "http://", unix_[] = "unix://", https[] = "https://",
+                      unixs[] = "unixs://";
     const char *host;
     size_t pre = 0;
     if (strncmp(url, http, sizeof http - 1) == 0)
         host = url + sizeof http - 1;
+    else if (strncmp(url, https, sizeof https - 1) == 0)
+        host = url + sizeof https - 1;
     else if (strncmp(url, unix_, sizeof unix_ - 1) == 0)
         host = url + sizeof unix_ - 1, pre = 5;
+    else if (strncmp(url, unixs, sizeof unixs - 1) == 0)
+        host = url + sizeof unixs - 1, pre = 5;
     else
         return CAIRN_EINVAL;
     size_t len = strlen(host);
@@ -361,9 +369,8 @@ static int check_urls(char **urls, size_t n, const char *flag, char *err, size_t
     for (size_t i = 0; i < n; i++)
         if (cairn_url_to_addr(addr, sizeof addr, urls[i]) != 0)
             return fail(err, errlen,
-                        "invalid value \"%s\" for flag --%s: expected http://host:port or "
-                        "unix://host:port (TLS is not implemented yet: cairn does not serve "
-                        "TLS, https:// or unixs://)",
+                        "invalid value \"%s\" for flag --%s: expected http://host:port, "
+                        "https://host:port, unix://host:port or unixs://host:port",
                         urls[i], flag);
     return 0;
 }
@@ -1074,26 +1081,11 @@ static int apply_env(cairn_config *cfg, char **envp, const unsigned char *set, c
     return 0;
 }
 
-/* Until TLS lands, a TLS setting that would change what cairn does is
- * refused rather than ignored: a client or peer would believe its link is
- * protected. */
-static int check_tls(cairn_config *cfg, char *err, size_t errlen)
+/* The TLS settings' form (the files are loaded by server/tls at start):
+ * etcd stops at start on an unknown cipher name. */
+static int check_tls(const cairn_config *cfg, char *err, size_t errlen)
 {
-    const cairn_tls_config *sides[] = {&cfg->client_tls, &cfg->peer_tls};
-    for (size_t i = 0; i < 2; i++) {
-        const cairn_tls_config *t = sides[i];
-        if (t->cert_file || t->key_file || t->trusted_ca_file || t->crl_file || t->allowed_cn ||
-            t->allowed_hostname || t->client_cert_auth || t->auto_tls)
-            return fail(err, errlen,
-                        "TLS is not implemented yet: cairn cannot serve --%scert-file, "
-                        "--%skey-file, --%strusted-ca-file, --%sauto-tls and the like",
-                        i ? "peer-" : "", i ? "peer-" : "", i ? "peer-" : "", i ? "peer-" : "");
-    }
-    /* Without TLS, etcd's --cipher-suites changes nothing either (and
-     * etcd's sample config file sets it): accepted. */
-    if (cfg->ncipher_suites)
-        return add_note(cfg, CAIRN_LOG_INFO, "--cipher-suites has no effect without TLS");
-    return 0;
+    return cairn_tls_grpc_ciphers(cfg, 0, err, errlen);
 }
 
 static void init_defaults(cairn_config *cfg)

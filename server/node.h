@@ -42,8 +42,10 @@ struct cairn_server {
     struct watch_hub *watch;    /* etcd/watch.c */
     struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
     struct peer_net *peer;      /* peer/peer.c: the other members */
-    struct front *front;        /* http/front.c: the client URLs' sockets */
-    struct gateway *gateway;    /* http/gateway.c: etcd's JSON gateway */
+    struct cairn_tls_server *tls_client; /* tls/: https:// client URLs; else NULL */
+    struct cairn_tls_pump *tls_pump;
+    struct front *front;     /* http/front.c: the client URLs' sockets */
+    struct gateway *gateway; /* http/gateway.c: etcd's JSON gateway */
 };
 
 /* Sets up the node's locks and quota from srv->cfg (srv zeroed before). */

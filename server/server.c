@@ -20,6 +20,7 @@
 #include "server/node.h"
 #include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
+#include "server/tls/tls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,56 @@ static const rpc_service *const services[] = {
     &cairn_replication_service,
 };
 
+/* ---- TLS (tls/) ---- */
+
+/* The TLS connections the client listeners hold at once. */
+#define CLIENT_TLS_MAX_CONNS 4096
+
+static int is_tls_url(const char *url)
+{
+    return strncmp(url, "https://", 8) == 0 || strncmp(url, "unixs://", 8) == 0;
+}
+
+/* --cipher-suites for gRPC's TLS (the peer links), then the client
+ * listeners' context and pump when a client URL is https://. */
+static int tls_setup(cairn_server *srv, char *err, size_t errlen)
+{
+    const cairn_config *cfg = srv->cfg;
+    int rc = cairn_tls_grpc_ciphers(cfg, 1, err, errlen);
+    if (rc)
+        return rc;
+    int any = 0;
+    for (size_t i = 0; i < cfg->nlisten_client_urls; i++)
+        any |= is_tls_url(cfg->listen_client_urls[i]);
+    if (!any)
+        return 0;
+    cairn_tls_options o;
+    cairn_tls_paths paths;
+    rc = cairn_tls_options_from(&o, &paths, cfg, &cfg->client_tls, "client",
+                                cfg->listen_client_urls, cfg->nlisten_client_urls, err, errlen);
+    if (!rc && (!o.cert_file || !o.key_file)) {
+        snprintf(err, errlen,
+                 "cannot serve https:// client URLs without --cert-file and --key-file, or "
+                 "--auto-tls");
+        rc = CAIRN_EINVAL;
+    }
+    if (!rc)
+        rc = cairn_tls_server_new(&srv->tls_client, &o, err, errlen);
+    if (!rc)
+        rc = cairn_tls_pump_new(&srv->tls_pump, CLIENT_TLS_MAX_CONNS);
+    return rc;
+}
+
+/* front_tls: an accepted https:// connection goes to the pump, its
+ * plaintext end back to the front's sniff at once. */
+static void tls_accept(void *arg, front *f, int listener, int fd)
+{
+    cairn_server *srv = arg;
+    int plain;
+    if (cairn_tls_pump_add(srv->tls_pump, srv->tls_client, fd, &plain) == 0)
+        front_adopt(f, listener, plain);
+}
+
 int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
@@ -40,8 +91,11 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     srv->cfg = cfg;
     node_init(srv);
 
+    int rc = tls_setup(srv, err, errlen);
+    if (rc != 0)
+        goto fail;
     rpc_engine_options eo = {cfg->threads, cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES};
-    int rc = rpc_engine_new(&srv->rpc, &eo);
+    rc = rpc_engine_new(&srv->rpc, &eo);
     if (rc == 0)
         rc = watch_hub_new(srv);
     if (rc == 0)
@@ -77,8 +131,9 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     if (rc != 0)
         goto fail;
     for (size_t i = 0; i < cfg->nlisten_client_urls; i++) {
-        rc = front_listen(srv->front, cfg->listen_client_urls[i], FRONT_CLIENT, NULL,
-                          &srv->ports[i], err, errlen);
+        front_tls hook = {tls_accept, srv};
+        rc = front_listen(srv->front, cfg->listen_client_urls[i], FRONT_CLIENT,
+                          srv->tls_client ? &hook : NULL, &srv->ports[i], err, errlen);
         if (rc < 0)
             goto fail;
         srv->nports++;
@@ -133,6 +188,9 @@ void cairn_server_stop(cairn_server *srv, int grace_ms)
     gateway_stop(srv->gateway);
     if (srv->rpc)
         rpc_engine_stop(srv->rpc, grace_ms);
+    /* after gRPC let go of the plaintext ends */
+    cairn_tls_pump_free(srv->tls_pump);
+    srv->tls_pump = NULL;
     if (srv->store) {
         cairn_store_close(srv->store);
         srv->store = NULL;
@@ -152,6 +210,7 @@ void cairn_server_free(cairn_server *srv)
     kv_batcher_free(srv);
     gateway_free(srv->gateway);
     front_free(srv->front);
+    cairn_tls_server_free(srv->tls_client);
     free(srv->ports);
     rpc_engine_free(srv->rpc);
     free(srv);

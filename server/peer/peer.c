@@ -41,6 +41,17 @@
  * and dials again with its backoff. Per-peer counters (peer_stats) are
  * atomics the peer thread and the committer bump and any thread reads;
  * the line logged when a stream closes carries them.
+ *
+ * TLS. An https:// peer URL is served and dialed with gRPC's TLS
+ * credentials from the --peer-* flags; the server asks for a client
+ * certificate but leaves every check of it to tls/ (cairn_tls_check_pem,
+ * the same checks as the client links, with etcd's reasons), run on the
+ * certificate in the call's auth context first thing once the hello
+ * decoded and names this cluster (peer_msg.c), before the member it names
+ * is looked at: a refused certificate is logged and the stream cancelled
+ * before anything the peer sent is applied. The dialing side checks the
+ * answering member's certificate the same way (gRPC verified its chain
+ * and host already).
  */
 #include "server/peer/peer.h"
 
@@ -61,6 +72,7 @@
 #include "crdt/error.h"
 #include "server/peer/peer_msg.h"
 #include "server/rpc/rpc.h"
+#include "server/tls/tls.h"
 #include "store/replica.h"
 
 #define PEER_METHOD "/cairnpb.Peer/Stream"
@@ -165,6 +177,12 @@ struct peer_net {
     uint64_t urls_gen;    /* bumped when a member's client URLs change */
     cairn_actor actor;
     uint8_t token_hash[32];
+    /* TLS (https:// peer URLs): PEM text of the --peer-* files */
+    int tls;            /* a cert and key are set (given or --peer-auto-tls) */
+    int verify_clients; /* accepted peers must present a certificate */
+    int skip_verify;    /* --peer-auto-tls: a dialed peer's chain is not checked */
+    char *tls_ca, *tls_cert, *tls_key;
+    cairn_tls_checker *checker;
 };
 
 static uint64_t now_ms(void)
@@ -459,6 +477,37 @@ static void refuse(plink *l, const char *what)
     link_kill(l, what);
 }
 
+/* tls/'s checks on the certificate |l|'s peer presented; 0 if it passes
+ * (or this link is plaintext, or an accepted peer need not present one). */
+static int check_cert(plink *l, char *why, size_t whylen)
+{
+    peer_net *n = l->n;
+    grpc_auth_context *ac = grpc_call_auth_context(l->call);
+    const grpc_auth_property *prop = NULL;
+    if (ac) {
+        grpc_auth_property_iterator it =
+            grpc_auth_context_find_properties_by_name(ac, GRPC_X509_PEM_CERT_PROPERTY_NAME);
+        prop = grpc_auth_property_iterator_next(&it);
+    }
+    int secure = 0;
+    if (ac) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
+            ac, GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
+        const grpc_auth_property *t = grpc_auth_property_iterator_next(&it);
+        secure = t && strcmp(t->value, GRPC_SSL_TRANSPORT_SECURITY_TYPE) == 0;
+    }
+    int rc = 0;
+    if (secure && n->checker && (prop || l->dialed || n->verify_clients)) {
+        char r[200];
+        rc = cairn_tls_check_pem(n->checker, prop ? prop->value : NULL,
+                                 prop ? prop->value_length : 0, NULL, 0, r, sizeof r);
+        if (rc)
+            snprintf(why, whylen, "certificate refused: %s", r);
+    }
+    grpc_auth_context_release(ac);
+    return rc;
+}
+
 /* |p|'s client URLs are now |v| (copied), as of its start |incarnation|. */
 static void set_client_urls(peer_net *n, ppeer *p, char *const *v, size_t k, uint64_t incarnation)
 {
@@ -481,6 +530,16 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     plink *l = arg;
     peer_net *n = l->n;
     char why[256];
+    if (check_cert(l, why, sizeof why)) {
+        if (!l->dialed && h->name) {
+            char named[512];
+            snprintf(named, sizeof named, "%s (its hello says member %.40s)", why, h->name);
+            refuse(l, named);
+        } else {
+            refuse(l, why);
+        }
+        return;
+    }
     ppeer *p = peer_by_id(n, h->member_id);
     if (!p) {
         snprintf(why, sizeof why, "member id %016" PRIx64 " is not another member of this cluster",
@@ -979,9 +1038,34 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
 
 /* ---- life cycle -------------------------------------------------------- */
 
-static grpc_channel *open_channel(const char *addr)
+static int is_https(const char *url)
 {
-    grpc_arg a[6];
+    return strncmp(url, "https://", 8) == 0;
+}
+
+static grpc_channel_credentials *channel_creds(peer_net *n)
+{
+    grpc_ssl_pem_key_cert_pair kp = {n->tls_key, n->tls_cert};
+    if (!n->skip_verify)
+        return grpc_ssl_credentials_create_ex(n->tls_ca, n->tls_key ? &kp : NULL, NULL, NULL);
+    /* etcd: --peer-auto-tls dials without verifying the peer's chain */
+    grpc_tls_credentials_options *o = grpc_tls_credentials_options_create();
+    grpc_tls_identity_pairs *pairs = grpc_tls_identity_pairs_create();
+    grpc_tls_identity_pairs_add_pair(pairs, n->tls_key, n->tls_cert);
+    grpc_tls_certificate_provider *prov =
+        grpc_tls_certificate_provider_static_data_create(NULL, pairs);
+    grpc_tls_credentials_options_set_certificate_provider(o, prov);
+    grpc_tls_credentials_options_watch_identity_key_cert_pairs(o);
+    grpc_tls_credentials_options_set_verify_server_cert(o, 0);
+    grpc_tls_credentials_options_set_check_call_host(o, 0);
+    grpc_channel_credentials *cr = grpc_tls_credentials_create(o);
+    grpc_tls_certificate_provider_release(prov);
+    return cr;
+}
+
+static grpc_channel *open_channel(peer_net *n, const char *addr, const char *url)
+{
+    grpc_arg a[7];
     memset(a, 0, sizeof a);
     const struct {
         const char *key;
@@ -999,11 +1083,104 @@ static grpc_channel *open_channel(const char *addr)
         a[i].key = (char *)kv[i].key;
         a[i].value.integer = kv[i].v;
     }
-    grpc_channel_args args = {6, a};
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(addr, cr, &args);
+    size_t na = 6;
+    char host[256];
+    grpc_channel_credentials *cr;
+    if (is_https(url)) {
+        /* the name checked is the peer URL's host, wherever we dial */
+        if (cairn_tls_url_host(host, sizeof host, url) == 0) {
+            a[na].type = GRPC_ARG_STRING;
+            a[na].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+            a[na++].value.string = host;
+        }
+        cr = channel_creds(n);
+    } else {
+        cr = grpc_insecure_credentials_create();
+    }
+    grpc_channel_args args = {na, a};
+    grpc_channel *ch = cr ? grpc_channel_create(addr, cr, &args) : NULL;
     grpc_channel_credentials_release(cr);
     return ch;
+}
+
+static char *read_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t len = 0;
+    if (f) {
+        char chunk[4096];
+        size_t k;
+        while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && len < (1u << 20)) {
+            char *g = realloc(buf, len + k + 1);
+            if (!g) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = g;
+            memcpy(buf + len, chunk, k);
+            len += k;
+            buf[len] = '\0';
+        }
+        fclose(f);
+    }
+    if (!buf)
+        snprintf(err, errlen, "cannot read %s", path);
+    return buf;
+}
+
+/* The --peer-* TLS settings: PEM text for gRPC and tls/'s checker. */
+static int tls_setup(peer_net *n, char *err, size_t errlen)
+{
+    const cairn_config *cfg = n->cfg;
+    int any = 0;
+    for (size_t i = 0; i < cfg->nlisten_peer_urls; i++)
+        any |= is_https(cfg->listen_peer_urls[i]);
+    for (size_t i = 0; i < cfg->ninitial_cluster; i++)
+        for (size_t j = 0; j < cfg->initial_cluster[i].npeer_urls; j++)
+            any |= is_https(cfg->initial_cluster[i].peer_urls[j]);
+    if (!any)
+        return 0;
+    cairn_tls_options o;
+    cairn_tls_paths paths;
+    int rc = cairn_tls_options_from(&o, &paths, cfg, &cfg->peer_tls, "peer", cfg->listen_peer_urls,
+                                    cfg->nlisten_peer_urls, err, errlen);
+    if (rc)
+        return rc;
+    if ((o.cert_file && !(n->tls_cert = read_file(o.cert_file, err, errlen))) ||
+        (o.key_file && !(n->tls_key = read_file(o.key_file, err, errlen))) ||
+        (o.trusted_ca_file && !(n->tls_ca = read_file(o.trusted_ca_file, err, errlen))))
+        return CAIRN_EIO;
+    n->tls = n->tls_cert && n->tls_key;
+    n->skip_verify = cfg->peer_tls.auto_tls && o.cert_file == paths.cert;
+    /* etcd: a trusted CA makes the client certificate required, as does
+     * --peer-client-cert-auth; an allowed CN or hostname needs one too */
+    n->verify_clients =
+        o.trusted_ca_file || o.client_cert_auth || o.allowed_cn || o.allowed_hostname;
+    return cairn_tls_checker_new(&n->checker, &o, err, errlen);
+}
+
+static grpc_server_credentials *server_creds(peer_net *n, const char *url, char *err, size_t errlen)
+{
+    if (!is_https(url))
+        return grpc_insecure_server_credentials_create();
+    if (!n->tls) {
+        /* etcd: an https peer URL needs --peer-cert-file and --peer-key-file
+         * (or --peer-auto-tls) */
+        snprintf(err, errlen,
+                 "cannot serve %s: https:// needs --peer-cert-file and --peer-key-file, or "
+                 "--peer-auto-tls",
+                 url);
+        return NULL;
+    }
+    grpc_ssl_pem_key_cert_pair kp = {n->tls_key, n->tls_cert};
+    /* asked for, checked by check_cert with the reason logged */
+    return grpc_ssl_server_credentials_create_ex(
+        n->tls_ca, &kp, 1,
+        n->verify_clients ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY
+                          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
 }
 
 static int add_peers(peer_net *n, char *err, size_t errlen)
@@ -1044,7 +1221,7 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         n->npeers++;
         if (!p->name || !p->addr || cairn_replica_new(&p->rep, n->store, NULL))
             return CAIRN_ENOMEM;
-        p->ch = open_channel(p->addr);
+        p->ch = open_channel(n, p->addr, m->npeer_urls ? m->peer_urls[0] : "");
         if (!p->ch)
             return CAIRN_ENOMEM;
     }
@@ -1088,7 +1265,9 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     grpc_channel_args args = {3, a};
     n->server = grpc_server_create(&args, NULL);
     grpc_server_register_completion_queue(n->server, n->cq, NULL);
-    int rc = add_peers(n, err, errlen);
+    int rc = tls_setup(n, err, errlen);
+    if (!rc)
+        rc = add_peers(n, err, errlen);
     n->ports = calloc(cfg->nlisten_peer_urls ? cfg->nlisten_peer_urls : 1, sizeof *n->ports);
     if (!rc && !n->ports)
         rc = CAIRN_ENOMEM;
@@ -1100,7 +1279,11 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
             break;
         }
         cairn_unix_remove_stale(addr);
-        grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+        grpc_server_credentials *cr = server_creds(n, cfg->listen_peer_urls[i], err, errlen);
+        if (!cr) {
+            rc = CAIRN_EINVAL;
+            break;
+        }
         n->ports[i] = grpc_server_add_http2_port(n->server, addr, cr);
         grpc_server_credentials_release(cr);
         if (n->ports[i] == 0) {
@@ -1231,6 +1414,10 @@ void peer_net_free(peer_net *n)
         ;
     grpc_completion_queue_destroy(n->cq);
     free(n->ports);
+    cairn_tls_checker_free(n->checker);
+    free(n->tls_ca);
+    free(n->tls_cert);
+    free(n->tls_key);
     pthread_mutex_destroy(&n->info_mu);
     free(n);
     grpc_shutdown();

@@ -104,8 +104,11 @@ def flag_checks(binary):
           "an unknown flag: exit != 0 and a message (%r)" % r.stderr)
     r = run([binary, "--max-request-bytes=abc"])
     check(r.returncode != 0 and b"max-request-bytes" in r.stderr, "a bad flag value")
-    r = run([binary, "--listen-client-urls", "https://127.0.0.1:1"])
-    check(r.returncode != 0 and b"listen-client-urls" in r.stderr, "an https URL is refused")
+    with tempfile.TemporaryDirectory() as d:
+        r = run([binary, "--data-dir", os.path.join(d, "x"), "--listen-client-urls",
+                 "https://127.0.0.1:%d" % free_port()])
+    check(r.returncode != 0 and b"--cert-file" in r.stderr,
+          "an https URL without a certificate is refused (%r)" % r.stderr)
     r = run([binary, "--data-dir", "/proc/cairn-cannot-exist/x",
              "--listen-client-urls", "http://127.0.0.1:%d" % free_port()])
     check(r.returncode != 0 and b"data directory" in r.stderr,

@@ -133,12 +133,10 @@ VALUES = {
     "log-level": "debug", "proxy": "on", "experimental-enable-v2v3": "/v2",
     "experimental-corrupt-check-time": "1m", "auth-token": "simple", "metrics": "extensive",
 }
-# Refused until TLS lands (--cipher-suites alone changes nothing, as in etcd).
-TLS_FLAGS = {"cert-file", "key-file", "client-cert-auth", "client-crl-file",
-             "client-cert-allowed-hostname", "trusted-ca-file", "auto-tls", "peer-cert-file",
-             "peer-key-file", "peer-client-cert-auth", "peer-trusted-ca-file",
-             "peer-cert-allowed-cn", "peer-cert-allowed-hostname", "peer-auto-tls",
-             "peer-crl-file"}
+# TLS is implemented (server/tls): a TLS flag alone, on the http:// URLs the
+# walk uses, starts cairn as it starts etcd (test_tls / test_peer_tls cover
+# https). Kept empty so a flag that must be refused again can be listed.
+TLS_FLAGS = set()
 SKIP = {"config-file"}  # its own test below
 
 

@@ -1,0 +1,129 @@
+"""Certificates for the TLS tests, made at test time with the openssl CLI
+(nothing private is checked in): a CA and a second, unrelated CA; server
+and peer certificates for 127.0.0.1/localhost; client certificates that are
+good, revoked (listed in the CA's CRL), expired, or from the other CA.
+
+    f = make(tmpdir)            # -> Fixtures; every path is under tmpdir
+    f.ca, f.server_cert, f.server_key, f.client("good") -> (cert, key)
+    f.crl                       # the CA's CRL, listing the "revoked" client
+
+Certificates carry both serverAuth and clientAuth, as etcd's docs make
+peer certificates, so one pair serves either end of a peer link.
+"""
+
+import os
+import subprocess
+
+CA_CONF = """
+[ca]
+default_ca = ca_default
+[ca_default]
+dir = {dir}
+database = {dir}/index.txt
+new_certs_dir = {dir}/newcerts
+serial = {dir}/serial
+crlnumber = {dir}/crlnumber
+default_md = sha256
+default_crl_days = 30
+policy = policy_any
+copy_extensions = copy
+unique_subject = no
+[policy_any]
+commonName = supplied
+[ext_leaf]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = {san}
+[ext_ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+"""
+
+
+def _run(*args):
+    r = subprocess.run(["openssl"] + list(args), capture_output=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError("openssl %s: %s" % (" ".join(args), r.stderr.decode()))
+
+
+class CA:
+    def __init__(self, root, name, san):
+        self.dir = os.path.join(root, name)
+        os.makedirs(os.path.join(self.dir, "newcerts"))
+        open(os.path.join(self.dir, "index.txt"), "w").close()
+        with open(os.path.join(self.dir, "serial"), "w") as f:
+            f.write("1000\n")
+        with open(os.path.join(self.dir, "crlnumber"), "w") as f:
+            f.write("1000\n")
+        self.conf = os.path.join(self.dir, "ca.cnf")
+        with open(self.conf, "w") as f:
+            f.write(CA_CONF.format(dir=self.dir, san=san))
+        self.key = os.path.join(self.dir, "ca-key.pem")
+        self.cert = os.path.join(self.dir, "ca.pem")
+        _run("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", self.key, "-out", self.cert, "-days", "30",
+             "-subj", "/CN=%s" % name, "-config", self.conf, "-extensions", "ext_ca")
+
+    def leaf(self, cn, start=None, end=None, fname=None):
+        """A leaf cert and key signed by this CA (files named |fname|, the
+        CN by default); returns (cert, key)."""
+        fname = fname or cn
+        key = os.path.join(self.dir, fname + "-key.pem")
+        csr = os.path.join(self.dir, fname + ".csr")
+        cert = os.path.join(self.dir, fname + ".pem")
+        _run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", key, "-out", csr, "-subj", "/CN=%s" % cn)
+        args = ["ca", "-batch", "-config", self.conf, "-extensions", "ext_leaf",
+                "-cert", self.cert, "-keyfile", self.key, "-in", csr, "-out", cert, "-notext"]
+        if start:
+            args += ["-startdate", start, "-enddate", end]
+        else:
+            args += ["-days", "30"]
+        _run(*args)
+        return cert, key
+
+    def revoke(self, cert):
+        _run("ca", "-config", self.conf, "-cert", self.cert, "-keyfile", self.key,
+             "-revoke", cert)
+
+    def gen_crl(self):
+        crl = os.path.join(self.dir, "crl.pem")
+        _run("ca", "-config", self.conf, "-cert", self.cert, "-keyfile", self.key,
+             "-gencrl", "-out", crl)
+        return crl
+
+
+class Fixtures:
+    pass
+
+
+def make(root, peers=(), peer_cn=None):
+    """Writes every fixture under |root|; |peers| are extra leaves of the
+    main CA (e.g. member names), available as f.leaf[name], with the CN
+    |peer_cn| if given (else the name)."""
+    san = "IP:127.0.0.1, DNS:localhost"
+    f = Fixtures()
+    ca = CA(root, "ca", san)
+    other = CA(root, "other-ca", san)
+    f.ca = ca.cert
+    f.other_ca = other.cert
+    f.server_cert, f.server_key = ca.leaf("server")
+    f.leaf = {}
+    for cn in ("good", "revoked", "intruder"):
+        f.leaf[cn] = ca.leaf(cn)
+    for name in peers:
+        f.leaf[name] = ca.leaf(peer_cn or name, fname=name)
+    # a certificate whose validity ended a year ago
+    f.leaf["expired"] = ca.leaf("expired", "20240101000000Z", "20250101000000Z")
+    f.leaf["other"] = other.leaf("other")
+    ca.revoke(f.leaf["revoked"][0])
+    f.crl = ca.gen_crl()
+    f.client = lambda cn: f.leaf[cn]
+    return f
+
+
+if __name__ == "__main__":
+    import sys
+    fx = make(sys.argv[1], tuple(sys.argv[2:]))
+    print(fx.ca, fx.crl, fx.leaf)

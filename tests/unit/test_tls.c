@@ -1,0 +1,346 @@
+/*
+ * server/tls: Go's cipher names, the --auto-tls certificate, the checks on
+ * a peer's certificate (each of etcd's refusals), and the client pump end
+ * to end: an OpenSSL client on 127.0.0.1 against a pumped connection whose
+ * plaintext end the test reads and writes. Certificates are made at test
+ * time by tests/integration/tls_fixtures.py (the openssl CLI).
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crdt/error.h"
+#include "server/tls/tls.h"
+
+static char fx[256]; /* the fixtures' directory */
+
+static void fixtures_setup(void)
+{
+    snprintf(fx, sizeof fx, "/tmp/cairn-test-tls-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(fx));
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "python3 %s %s n1 n2 > /dev/null", CAIRN_TLS_FIXTURES, fx);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void fixtures_teardown(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", fx);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *path(const char *rel)
+{
+    static char buf[64][512];
+    static int k;
+    k = (k + 1) % 64;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", fx, rel);
+    return buf[k];
+}
+
+static char *slurp(const char *p, size_t *len)
+{
+    FILE *f = fopen(p, "rb");
+    ck_assert_ptr_nonnull(f);
+    static char buf[65536];
+    *len = fread(buf, 1, sizeof buf - 1, f);
+    buf[*len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+START_TEST(cipher_names_map_to_openssl)
+{
+    char out[512], err[256];
+    int only13;
+    const char *names[] = {"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                           "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305", "TLS_AES_128_GCM_SHA256"};
+    ck_assert_int_eq(cairn_tls_cipher_list(out, sizeof out, &only13, names, 3, err, sizeof err), 0);
+    ck_assert_str_eq(out, "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305");
+    ck_assert_int_eq(only13, 0);
+    ck_assert_int_eq(cairn_tls_cipher_list(out, sizeof out, &only13, names + 2, 1, err, sizeof err),
+                     0);
+    ck_assert_int_eq(only13, 1);
+    const char *bad[] = {"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_FOO"};
+    ck_assert_int_eq(cairn_tls_cipher_list(out, sizeof out, &only13, bad, 2, err, sizeof err),
+                     CAIRN_EINVAL);
+    /* etcd 3.4: `unexpected TLS cipher suite "TLS_FOO"` */
+    ck_assert_str_eq(err, "unexpected TLS cipher suite \"TLS_FOO\"");
+    /* every mapped name is one OpenSSL knows */
+    SSL_CTX *ctx = SSL_CTX_new(TLS_method());
+    const char *all[] = {"TLS_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+                         "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(
+            cairn_tls_cipher_list(out, sizeof out, &only13, all + i, 1, err, sizeof err), 0);
+        ck_assert_int_eq(SSL_CTX_set_cipher_list(ctx, out), 1);
+    }
+    SSL_CTX_free(ctx);
+}
+END_TEST
+
+START_TEST(auto_tls_is_etcds_and_kept)
+{
+    char dir[300], err[256] = "";
+    snprintf(dir, sizeof dir, "%s/data/fixtures/client", fx);
+    const char *hosts[] = {"127.0.0.1", "localhost"};
+    ck_assert_int_eq(cairn_tls_self_cert(dir, hosts, 2, err, sizeof err), 0);
+    size_t len;
+    char *pem = slurp(path("data/fixtures/client/cert.pem"), &len);
+    BIO *b = BIO_new_mem_buf(pem, (int)len);
+    X509 *x = PEM_read_bio_X509(b, NULL, NULL, NULL);
+    BIO_free(b);
+    ck_assert_ptr_nonnull(x);
+    char o[64];
+    ck_assert_int_gt(
+        X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_organizationName, o, sizeof o), 0);
+    ck_assert_str_eq(o, "etcd");
+    EVP_PKEY *k = X509_get0_pubkey(x);
+    ck_assert_int_eq(EVP_PKEY_get_bits(k), 521);
+    ck_assert_int_eq(X509_check_ip_asc(x, "127.0.0.1", 0), 1);
+    ck_assert_int_eq(X509_check_host(x, "localhost", 0, 0, NULL), 1);
+    ck_assert_int_eq(X509_check_purpose(x, X509_PURPOSE_SSL_SERVER, 0), 1);
+    X509_free(x);
+    struct stat st;
+    ck_assert_int_eq(stat(path("data/fixtures/client/key.pem"), &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+    char *first = strdup(pem);
+    ck_assert_int_eq(cairn_tls_self_cert(dir, hosts, 2, err, sizeof err), 0);
+    ck_assert_str_eq(slurp(path("data/fixtures/client/cert.pem"), &len), first);
+    free(first);
+}
+END_TEST
+
+static int check(const cairn_tls_checker *c, const char *cert, char *cn, char *why)
+{
+    size_t len = 0;
+    const char *pem = cert ? slurp(path(cert), &len) : NULL;
+    return cairn_tls_check_pem(c, pem, len, cn, 256, why, 256);
+}
+
+START_TEST(checker_refuses_with_etcds_reasons)
+{
+    cairn_tls_options o = {0};
+    o.trusted_ca_file = path("ca/ca.pem");
+    o.crl_file = path("ca/crl.pem");
+    char err[256] = "", why[256], cn[256];
+    cairn_tls_checker *c;
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/good.pem", cn, why), 0);
+    ck_assert_str_eq(cn, "good");
+    ck_assert_int_eq(check(c, "other-ca/other.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "x509: certificate signed by unknown authority");
+    ck_assert_int_eq(check(c, "ca/expired.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "x509: certificate has expired or is not yet valid");
+    ck_assert_int_eq(check(c, "ca/revoked.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "transport: certificate serial 1002 revoked");
+    ck_assert_int_eq(check(c, NULL, cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "the peer presented no certificate");
+    ck_assert_int_eq(cairn_tls_check_pem(c, "junk", 4, cn, sizeof cn, why, sizeof why),
+                     CAIRN_EINVAL);
+    cairn_tls_checker_free(c);
+
+    o.allowed_cn = "n1";
+    o.allowed_hostname = "127.0.0.1";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
+    ck_assert_int_eq(check(c, "ca/n2.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "certificate CN \"n2\" is not the allowed CN \"n1\"");
+    cairn_tls_checker_free(c);
+    o.allowed_cn = NULL;
+    o.allowed_hostname = "example.com";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "certificate is not valid for the allowed hostname example.com");
+    cairn_tls_checker_free(c);
+
+    o.trusted_ca_file = path("nope.pem");
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), CAIRN_EIO);
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
+/* ---- the pump ---- */
+
+typedef struct client {
+    int port;
+    const char *cert, *key; /* NULL: none */
+    int plaintext;          /* send "ping" without TLS */
+    int handshake_ok;
+    char got[16];
+} client;
+
+static void *client_main(void *arg)
+{
+    client *cl = arg;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)cl->port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return NULL;
+    if (cl->plaintext) {
+        ssize_t w = write(fd, "GET / HTTP/1.1\r\n\r\n", 18);
+        (void)w;
+        ssize_t n = read(fd, cl->got, sizeof cl->got - 1);
+        (void)n;
+        close(fd);
+        return NULL;
+    }
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_load_verify_locations(ctx, path("ca/ca.pem"), NULL);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (cl->cert) {
+        SSL_CTX_use_certificate_file(ctx, cl->cert, SSL_FILETYPE_PEM);
+        SSL_CTX_use_PrivateKey_file(ctx, cl->key, SSL_FILETYPE_PEM);
+    }
+    SSL *ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    SSL_set1_host(ssl, "127.0.0.1");
+    cl->handshake_ok = SSL_connect(ssl) == 1;
+    if (cl->handshake_ok && SSL_write(ssl, "ping", 4) == 4) {
+        int n = SSL_read(ssl, cl->got, sizeof cl->got - 1);
+        if (n > 0)
+            cl->got[n] = '\0';
+    }
+    SSL_shutdown(ssl);
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    close(fd);
+    return NULL;
+}
+
+static int listen_any(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(fd, 8), 0);
+    socklen_t sl = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &sl);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Runs |cl| against a pumped connection; returns what arrived on the
+ * plaintext end (answering "pong" to "ping"). */
+static void run_client(cairn_tls_pump *p, cairn_tls_server *s, client *cl, char *plain_got,
+                       char *cn)
+{
+    int port;
+    int lfd = listen_any(&port);
+    cl->port = port;
+    pthread_t th;
+    pthread_create(&th, NULL, client_main, cl);
+    int fd = accept(lfd, NULL, NULL);
+    ck_assert_int_ge(fd, 0);
+    int plain;
+    ck_assert_int_eq(cairn_tls_pump_add(p, s, fd, &plain), 0);
+    fcntl(plain, F_SETFL, fcntl(plain, F_GETFL) & ~O_NONBLOCK);
+    ssize_t n = read(plain, plain_got, 15);
+    plain_got[n > 0 ? n : 0] = '\0';
+    cn[0] = '\0';
+    if (n > 0) {
+        ck_assert_int_eq(cairn_tls_pump_peer_cn(p, plain, cn, 256), 0);
+        char peer[32], cn2[256];
+        snprintf(peer, sizeof peer, "fd:%d", plain);
+        ck_assert_int_eq(cairn_tls_pump_call_cn(p, peer, cn2, sizeof cn2), 0);
+        ck_assert_str_eq(cn2, cn);
+        ck_assert_int_eq(cairn_tls_pump_call_cn(p, "ipv4:127.0.0.1:1", cn2, sizeof cn2),
+                         CAIRN_ENOTFOUND);
+        ck_assert_int_eq(write(plain, "pong", 4), 4);
+    }
+    pthread_join(th, NULL);
+    close(plain);
+    close(lfd);
+}
+
+START_TEST(pump_carries_bytes_and_refuses)
+{
+    cairn_tls_options o = {0};
+    o.cert_file = path("ca/server.pem");
+    o.key_file = path("ca/server-key.pem");
+    o.trusted_ca_file = path("ca/ca.pem");
+    o.crl_file = path("ca/crl.pem");
+    o.client_cert_auth = 1;
+    char err[256] = "", got[16], cn[256];
+    cairn_tls_server *s;
+    ck_assert_int_eq(cairn_tls_server_new(&s, &o, err, sizeof err), 0);
+    cairn_tls_pump *p;
+    ck_assert_int_eq(cairn_tls_pump_new(&p, 16), 0);
+
+    client good = {0, path("ca/good.pem"), path("ca/good-key.pem"), 0, 0, ""};
+    run_client(p, s, &good, got, cn);
+    ck_assert_str_eq(got, "ping");
+    ck_assert_str_eq(cn, "good");
+    ck_assert_str_eq(good.got, "pong");
+
+    /* etcd: the handshake passes, then the connection closes */
+    client revoked = {0, path("ca/revoked.pem"), path("ca/revoked-key.pem"), 0, 0, ""};
+    run_client(p, s, &revoked, got, cn);
+    ck_assert_str_eq(got, "");
+    ck_assert_str_eq(revoked.got, "");
+
+    client nocert = {0, NULL, NULL, 0, 0, ""};
+    run_client(p, s, &nocert, got, cn);
+    ck_assert_str_eq(got, "");
+    ck_assert_str_eq(nocert.got, "");
+
+    client other = {0, path("other-ca/other.pem"), path("other-ca/other-key.pem"), 0, 0, ""};
+    run_client(p, s, &other, got, cn);
+    ck_assert_str_eq(got, "");
+    ck_assert_str_eq(other.got, "");
+
+    client plaintext = {0, NULL, NULL, 1, 0, ""};
+    run_client(p, s, &plaintext, got, cn);
+    ck_assert_str_eq(got, "");
+
+    cairn_tls_pump_free(p);
+    cairn_tls_server_free(s);
+
+    o.cert_file = path("nope.pem");
+    ck_assert_int_eq(cairn_tls_server_new(&s, &o, err, sizeof err), CAIRN_EIO);
+    ck_assert_ptr_null(s);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("tls");
+    TCase *tc = tcase_create("tls");
+    tcase_add_checked_fixture(tc, fixtures_setup, fixtures_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, cipher_names_map_to_openssl);
+    tcase_add_test(tc, auto_tls_is_etcds_and_kept);
+    tcase_add_test(tc, checker_refuses_with_etcds_reasons);
+    tcase_add_test(tc, pump_carries_bytes_and_refuses);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN); /* the refused clients write to closed sockets */
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
