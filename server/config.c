@@ -196,7 +196,7 @@ static const struct flag flags[] = {
     {"auth-token-ttl", F_IGNORED, T_UINT, NO_AUTH, 0, NULL},
     /* Profiling and monitoring */
     {"enable-pprof", F_IGNORED, T_BOOL, "Go runtime profiling; cairn is not a Go program", 0, NULL},
-    {"metrics", F_IGNORED, T_STRING, "cairn serves one metrics set (doc/metrics.md)", 0, NULL},
+    {"metrics", F_IGNORED, T_STRING, "cairn serves one metrics set (docs/METRICS.md)", 0, NULL},
     {"listen-metrics-urls", F_URLS, T_STRING,
      "List of additional URLs to listen on that answer /metrics, /health and /version.", 0, NULL},
     /* Logging */
