@@ -483,24 +483,47 @@ static int check_cert(plink *l, char *why, size_t whylen)
 {
     peer_net *n = l->n;
     grpc_auth_context *ac = grpc_call_auth_context(l->call);
-    const grpc_auth_property *prop = NULL;
+    const grpc_auth_property *leaf = NULL, *chain = NULL;
+    int secure = 0;
     if (ac) {
         grpc_auth_property_iterator it =
             grpc_auth_context_find_properties_by_name(ac, GRPC_X509_PEM_CERT_PROPERTY_NAME);
-        prop = grpc_auth_property_iterator_next(&it);
-    }
-    int secure = 0;
-    if (ac) {
-        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
-            ac, GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
+        leaf = grpc_auth_property_iterator_next(&it);
+        /* what the peer sent besides (the intermediates; on the accepting
+         * side OpenSSL leaves the certificate itself out of it) */
+        it = grpc_auth_context_find_properties_by_name(ac, GRPC_X509_PEM_CERT_CHAIN_PROPERTY_NAME);
+        chain = grpc_auth_property_iterator_next(&it);
+        it = grpc_auth_context_find_properties_by_name(ac,
+                                                       GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
         const grpc_auth_property *t = grpc_auth_property_iterator_next(&it);
         secure = t && strcmp(t->value, GRPC_SSL_TRANSPORT_SECURITY_TYPE) == 0;
     }
     int rc = 0;
-    if (secure && n->checker && (prop || l->dialed || n->verify_clients)) {
+    if (secure && n->checker && (leaf || l->dialed || n->verify_clients)) {
+        /* tls/ takes the certificate first, then the intermediates; one
+         * repeated among them does no harm */
+        size_t len = 0;
+        char *pem = NULL;
+        if (leaf) {
+            size_t clen = chain ? chain->value_length : 0;
+            pem = malloc(leaf->value_length + 1 + clen);
+            if (pem) {
+                memcpy(pem, leaf->value, leaf->value_length);
+                len = leaf->value_length;
+                pem[len++] = '\n';
+                if (clen)
+                    memcpy(pem + len, chain->value, clen);
+                len += clen;
+            }
+        }
         char r[200];
-        rc = cairn_tls_check_pem(n->checker, prop ? prop->value : NULL,
-                                 prop ? prop->value_length : 0, NULL, 0, r, sizeof r);
+        if (leaf && !pem) {
+            snprintf(r, sizeof r, "out of memory");
+            rc = CAIRN_ENOMEM;
+        } else {
+            rc = cairn_tls_check_pem(n->checker, pem, len, NULL, 0, r, sizeof r);
+        }
+        free(pem);
         if (rc)
             snprintf(why, whylen, "certificate refused: %s", r);
     }

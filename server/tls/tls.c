@@ -431,11 +431,14 @@ static void verify_reason(int e, char *why, size_t whylen)
     }
 }
 
-/* The chain of |x| to the trusted CA, as Go words a failure. */
-static int verify_chain(const cairn_tls_checker *c, X509 *x, char *why, size_t whylen)
+/* The chain of |x| to the trusted CA, as Go words a failure; |untrusted|
+ * (may be NULL) holds the intermediates the peer sent with it: only the
+ * trusted CA file anchors the chain. */
+static int verify_chain(const cairn_tls_checker *c, X509 *x, STACK_OF(X509) * untrusted, char *why,
+                        size_t whylen)
 {
     X509_STORE_CTX *ctx = X509_STORE_CTX_new();
-    if (!ctx || X509_STORE_CTX_init(ctx, c->store, x, NULL) != 1) {
+    if (!ctx || X509_STORE_CTX_init(ctx, c->store, x, untrusted) != 1) {
         X509_STORE_CTX_free(ctx);
         snprintf(why, whylen, "cannot verify the certificate: out of memory");
         return CAIRN_ENOMEM;
@@ -473,11 +476,11 @@ static int check_revoked(const cairn_tls_checker *c, X509 *x, char *why, size_t 
     return 0;
 }
 
-static int check_x509(const cairn_tls_checker *c, X509 *x, char *cn, size_t cnlen, char *why,
-                      size_t whylen)
+static int check_x509(const cairn_tls_checker *c, X509 *x, STACK_OF(X509) * untrusted, char *cn,
+                      size_t cnlen, char *why, size_t whylen)
 {
     common_name(x, cn, cnlen);
-    int rc = c->store ? verify_chain(c, x, why, whylen) : 0;
+    int rc = c->store ? verify_chain(c, x, untrusted, why, whylen) : 0;
     if (!rc)
         rc = check_revoked(c, x, why, whylen);
     if (rc)
@@ -513,16 +516,31 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
         snprintf(why, whylen, "the peer presented no certificate");
         return CAIRN_EINVAL;
     }
+    /* the peer's certificate first, then the intermediates it sent */
     BIO *b = BIO_new_mem_buf(pem, len > 0x7fffffff ? 0x7fffffff : (int)len);
     X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    STACK_OF(X509) *chain = x ? sk_X509_new_null() : NULL;
+    int rc = 0;
+    for (int i = 0; chain && i < CAIRN_TLS_MAX_CHAIN; i++) {
+        X509 *y = PEM_read_bio_X509(b, NULL, NULL, NULL);
+        if (!y)
+            break;
+        if (!sk_X509_push(chain, y)) {
+            X509_free(y);
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+    }
     BIO_free(b);
-    int rc;
-    if (!x) {
+    if (rc) {
+        snprintf(why, whylen, "cannot read the peer's certificate chain: out of memory");
+    } else if (!x || !chain) {
         snprintf(why, whylen, "the peer's certificate does not parse");
         rc = CAIRN_EINVAL;
     } else {
-        rc = check_x509(c, x, cn, cnlen, why, whylen);
+        rc = check_x509(c, x, chain, cn, cnlen, why, whylen);
     }
+    sk_X509_pop_free(chain, X509_free);
     X509_free(x);
     ERR_clear_error();
     return rc;
@@ -765,7 +783,10 @@ static void handshake(cairn_tls_pump *p, pconn *c)
     X509 *x = SSL_get1_peer_certificate(c->ssl);
     if (x) {
         char why[256];
-        int rc = check_x509(c->srv->checker, x, c->cn, sizeof c->cn, why, sizeof why);
+        /* the handshake verified the chain the client sent; the checker
+         * verifies it again beside its CRL, CN and hostname checks */
+        int rc = check_x509(c->srv->checker, x, SSL_get_peer_cert_chain(c->ssl), c->cn,
+                            sizeof c->cn, why, sizeof why);
         X509_free(x);
         if (rc) {
             reject(c, why);

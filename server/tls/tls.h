@@ -86,10 +86,13 @@ typedef struct cairn_tls_checker cairn_tls_checker;
 int cairn_tls_checker_new(cairn_tls_checker **out, const cairn_tls_options *o, char *err,
                           size_t errlen);
 void cairn_tls_checker_free(cairn_tls_checker *c);
+/* Intermediates read after a peer's certificate, at most. */
+#define CAIRN_TLS_MAX_CHAIN 8
 /* Checks a certificate (PEM, as gRPC's auth context gives it; |pem| NULL
- * or empty when the peer sent none): signed by the trusted CA (when one is
- * set) and valid now, not revoked by the CRL, with the allowed CN and
- * valid for the allowed hostname. 0, or CAIRN_EINVAL with the reason in
+ * or empty when the peer sent none; the peer's certificate first, then
+ * the intermediates it sent, as in gRPC's x509_pem_cert_chain property):
+ * signed through them by the trusted CA (when one is set) and valid now, not revoked by the CRL,
+ * with the allowed CN and valid for the allowed hostname. 0, or CAIRN_EINVAL with the reason in
  * |why|. Writes the certificate's Common Name to |cn| when |cn| is not
  * NULL ("" if none). Any thread. */
 int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len, char *cn,

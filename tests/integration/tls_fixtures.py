@@ -1,7 +1,8 @@
 """Certificates for the TLS tests, made at test time with the openssl CLI
 (nothing private is checked in): a CA and a second, unrelated CA; server
 and peer certificates for 127.0.0.1/localhost; client certificates that are
-good, revoked (listed in the CA's CRL), expired, or from the other CA.
+good, revoked (listed in the CA's CRL), expired, from the other CA, or
+signed by an intermediate CA under the main one.
 
     f = make(tmpdir)            # -> Fixtures; every path is under tmpdir
     f.ca, f.server_cert, f.server_key, f.client("good") -> (cert, key)
@@ -48,7 +49,7 @@ def _run(*args):
 
 
 class CA:
-    def __init__(self, root, name, san):
+    def __init__(self, root, name, san, parent=None):
         self.dir = os.path.join(root, name)
         os.makedirs(os.path.join(self.dir, "newcerts"))
         open(os.path.join(self.dir, "index.txt"), "w").close()
@@ -61,9 +62,17 @@ class CA:
             f.write(CA_CONF.format(dir=self.dir, san=san))
         self.key = os.path.join(self.dir, "ca-key.pem")
         self.cert = os.path.join(self.dir, "ca.pem")
-        _run("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-nodes", "-keyout", self.key, "-out", self.cert, "-days", "30",
-             "-subj", "/CN=%s" % name, "-config", self.conf, "-extensions", "ext_ca")
+        if parent is None:
+            _run("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                 "-nodes", "-keyout", self.key, "-out", self.cert, "-days", "30",
+                 "-subj", "/CN=%s" % name, "-config", self.conf, "-extensions", "ext_ca")
+        else:  # an intermediate: |parent| signs it
+            csr = os.path.join(self.dir, "ca.csr")
+            _run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", self.key, "-out", csr, "-subj", "/CN=%s" % name)
+            _run("ca", "-batch", "-config", parent.conf, "-extensions", "ext_ca", "-days", "30",
+                 "-cert", parent.cert, "-keyfile", parent.key, "-in", csr, "-out", self.cert,
+                 "-notext")
 
     def leaf(self, cn, start=None, end=None, fname=None):
         """A leaf cert and key signed by this CA (files named |fname|, the
@@ -117,6 +126,17 @@ def make(root, peers=(), peer_cn=None):
     # a certificate whose validity ended a year ago
     f.leaf["expired"] = ca.leaf("expired", "20240101000000Z", "20250101000000Z")
     f.leaf["other"] = other.leaf("other")
+    # a leaf of an intermediate CA the main CA signed: "chained" is the
+    # leaf alone, "chained-bundle" the leaf and the intermediate (as a
+    # peer sends them)
+    inter = CA(root, "inter-ca", san, parent=ca)
+    f.leaf["chained"] = inter.leaf("chained")
+    bundle = os.path.join(inter.dir, "chained-bundle.pem")
+    with open(bundle, "w") as out:
+        for part in (f.leaf["chained"][0], inter.cert):
+            with open(part) as src:
+                out.write(src.read())
+    f.leaf["chained-bundle"] = (bundle, f.leaf["chained"][1])
     ca.revoke(f.leaf["revoked"][0])
     f.crl = ca.gen_crl()
     f.client = lambda cn: f.leaf[cn]

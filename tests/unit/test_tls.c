@@ -150,6 +150,11 @@ START_TEST(checker_refuses_with_etcds_reasons)
     ck_assert_str_eq(why, "transport: certificate serial 1002 revoked");
     ck_assert_int_eq(check(c, NULL, cn, why), CAIRN_EINVAL);
     ck_assert_str_eq(why, "the peer presented no certificate");
+    /* through an intermediate: with it, as a peer sends it; without it */
+    ck_assert_int_eq(check(c, "inter-ca/chained-bundle.pem", cn, why), 0);
+    ck_assert_str_eq(cn, "chained");
+    ck_assert_int_eq(check(c, "inter-ca/chained.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(why, "x509: certificate signed by unknown authority");
     ck_assert_int_eq(cairn_tls_check_pem(c, "junk", 4, cn, sizeof cn, why, sizeof why),
                      CAIRN_EINVAL);
     cairn_tls_checker_free(c);
