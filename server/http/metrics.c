@@ -6,6 +6,7 @@
  */
 #include "server/http/metrics.h"
 
+#include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
 #include "store/store.h"
 
@@ -45,6 +46,72 @@ static void counter(http_buf *b, const char *name, const char *help, double v)
     family(b, name, "counter", help);
     http_buf_printf(b, "%s", name);
     value(b, v);
+}
+
+/* A label value as the exposition format wants it: \\, \" and \n escaped. */
+static void label_value(http_buf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            http_buf_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            http_buf_printf(b, "\\n");
+        else
+            http_buf_printf(b, "%c", *v);
+    }
+}
+
+/* The counters of server/peer (peer_net_stats), one sample per other
+ * member, labelled with its --name. */
+static void peer_metrics(http_buf *b, peer_net *n)
+{
+    size_t np = n ? peer_net_stats(n, NULL, 0) : 0;
+    peer_stats *ps = np ? calloc(np, sizeof *ps) : NULL;
+    if (!ps)
+        return;
+    np = peer_net_stats(n, ps, np);
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } fs[] = {
+        {"cairn_peer_connected", "gauge", "1 while a stream to the member is up.",
+         offsetof(peer_stats, connected)},
+        {"cairn_peer_connects_total", "counter",
+         "Streams to the member that passed both hellos and went live.",
+         offsetof(peer_stats, connects)},
+        {"cairn_peer_sent_messages_total", "counter", "Peer messages sent to the member.",
+         offsetof(peer_stats, msgs_sent)},
+        {"cairn_peer_sent_bytes_total", "counter", "Bytes of those messages (protobuf framing).",
+         offsetof(peer_stats, bytes_sent)},
+        {"cairn_peer_received_messages_total", "counter",
+         "Peer messages received from the member and decoded.",
+         offsetof(peer_stats, msgs_received)},
+        {"cairn_peer_received_bytes_total", "counter", "Bytes of those messages.",
+         offsetof(peer_stats, bytes_received)},
+        {"cairn_peer_pushes_total", "counter", "Optimistic pushes sent to the member.",
+         offsetof(peer_stats, pushes)},
+        {"cairn_peer_pushes_dropped_total", "counter",
+         "Changes not queued for the member because its queue was full (periodic sync sent "
+         "them later).",
+         offsetof(peer_stats, pushes_dropped)},
+        {"cairn_peer_sync_rounds_total", "counter",
+         "Sync messages sent to the member: periodic, after a reconnect, and answers.",
+         offsetof(peer_stats, sync_rounds)},
+    };
+    for (size_t f = 0; f < sizeof fs / sizeof fs[0]; f++) {
+        family(b, fs[f].name, fs[f].type, fs[f].help);
+        for (size_t i = 0; i < np; i++) {
+            const char *field = (const char *)&ps[i] + fs[f].off;
+            double v = fs[f].off == offsetof(peer_stats, connected)
+                           ? (double)*(const int *)(const void *)field
+                           : (double)*(const uint64_t *)(const void *)field;
+            http_buf_printf(b, "%s{peer=\"", fs[f].name);
+            label_value(b, ps[i].name);
+            http_buf_printf(b, "\"}");
+            value(b, v);
+        }
+    }
+    free(ps);
 }
 
 /* etcd's buckets for disk latencies: 1 ms, 2 ms, ... 8.192 s. */
@@ -268,10 +335,7 @@ void metrics_write(cairn_server *srv, http_buf *b)
     counter(b, "cairn_store_changes_total",
             "Changes carried by those group commits (changes / syncs is the batch factor).",
             (double)st.changes);
-    /* Per-peer metrics (connection state, bytes, sync rounds, lag) go
-     * here, read from server/peer's cairn_peer_stats accessor
-     * (srv->peer) once it exists: cairn_peer_* with a "peer" label (the
-     * member name). */
+    peer_metrics(b, srv->peer);
     gauge(b, "cairn_alarm_nospace", "1 while a NOSPACE alarm is raised.",
           (double)atomic_load(&srv->nospace));
     family(b, "cairn_version", "gauge", "cairn's own version. 1 for 'version' label.");

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
@@ -127,6 +128,16 @@ def main():
             r = n.etcdctl("endpoint", "health", check=False)
             check(r.returncode == 0 and b"is healthy" in r.stderr + r.stdout,
                   "endpoint health " + n.name)
+        # /metrics on the client URL: one cairn_peer_* sample per other member
+        with urllib.request.urlopen("http://%s/metrics" % n1.endpoint, timeout=10) as resp:
+            text = resp.read().decode()
+        for other in ("n2", "n3"):
+            line = 'cairn_peer_connected{peer="%s"} 1' % other
+            check(line in text.splitlines(), "/metrics on n1 has %r" % line)
+            sent = [ln for ln in text.splitlines()
+                    if ln.startswith('cairn_peer_sent_bytes_total{peer="%s"} ' % other)]
+            check(len(sent) == 1 and int(sent[0].split()[-1]) > 0,
+                  "/metrics on n1 counts bytes sent to %s: %s" % (other, sent))
 
         # each port serves its own services only; a peer message that does
         # not decode resets that stream and the node goes on serving
