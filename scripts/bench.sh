@@ -49,27 +49,6 @@
 #               run by run), nothing pinned. Table: results.md's "Cluster"
 #               section (also cluster.md), raw rows cl-* in raw.tsv,
 #               timelines in cluster/.
-#   cluster     cairn clusters beside etcd clusters of the same size whose
-#               peer links all go through tests/integration/netproxy.py
-#               (bench/scripts/cluster_bench.py; its opening comment says
-#               exactly what and how): a. YCSB A open loop at
-#               --cluster-rate on one node, 3 and 5 nodes, 0 and 10 ms
-#               one-way links, p50/p99 beside each system's single node;
-#               b. the client's node cut off 5 s then healed: share of its
-#               requests that succeed in the cut, a per-second timeline
-#               (cluster-cut.png), heal -> the other side has the cut's
-#               writes; c. replication lag, put ack on node 1 -> watch
-#               event on node 2, 0 and 10 ms; d. wire bytes per replicated
-#               change over its own bytes (cairnpb.Replication/ChangeBytes),
-#               steady push and the exchange after a partition with 1,000
-#               changes a side; e. aggregate put throughput, clients on all
-#               3 nodes; f. one node cut off while the others take
-#               --catchup-changes puts, then healed: its local put p99
-#               during the catch-up vs idle, and the catch-up time. Each
-#               system's clusters run one after the other (not alternating
-#               run by run), nothing pinned. Table: results.md's "Cluster"
-#               section (also cluster.md), raw rows cl-* in raw.tsv,
-#               timelines in cluster/.
 # With 2+ cores every part but etcd-bench pins the servers to CPU 0 and the
 # clients to CPU 1 (taskset).
 #
@@ -117,10 +96,11 @@
 # watch 2-7, etcd-bench 14-44, batch 8-24, big 31-52; setup 15-32 s with
 # everything built). Building etcd's benchmark the first time adds about 3
 # minutes, installing its Go packages (deps.sh --bench) a few more.
-# cluster (not yet run on a quiet machine): about 10-11 minutes estimated
-# from its steps (per system: single node 20 s, 3 nodes 250 s of which the
-# 200,000-change catch-up 60-90 s, 5 nodes 45 s), so a full run of all eight
-# parts about 28; --catchup-changes 1000000 adds about 2 x 1.5-3 minutes.
+# cluster took 912 s (15 minutes) on a quiet machine in the run
+# 2026-12-02T0216Z-cluster, 196 s of it cairn's 200,000-change catch-up
+# (etcd's: 3 s), so a full run of all eight parts takes about 33 minutes;
+# --catchup-changes 1000000 adds cairn's catch-up five times over until
+# that is fixed.
 # Its --quick form took 176 s on this machine at load average 12-45 (one
 # repetition, 3 nodes only); expect 1-2 minutes on a quiet one.
 set -euo pipefail
