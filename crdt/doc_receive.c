@@ -92,13 +92,74 @@ static int cc_add(cairn_doc *d, uint64_t lo, uint64_t hi)
     return 0;
 }
 
+/* Takes out of the memo the other deps of |c| (all but deps[skip]) and
+ * their ancestors. The walk stops at changes the memo does not hold: they
+ * are in the past already, and so are their ancestors. So it costs what
+ * the other deps add to the past (for a peer's change made on top of ours
+ * and of the peer's own run: the changes in between). */
+static int cc_remove_past(cairn_doc *d, const cairn_change *c, size_t skip)
+{
+    uint64_t *stack = NULL, deps[CAIRN_CHANGE_MAX_DEPS];
+    size_t nst = 0, capst = 0;
+    int rc = 0;
+    for (size_t k = 0; k < c->ndeps && !rc; k++) {
+        uint64_t x;
+        if (k != skip && cairn_dag_find(d->dag, &c->deps[k], &x) == 0 &&
+            !(rc = grow((void **)&stack, &capst, nst + 1, sizeof *stack)))
+            stack[nst++] = x;
+    }
+    while (nst && !rc) {
+        uint64_t x = stack[--nst];
+        if (!cc_has(d, x))
+            continue;
+        /* out now, so it is not visited twice */
+        size_t lo = 0, hi = d->ncc;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (x < d->cc[mid].lo)
+                hi = mid;
+            else if (x >= d->cc[mid].hi)
+                lo = mid + 1;
+            else
+                lo = hi = mid;
+        }
+        irange *g = &d->cc[lo];
+        if (g->lo == x) {
+            g->lo++;
+        } else if (g->hi == x + 1) {
+            g->hi--;
+        } else {
+            if ((rc = grow((void **)&d->cc, &d->cc_cap, d->ncc + 1, sizeof *d->cc)))
+                break;
+            g = &d->cc[lo];
+            memmove(g + 1, g, (d->ncc - lo) * sizeof *g);
+            d->ncc++;
+            g[0].hi = x;
+            g[1].lo = x + 1;
+        }
+        if (d->cc[lo].lo == d->cc[lo].hi) {
+            memmove(&d->cc[lo], &d->cc[lo + 1], (d->ncc - lo - 1) * sizeof *d->cc);
+            d->ncc--;
+        }
+        size_t nd = cairn_dag_deps_at(deps, CAIRN_CHANGE_MAX_DEPS, d->dag, x);
+        if (nd > CAIRN_CHANGE_MAX_DEPS)
+            nd = CAIRN_CHANGE_MAX_DEPS;
+        if ((rc = grow((void **)&stack, &capst, nst + nd, sizeof *stack)))
+            break;
+        for (size_t j = 0; j < nd; j++)
+            stack[nst++] = deps[j];
+    }
+    free(stack);
+    return rc;
+}
+
 /*
  * The cheap ways to a ready change's concurrent set, tried before it is
  * validated: no deps (an empty past); deps equal to our heads (nothing is
- * concurrent); or one dep, the change the memo describes: its concurrent
- * set plus everything ordered after it (none of which can be its
- * ancestor). The last is what makes a long run of a peer's changes cheap
- * while local writes interleave (a catch-up): each one's past is the
+ * concurrent); or a dep that is the change the memo describes: its
+ * concurrent set plus everything ordered after it (none of which can be
+ * its ancestor), less what the other deps bring into the past. The last is what makes a long run of
+ * a peer's changes cheap while local writes interleave (a catch-up): each one's past is the
  * previous one's plus the previous one, so the memo carries over at the
  * cost of one range, where a walk would cost every change since the fork.
  * Extending the memo in place keeps it right for its own change too: what
@@ -118,11 +179,19 @@ static void past_quick(cairn_doc *d, const cairn_change *c, past *p)
         p->known = 1;
         return;
     }
-    uint64_t at;
-    if (c->ndeps != 1 || !d->cc_ok || cairn_dag_find(d->dag, &c->deps[0], &at) || at != d->cc_at)
+    if (!d->cc_ok)
+        return;
+    size_t k = 0;
+    uint64_t at = UINT64_MAX;
+    for (; k < c->ndeps; k++)
+        if (cairn_dag_find(d->dag, &c->deps[k], &at) == 0 && at == d->cc_at)
+            break;
+    if (k == c->ndeps)
         return;
     uint64_t n = cairn_dag_count(d->dag);
-    if (at + 1 < n && cc_add(d, at + 1, n)) {
+    if (c->ndeps > 1)
+        d->cc_ok = 0; /* no longer the memo's change's set: until this one is ordered */
+    if ((at + 1 < n && cc_add(d, at + 1, n)) || (c->ndeps > 1 && cc_remove_past(d, c, k))) {
         d->cc_ok = 0;
         return;
     }
@@ -158,11 +227,18 @@ static int in_past(cairn_doc *d, const cairn_change *c, past *p, const uint32_t 
         return rc;
     uint64_t b = p->bound[r.actor];
     if (b == UINT64_MAX) {
+        /* The actor's changes in the past are a prefix of its run (each
+         * has the one before among its ancestors): binary search. */
         const arun *run = &d->runs[amap[r.actor]];
-        size_t i = p->empty ? 0 : run->n;
-        while (i > 0 && cc_has(d, run->v[i - 1].index))
-            i--;
-        b = p->bound[r.actor] = i ? run->v[i - 1].end : 0;
+        size_t lo = 0, hi = p->empty ? 0 : run->n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (cc_has(d, run->v[mid].index))
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        b = p->bound[r.actor] = lo ? run->v[lo - 1].end : 0;
     }
     return r.counter <= b ? 0 : CAIRN_ENOTPAST;
 }

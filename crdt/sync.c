@@ -822,6 +822,51 @@ static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
     return 0;
 }
 
+/*
+ * What a filter holds: our changes that are not ancestors of its base.
+ * The peer sends back every change of its own since the base that the
+ * filter lacks, so the filter is only worth the changes the peer may have;
+ * those it lacks (a backlog we are sending it) cost a bloom entry each and
+ * a walk over them every round, for nothing. Above the floor (below it the
+ * peer has everything, and the base covers it), the peer has what reached
+ * it from elsewhere: the other members stream the same backlog from the
+ * same end and relay the newest changes, so the filter takes the oldest
+ * and the newest max_changes of them. A change the peer has from the
+ * middle of a larger backlog comes back once more: bytes, never a loss.
+ * Costs the base's ancestors above the floor plus those entries.
+ */
+static int filter_entries(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s,
+                          const cairn_hash *base, size_t nbase)
+{
+    *out = NULL;
+    *n = 0;
+    uint64_t count = cairn_dag_count(d), floor = s->floor <= count ? s->floor : 0;
+    size_t edge = s->lim.max_changes, k = 0;
+    uint64_t *anc = calloc((size_t)((count - floor) / 64 + 1), sizeof *anc);
+    uint64_t *v = malloc((2 * edge + 1) * sizeof *v);
+    int rc = anc && v ? cairn_dag_mark_ancestors(anc, d, base, nbase, floor) : CAIRN_ENOMEM;
+    if (rc) {
+        free(anc);
+        free(v);
+        return rc;
+    }
+#define ANC(i) (anc[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+    uint64_t i = floor;
+    for (; i < count && k < edge; i++)
+        if (!ANC(i))
+            v[k++] = i;
+    for (uint64_t j = count; j > i && k < 2 * edge;) {
+        j--;
+        if (!ANC(j))
+            v[k++] = j;
+    }
+#undef ANC
+    free(anc);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
 int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
                         const uint8_t salt[CAIRN_BLOOM_SALT_LEN])
 {
@@ -857,7 +902,11 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
         if ((rc = peer_base(&base, &nbase, d, s, s->shared, s->nshared, s->lim.max_heads)))
             goto done;
         size_t nf = 0;
-        if ((rc = cairn_dag_not_ancestors(&fidx, &nf, d, base, nbase)))
+        if (nbase)
+            rc = filter_entries(&fidx, &nf, d, s, base, nbase);
+        else
+            rc = cairn_dag_not_ancestors(&fidx, &nf, d, base, nbase);
+        if (rc)
             goto done;
         if (nbase == 0 && nf > s->lim.sample_min_changes && !s->sample_sent) {
             /* No common base yet: a sample instead of a whole-history filter. */
