@@ -63,7 +63,8 @@ typedef struct past {
     uint64_t *bound; /* per actor index of the change; UINT64_MAX = not yet */
 } past;
 
-static int cc_has(const cairn_doc *d, uint64_t x)
+/* The memo's range that holds |x|, or d->ncc. */
+static size_t cc_find(const cairn_doc *d, uint64_t x)
 {
     size_t lo = 0, hi = d->ncc;
     while (lo < hi) {
@@ -73,9 +74,14 @@ static int cc_has(const cairn_doc *d, uint64_t x)
         else if (x >= d->cc[mid].hi)
             lo = mid + 1;
         else
-            return 1;
+            return mid;
     }
-    return 0;
+    return d->ncc;
+}
+
+static int cc_has(const cairn_doc *d, uint64_t x)
+{
+    return cc_find(d, x) < d->ncc;
 }
 
 /* Appends [lo, hi) (lo >= the last range's end). */
@@ -110,19 +116,10 @@ static int cc_remove_past(cairn_doc *d, const cairn_change *c, size_t skip)
     }
     while (nst && !rc) {
         uint64_t x = stack[--nst];
-        if (!cc_has(d, x))
+        size_t lo = cc_find(d, x);
+        if (lo == d->ncc)
             continue;
         /* out now, so it is not visited twice */
-        size_t lo = 0, hi = d->ncc;
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (x < d->cc[mid].lo)
-                hi = mid;
-            else if (x >= d->cc[mid].hi)
-                lo = mid + 1;
-            else
-                lo = hi = mid;
-        }
         irange *g = &d->cc[lo];
         if (g->lo == x) {
             g->lo++;
