@@ -266,9 +266,18 @@ static void replica_unref(cairn_replica *r)
 
 /* Takes the read side, with |durable| once everything the document holds
  * is durable; then doc_mu. Returns the store's failure code (nothing held)
- * or 0. */
+ * or 0. With |durable| it first waits for the committer without the read
+ * side (at most two of its groups: writers keep coming), so that what is
+ * left to wait for under it, where it holds writers up, is only what they
+ * queued meanwhile: during a catch-up the groups are large. */
 static int doc_read_lock(cairn_store *s, int durable)
 {
+    if (durable) {
+        pthread_mutex_lock(&s->qmu);
+        for (int i = 0; i < 2 && (s->batch_n || s->writing) && !cairn_store_failed_rc(s); i++)
+            pthread_cond_wait(&s->dcv, &s->qmu);
+        pthread_mutex_unlock(&s->qmu);
+    }
     pthread_rwlock_rdlock(&s->rw);
     pthread_mutex_lock(&s->qmu);
     while (durable && (s->batch_n || s->writing) && !cairn_store_failed_rc(s))
