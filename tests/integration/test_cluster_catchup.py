@@ -112,7 +112,7 @@ def p99(xs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", required=True)
-    ap.add_argument("--changes", type=int, default=20000)
+    ap.add_argument("--changes", type=int, default=40000)
     ap.add_argument("--loadgen", default=None)
     args = ap.parse_args()
     lg = args.loadgen or os.path.join(os.path.dirname(os.path.abspath(args.cairn)),
