@@ -230,6 +230,16 @@ static void doc_read_unlock(cairn_store *s)
     pthread_rwlock_unlock(&s->rw);
 }
 
+int cairn_store_doc_read_lock(cairn_store *s, int durable)
+{
+    return doc_read_lock(s, durable);
+}
+
+void cairn_store_doc_read_unlock(cairn_store *s)
+{
+    doc_read_unlock(s);
+}
+
 /* Pays the cairn_sync_applied a completed receive left owed (caller holds
  * r->mu, the read side and doc_mu). */
 static int settle_applied(cairn_replica *r)
