@@ -10,6 +10,35 @@
 
 #include "../store/store_test.h"
 #include "store/replica.h"
+#include "store/store_int.h"
+
+/* The run map both ways, with gaps (changes that made no revision). */
+START_TEST(revmap_both_ways)
+{
+    revmap m;
+    ck_assert_int_eq(cairn_revmap_init(&m), 0);
+    int64_t rev;
+    ck_assert_int_eq(cairn_revmap_rev_of(&m, &rev, 5), 0);
+    ck_assert_int_eq(rev, 1); /* nothing made a revision yet: the fresh store's */
+    /* index 1 -> rev 2, 2 -> 3, 3 none, 4 none, 5 -> 4, 6 -> 5 */
+    ck_assert_int_eq(cairn_revmap_add(&m, 2, 1), 0);
+    ck_assert_int_eq(cairn_revmap_add(&m, 3, 2), 0);
+    ck_assert_int_eq(cairn_revmap_add(&m, 4, 5), 0);
+    ck_assert_int_eq(cairn_revmap_add(&m, 5, 6), 0);
+    static const int64_t want[8] = {1, 2, 3, 3, 3, 4, 5, 5};
+    static const int took[8] = {0, 1, 1, 0, 0, 1, 1, 0};
+    for (uint64_t i = 0; i < 8; i++) {
+        ck_assert_int_eq(cairn_revmap_rev_of(&m, &rev, i), took[i]);
+        ck_assert_int_eq(rev, want[i]);
+        uint64_t back;
+        if (took[i]) { /* and back again */
+            ck_assert_int_eq(cairn_revmap_find(&m, &back, rev), 0);
+            ck_assert_uint_eq(back, i);
+        }
+    }
+    cairn_revmap_destroy(&m);
+}
+END_TEST
 
 static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *cap)
 {
@@ -204,6 +233,7 @@ int main(void)
 {
     Suite *su = suite_create("store_causal");
     TCase *tc = tcase_create("causal");
+    tcase_add_test(tc, revmap_both_ways);
     tcase_add_test(tc, revision_and_hash);
     tcase_add_test(tc, range_at_heads_same_on_both_orders);
     suite_add_tcase(su, tc);
