@@ -128,8 +128,8 @@ static int in_range(const cairn_range_req *q, const uint8_t *k, size_t kl)
     return cairn_store_keycmp(k, kl, q->range_end, q->range_end_len) < 0;
 }
 
-static int push_kv(cairn_heads_range *r, size_t *cap, const uint8_t *k, size_t kl,
-                   const uint8_t *v, size_t vl, int64_t lease, int keys_only)
+static int push_kv(cairn_heads_range *r, size_t *cap, const uint8_t *k, size_t kl, const uint8_t *v,
+                   size_t vl, int64_t lease, int keys_only)
 {
     if (r->nkvs == *cap) {
         size_t nc = *cap ? *cap * 2 : 16;

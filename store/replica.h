@@ -78,6 +78,10 @@ typedef void (*cairn_replica_done_cb)(void *arg, int rc);
 int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
                           cairn_replica_done_cb cb, void *arg);
 
+/* The peer's heads as its last message reported them (a new array,
+ * *heads caller frees; NULL when *n == 0, before the first message). */
+int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n);
+
 /* The store's heads as the document holds them (for tests and the
  * Replication service): a new sorted array (*heads, caller frees; NULL when
  * *n == 0), read under the read side once everything applied is durable.

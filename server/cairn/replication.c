@@ -59,12 +59,14 @@ static void hex_of(char out[65], const cairn_hash *h)
     out[64] = 0;
 }
 
-static void fail_not_here(rpc_call *c, const cairn_hash *missing)
+/* "not here yet", naming the change: FAILED_PRECONDITION for a state to
+ * read or judge (rc CAIRN_ENOTHERE), NOT_FOUND for a lookup (ENOTFOUND). */
+static void fail_not_here(rpc_call *c, int rc, const cairn_hash *missing)
 {
     char hex[65], msg[160];
     hex_of(hex, missing);
     snprintf(msg, sizeof msg, "cairn: not here yet: change %s is not on this member", hex);
-    rpc_fail(c, CAIRN_ENOTHERE, msg);
+    rpc_fail(c, rc, msg);
 }
 
 /* Views of hashes as protobuf bytes (borrowed from |h|). */
@@ -110,7 +112,7 @@ static int state_of(rpc_call *c, cairn_store *s, int64_t revision, const Protobu
         if (rc) {
             free(h);
             if (rc == CAIRN_ENOTHERE)
-                fail_not_here(c, &missing);
+                fail_not_here(c, CAIRN_ENOTHERE, &missing);
             else
                 rpc_fail(c, rc, NULL);
             return rc;
@@ -124,8 +126,7 @@ static int state_of(rpc_call *c, cairn_store *s, int64_t revision, const Protobu
         rc = h ? cairn_store_rev_to_hash(s, h, revision) : CAIRN_ENOMEM;
         if (rc) {
             free(h);
-            rpc_fail(c, rc,
-                     rc == CAIRN_ENOTFOUND ? "cairn: no change made this revision" : NULL);
+            rpc_fail(c, rc, rc == CAIRN_ENOTFOUND ? "cairn: no change made this revision" : NULL);
             return rc;
         }
         *out = h;
@@ -178,7 +179,6 @@ static int holders(cairn_server *srv, const cairn_hash *want, size_t nwant, uint
     free(ps);
     return k;
 }
-
 
 /* ---- the unary calls ------------------------------------------------------------ */
 
@@ -258,10 +258,7 @@ static void replication_hash_to_rev(rpc_call *c, const uint8_t *req, size_t len)
     int took;
     int rc = cairn_store_hash_to_rev(srv->store, &out.revision, &took, &h);
     if (rc == CAIRN_ENOTHERE) {
-        char hex[65], msg[160];
-        hex_of(hex, &h);
-        snprintf(msg, sizeof msg, "cairn: not here yet: change %s is not on this member", hex);
-        rpc_fail(c, CAIRN_ENOTFOUND, msg);
+        fail_not_here(c, CAIRN_ENOTFOUND, &h);
         return;
     }
     if (rc) {
@@ -300,7 +297,7 @@ static void replication_range(rpc_call *c, const uint8_t *req, size_t len)
     int rc = cairn_store_range_at_heads(srv->store, &r, heads, nh, &rq, 0, &missing);
     free(heads);
     if (rc == CAIRN_ENOTHERE) {
-        fail_not_here(c, &missing);
+        fail_not_here(c, CAIRN_ENOTHERE, &missing);
         return;
     }
     if (rc) {
@@ -705,7 +702,9 @@ static void replication_wait(rpc_call *c, const uint8_t *req, size_t len)
     w->n = q->n;
     w->deadline_ms = mono_ms() + timeout;
     pthread_mutex_lock(&h->mu);
-    int refuse = h->stop ? CAIRN_ESTOPPED : h->nwaiters >= REPL_MAX_WAITERS ? CAIRN_ETOOMANYREQUESTS : 0;
+    int refuse = h->stop                           ? CAIRN_ESTOPPED
+                 : h->nwaiters >= REPL_MAX_WAITERS ? CAIRN_ETOOMANYREQUESTS
+                                                   : 0;
     if (!refuse) {
         w->next = h->head;
         h->head = w;

@@ -25,7 +25,7 @@
 
 #include "cairnpb/replication.pb-c.h"
 
-#define EXIT_ERROR 1     /* etcdctl: ExitError */
+#define EXIT_ERROR 1      /* etcdctl: ExitError */
 #define EXIT_BAD_ARGS 128 /* etcdctl: ExitBadArgs */
 #define MAX_HEADS 4096
 
@@ -190,7 +190,8 @@ static int call_one(reply *r, const opts *o, const char *target, const char *met
     grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch, 1);
     while (st != GRPC_CHANNEL_READY) {
         grpc_channel_watch_connectivity_state(ch, st, dial_dl, cq, (void *)1);
-        grpc_event ev = grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        grpc_event ev =
+            grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (!ev.success)
             break; /* timed out */
         st = grpc_channel_check_connectivity_state(ch, 1);
@@ -409,7 +410,9 @@ static void cmd_status(const opts *o, int64_t rev, ProtobufCBinaryData *heads, s
             char id[17];
             snprintf(id, sizeof id, "%" PRIx64, s->id);
             const char *row[4] = {id, s->name, s->holds ? "true" : "false",
-                                  s->is_self ? "self" : s->connected ? "true" : "false"};
+                                  s->is_self     ? "self"
+                                  : s->connected ? "true"
+                                                 : "false"};
             table_row(w, 4, row);
         }
         table_line(w, 4);
@@ -418,7 +421,9 @@ static void cmd_status(const opts *o, int64_t rev, ProtobufCBinaryData *heads, s
         for (size_t i = 0; i < m->n_members; i++) {
             const Cairnpb__MemberStatus *s = m->members[i];
             printf("%" PRIx64 ", %s, %s, %s\n", s->id, s->name, s->holds ? "holds" : "lacks",
-                   s->is_self ? "self" : s->connected ? "connected" : "disconnected");
+                   s->is_self     ? "self"
+                   : s->connected ? "connected"
+                                  : "disconnected");
         }
     }
     cairnpb__status_response__free_unpacked(m, NULL);
@@ -621,12 +626,14 @@ int main(int argc, char **argv)
         if (!nh)
             die(EXIT_BAD_ARGS, "get-at-heads command needs --heads");
         if (prefix && npos == 3)
-            die(EXIT_BAD_ARGS, "too many arguments, only accept one argument when `--prefix` is set.");
+            die(EXIT_BAD_ARGS,
+                "too many arguments, only accept one argument when `--prefix` is set.");
         cmd_get_at_heads(&o, pos[1], npos == 3 ? pos[2] : NULL, prefix, keys_only, limit, heads,
                          nh);
     } else {
-        fprintf(stderr, "Error: unknown command \"%s\" for \"cairnctl\"\n"
-                        "Run 'cairnctl --help' for usage.\n",
+        fprintf(stderr,
+                "Error: unknown command \"%s\" for \"cairnctl\"\n"
+                "Run 'cairnctl --help' for usage.\n",
                 cmd);
         return EXIT_ERROR;
     }

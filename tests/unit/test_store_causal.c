@@ -208,7 +208,8 @@ START_TEST(range_at_heads_same_on_both_orders)
     /* a head this node lacks names itself; the replay bound */
     cairn_hash missing, unknown[2] = {a_last, a_last};
     memset(unknown[1].b, 0xee, sizeof unknown[1].b);
-    ck_assert_int_eq(cairn_store_range_at_heads(a, &r, unknown, 2, &q, 0, &missing), CAIRN_ENOTHERE);
+    ck_assert_int_eq(cairn_store_range_at_heads(a, &r, unknown, 2, &q, 0, &missing),
+                     CAIRN_ENOTHERE);
     ck_assert_mem_eq(missing.b, unknown[1].b, sizeof missing.b);
     ck_assert_int_eq(cairn_store_range_at_heads(b, &r, &a_last, 1, &q, 2, NULL), CAIRN_EREPLAY);
     q.key_len = 0;
