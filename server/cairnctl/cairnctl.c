@@ -284,8 +284,11 @@ static reply call(const opts *o, const char *method, const ProtobufCMessage *req
     return r;
 }
 
+/* The reply decoded into |m|; its bytes are freed. */
 #define UNPACK(type, fn, r)                                                                        \
     type *m = fn(NULL, (r).len, (r).bytes);                                                        \
+    free((r).bytes);                                                                               \
+    free((r).details);                                                                             \
     if (!m)                                                                                        \
         die(EXIT_ERROR, "cannot decode the response");
 
