@@ -17,7 +17,9 @@ the link proxies for faults), partly through cairnctl:
   lacks fails with FAILED_PRECONDITION naming it;
 - a claim is durable: writes on n1, each waited for with n=2, while n2 is
   killed with -9 at a random moment; n2 is then cut off and restarted, and
-  every change WaitReplicated claimed is on its disk (HashToRevision).
+  every change WaitReplicated claimed is on its disk (HashToRevision);
+- cairnctl: -w json of status --heads and get-at-heads parse and say the
+  same, -w table draws its table, bad arguments exit 128.
 
 --latency measures WaitReplicated n=2 after a put (p50/p99) with 0 and
 10 ms on every link (the proxies' delay); a rough figure on a loaded box.
@@ -27,6 +29,7 @@ Needs the peer transport (exit 77, skipped, otherwise).
 """
 
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -207,6 +210,30 @@ def phase_partition(c, args):
                                  ",".join(h.hex() for h in cut_heads))
         check(rc == 0 and out_ == "k0\nv0\nk1\ncut-off\n", "cairnctl get-at-heads on n3: %r %r"
               % (out_, err))
+        hs = ",".join(h.hex() for h in cut_heads)
+        rc, out_, err = cairnctl(args, c.nodes[0], "status", "--heads", hs, "-w", "json")
+        try:
+            js = json.loads(out_)
+        except ValueError:
+            js = {}
+        check(rc == 0 and js.get("holding") == 2 and len(js.get("members", [])) == 3
+              and sorted(js.get("heads", [])) == sorted(h.hex() for h in cut_heads),
+              "cairnctl status --heads -w json: %r %r" % (out_, err))
+        rc, out_, err = cairnctl(args, c.nodes[1], "get-at-heads", "k0", "--heads", hs, "-w",
+                                 "json")
+        try:
+            js = json.loads(out_)
+        except ValueError:
+            js = {}
+        check(rc == 0 and js.get("kvs") == [{"key": "k0", "value": "v0", "lease": 0}]
+              and js.get("count") == 1, "cairnctl get-at-heads -w json on n2: %r %r"
+              % (out_, err))
+        rc, out_, err = cairnctl(args, c.nodes[0], "heads", "-w", "table")
+        check(rc == 0 and out_.count("+--") == 3 and "| HEAD" in out_,
+              "cairnctl heads -w table: %r" % out_)
+        rc, out_, err = cairnctl(args, c.nodes[0], "get-at-heads", "k0")
+        check(rc == 128 and err.startswith("Error: "), "cairnctl bad arguments exit 128: %d %r"
+              % (rc, err))
 
 
 def phase_kill9(c, args):
