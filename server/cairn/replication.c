@@ -80,6 +80,33 @@ static ProtobufCBinaryData *bytes_of(const cairn_hash *h, size_t n)
     return b;
 }
 
+/* Heads from a request into a new array (*out, caller frees; NULL for
+ * none): each 32 bytes, at most REPL_MAX_HEADS. *why gets the reason of
+ * an EINVAL. No store, so the fuzz target reaches it. */
+static int heads_of(cairn_hash **out, const char **why, const ProtobufCBinaryData *hb, size_t nh)
+{
+    *out = NULL;
+    *why = NULL;
+    if (nh > REPL_MAX_HEADS) {
+        *why = "cairn: too many heads";
+        return CAIRN_EINVAL;
+    }
+    for (size_t i = 0; i < nh; i++)
+        if (hb[i].len != sizeof((cairn_hash *)0)->b) {
+            *why = "cairn: a head is a 32-byte change hash";
+            return CAIRN_EINVAL;
+        }
+    if (!nh)
+        return 0;
+    cairn_hash *h = malloc(nh * sizeof *h);
+    if (!h)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i < nh; i++)
+        memcpy(h[i].b, hb[i].data, sizeof h[i].b);
+    *out = h;
+    return 0;
+}
+
 /* The state a request names: |heads| (each here), else the change that
  * made |revision|, else the current heads. *out new array (caller frees).
  * Fails the call itself and returns < 0. */
@@ -90,22 +117,12 @@ static int state_of(rpc_call *c, cairn_store *s, int64_t revision, const Protobu
     *n = 0;
     int rc = 0;
     if (nh) {
-        if (nh > REPL_MAX_HEADS) {
-            rpc_fail(c, CAIRN_EINVAL, "cairn: too many heads");
-            return CAIRN_EINVAL;
-        }
-        cairn_hash *h = malloc(nh * sizeof *h);
-        if (!h) {
-            rpc_fail(c, CAIRN_ENOMEM, NULL);
-            return CAIRN_ENOMEM;
-        }
-        for (size_t i = 0; i < nh; i++) {
-            if (hb[i].len != sizeof h[i].b) {
-                free(h);
-                rpc_fail(c, CAIRN_EINVAL, "cairn: a head is a 32-byte change hash");
-                return CAIRN_EINVAL;
-            }
-            memcpy(h[i].b, hb[i].data, sizeof h[i].b);
+        cairn_hash *h;
+        const char *why;
+        rc = heads_of(&h, &why, hb, nh);
+        if (rc) {
+            rpc_fail(c, rc, why);
+            return rc;
         }
         cairn_hash missing;
         rc = cairn_store_heads_here(s, h, nh, &missing);
@@ -732,3 +749,49 @@ static const rpc_method replication_methods[] = {
 const rpc_service cairn_replication_service = {
     "cairnpb.Replication", replication_methods,
     sizeof replication_methods / sizeof replication_methods[0], replication_stopping};
+
+/* ---- for the fuzz target: a request's decoding and checks, no store ---- */
+
+int cairn_repl_decode_request(int kind, const uint8_t *req, size_t len)
+{
+    static const ProtobufCMessageDescriptor *const descs[] = {
+        &cairnpb__revision_to_hash_request__descriptor,
+        &cairnpb__hash_to_revision_request__descriptor,
+        &cairnpb__range_request__descriptor,
+        &cairnpb__status_request__descriptor,
+        &cairnpb__wait_request__descriptor,
+    };
+    if (kind < 0 || (size_t)kind >= sizeof descs / sizeof descs[0])
+        return CAIRN_EINVAL;
+    ProtobufCMessage *m = protobuf_c_message_unpack(descs[kind], NULL, len, req);
+    if (!m)
+        return CAIRN_EUNMARSHAL;
+    const ProtobufCBinaryData *hb = NULL;
+    size_t nh = 0;
+    int rc = 0;
+    if (kind == 1) {
+        const Cairnpb__HashToRevisionRequest *q = (const void *)m;
+        rc = q->hash.len == 32 ? 0 : CAIRN_EINVAL;
+    } else if (kind == 2) {
+        const Cairnpb__RangeRequest *q = (const void *)m;
+        hb = q->heads;
+        nh = q->n_heads;
+        rc = nh ? 0 : CAIRN_EINVAL;
+    } else if (kind == 3) {
+        const Cairnpb__StatusRequest *q = (const void *)m;
+        hb = q->heads;
+        nh = q->n_heads;
+    } else if (kind == 4) {
+        const Cairnpb__WaitRequest *q = (const void *)m;
+        hb = q->heads;
+        nh = q->n_heads;
+    }
+    if (!rc) {
+        cairn_hash *h;
+        const char *why;
+        rc = heads_of(&h, &why, hb, nh);
+        free(h);
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return rc;
+}
