@@ -40,25 +40,11 @@ START_TEST(revmap_both_ways)
 }
 END_TEST
 
-static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *cap)
-{
-    static cairn_actor actors[2];
-    cairn_actor *a = &actors[actor_byte & 1];
-    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.actor = a;
-    cairn_store_subscriber sub = {capture, cap};
-    o.subscribers = &sub;
-    o.nsubscribers = 1;
-    return open_store_opts(dir, &o);
-}
-
 START_TEST(revision_and_hash)
 {
     char *d = make_tmpdir();
     captured c = {0};
-    cairn_store *s = open_actor(d, 0x11, &c);
+    cairn_store *s = open_capturing(d, 0x11, &c);
     ck_assert_int_eq(put_kv(s, "a", "1"), 2);
     ck_assert_int_eq(put_kv(s, "b", "2"), 3);
     ck_assert_int_eq(cairn_store_lease_grant(s, 7, 60), 0); /* takes no revision */
@@ -134,8 +120,8 @@ START_TEST(range_at_heads_same_on_both_orders)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0}, cb = {0};
-    cairn_store *a = open_actor(da, 0x11, &ca);
-    cairn_store *b = open_actor(db, 0x22, &cb);
+    cairn_store *a = open_capturing(da, 0x11, &ca);
+    cairn_store *b = open_capturing(db, 0x22, &cb);
     /* concurrent: a writes x and z, b writes y and z */
     put_kv(a, "x", "ax");
     put_kv(a, "z", "az");
