@@ -60,7 +60,15 @@
     X(EMSGTOOLARGE, 8, "grpc: received message larger than max")                                   \
     X(ENOSUCHMETHOD, 12, "unknown method")                                                         \
     /* crdt, added last so that no other code's number moves. */                                   \
-    X(ENOTPAST, 3, "cairn: change names an op outside its causal past")
+    X(ENOTPAST, 3, "cairn: change names an op outside its causal past")                          \
+    /* etcd: membership (rpctypes), added last too. */                                            \
+    X(EMEMBEREXIST, 9, "etcdserver: member ID already exist")                                      \
+    X(EPEERURLEXIST, 9, "etcdserver: Peer URLs already exists")                                    \
+    X(EMEMBERBADURLS, 3, "etcdserver: given member URLs are invalid")                              \
+    X(EMEMBERNOTLEARNER, 9, "etcdserver: can only promote a learner member")                       \
+    X(ELEARNERNOTREADY, 9, "etcdserver: can only promote a learner member which is in sync with leader") \
+    X(ETOOMANYLEARNERS, 9, "etcdserver: too many learner members in cluster")                      \
+    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")
 
 enum {
     CAIRN_OK = 0,

@@ -117,9 +117,18 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
-    if (rc != 0)
+    if (rc != 0) {
         snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
-    return rc;
+        return rc;
+    }
+    /* etcd: a member publishes its name and client URLs when it starts */
+    int prc = cairn_store_member_publish(srv->store, cfg->name,
+                                         (const char *const *)cfg->advertise_client_urls,
+                                         cfg->nadvertise_client_urls);
+    if (prc != 0)
+        cairn_log(CAIRN_LOG_WARN, "cannot publish this member's client URLs: %s",
+                  cairn_strerror(prc));
+    return 0;
 }
 
 /* ---- quota, alarms ------------------------------------------------------- */
