@@ -137,9 +137,9 @@ typedef struct plink {
     int hello_in; /* the peer's hello was accepted */
     int dead;     /* cancelled: freed once nothing is pending */
     int bye;      /* this side said goodbye (shutting down) */
+    int closed;   /* its status / close completed */
     /* the goodbye was to a removed member: kill on close */
     int bye_removed;
-    int closed;   /* its status / close completed */
     size_t sbuf_len;
     grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
