@@ -47,9 +47,11 @@
  * member added there gets a peer (dialed and accepted like the others), a
  * member whose peer URLs changed is dialed at the new address (its dialed
  * stream is closed so the next dial goes there; a --peer-dials address
- * stands for the member's --initial-cluster URL only), and a removed member is sent what is
- * queued for it (the removal itself, so it learns of it), then a Goodbye;
- * it is never dialed or synced with again and its hellos are refused with
+ * stands for the member's --initial-cluster URL only), and a removed
+ * member is still pushed to for PEER_REMOVE_GRACE_MS (the table moves when
+ * the removal is applied, its push follows the fsync: so the removal
+ * reaches it), then sent what is left queued and a Goodbye; after that it
+ * is never dialed or synced with again and its hellos are refused with
  * etcd's "the member has been permanently removed from the cluster". A
  * node that sees itself removed (from its table, once it was in it, or in
  * such a refusal) logs that line and stops as on SIGTERM, as etcd's
@@ -109,6 +111,9 @@
 #define PEER_MAX_MEMBERS 64
 /* etcd's line and refusal for a removed member (measured: etcd logs it
  * and exits). */
+/* A removed member is still pushed to this long before its Goodbye: the
+ * table moves when the removal is applied, the push follows its fsync. */
+#define PEER_REMOVE_GRACE_MS 1000
 #define PEER_REMOVED "the member has been permanently removed from the cluster"
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
@@ -164,6 +169,7 @@ typedef struct ppeer {
     atomic_int connected;  /* the subscriber queues pushes only then */
     int linked;            /* in --peer-links (every member without it) */
     atomic_int removed;    /* gone from the member table: never dialed again */
+    uint64_t removed_ms;   /* when this node saw it go */
     char *url;             /* the peer URL addr came from */
     cairn_actor actor;     /* from its hello */
     char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
@@ -1083,6 +1089,7 @@ static void follow_members(peer_net *n)
         for (size_t j = 0; j < k && !in; j++)
             in = v[j].id == p->id;
         if (!in && !atomic_load(&p->removed)) {
+            p->removed_ms = now_ms();
             atomic_store(&p->removed, 1);
             cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): removed from the cluster", p->name,
                       p->id);
@@ -1101,14 +1108,16 @@ static void tick(peer_net *n)
     follow_members(n);
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
-        if (atomic_load(&p->removed)) {
+        int gone = atomic_load(&p->removed);
+        if (gone && now >= p->removed_ms + PEER_REMOVE_GRACE_MS) {
             leave_removed(p);
             continue;
         }
         if (!p->linked)
             continue;
         if (!p->live && !p->dial && now >= p->next_dial_ms) {
-            dial(n, p);
+            if (!gone)
+                dial(n, p);
             continue;
         }
         plink *l = p->live;

@@ -17,8 +17,10 @@ every node the whole time:
    and n2 list two members, stop syncing with n3 and end with equal key
    spaces holding every write they acknowledged.
 
-Not here yet: a new member joining with --initial-cluster-state existing
-(the README says what is missing). Bounded: about a minute.
+5. --initial-cluster-state existing with a new data dir is refused with a
+   message (joining a running cluster is not served yet; README).
+
+Bounded: about a minute.
 
 Usage: test_cluster_members.py --cairn build/cairn
 """
@@ -135,6 +137,8 @@ def scenario(c):
         c.put(0, b"after-update", b"1")
         ok = wait_for(lambda: c.get(2, b"after-update") is not None, BOUND)
         check(ok, "a put on n1 reaches n3 through its new address")
+        for a, b in ((2, 0), (2, 1)):   # n3's own dials are legitimate again
+            c.link(a, b).refuse(False)
 
         # 4. n3 removed under load: it exits by itself
         time.sleep(1.0)
@@ -165,11 +169,30 @@ def scenario(c):
           "n1 never reconnected to n3 after its removal")
 
 
+
+def join_refused(binary):
+    """--initial-cluster-state existing on a new data dir: refused with a
+    message, nothing made in the data dir's store."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        dd = os.path.join(d, "data")
+        r = subprocess.run([binary, "--name", "n4", "--data-dir", dd,
+                            "--initial-cluster-state", "existing",
+                            "--listen-client-urls", "http://127.0.0.1:0",
+                            "--initial-cluster", "n4=http://127.0.0.1:1"],
+                           capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+        check(r.returncode != 0 and b"joining a running cluster is not supported yet" in r.stderr,
+              "a new data dir with --initial-cluster-state existing is refused (%d, %r)"
+              % (r.returncode, r.stderr[-300:]))
+        check(not os.path.exists(os.path.join(dd, "db")), "and no store was made")
+
 def run(binary, scenarios):
     """The scenario on a fresh cluster (no watchers: n3 leaves for good)."""
     if not clusterlib.capabilities(binary)["peer_dial"]:
         print("SKIP: %s --help lists no --experimental-peer-dial" % binary)
         return SKIP
+    join_refused(binary)
     with clusterlib.Cluster(binary, 3, sync_interval_ms=100) as c:
         try:
             for s in scenarios:
