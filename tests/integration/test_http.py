@@ -520,6 +520,28 @@ def test_stream_close(c):
     slow.close()
 
 
+def test_max_streams(binary):
+    """--max-concurrent-streams=2: a third gateway watch waits for one of
+    the first two to end, as on etcd (its gateway shares one connection)."""
+    c = Server("cairn", binary, extra=("--max-concurrent-streams=2",))
+    try:
+        c.start()
+        body = '{"create_request":{"key":"bXM="}}'
+        ws = [Stream(c.client_port, "/v3/watch", body).read(1) for _ in range(2)]
+        check(all(len(w.chunks) == 1 for w in ws), "max streams: the first two")
+        third = Stream(c.client_port, "/v3/watch", body).read(1, wait=1)
+        check(third.status is None, "max streams: a third stream was served at once")
+        ws[0].close()
+        third.read(1, wait=5)
+        check(len(third.chunks) == 1, "max streams: the third not served after a close")
+        for w in ws[1:] + [third]:
+            w.close()
+        rc = c.stop()
+        check(rc == 0, "cairn exited with %r" % rc)
+    finally:
+        c.cleanup()
+
+
 def test_garbage(c):
     """Bad HTTP gets a 400 and a close; gRPC on the same port is unaffected."""
     silent = [socket.create_connection(("127.0.0.1", c.client_port), timeout=TIMEOUT)
@@ -673,6 +695,7 @@ def main():
         e.cleanup()
         c.cleanup()
     test_metrics_url(a.cairn)
+    test_max_streams(a.cairn)
     test_nospace(a.cairn, a.etcd)
     if failures:
         print("%d checks failed" % len(failures))
