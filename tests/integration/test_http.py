@@ -616,6 +616,14 @@ def test_metrics(e, c):
     check(before is not None and after == before + 3, "handled{Put,OK}: %r -> %r" % (before, after))
     k2 = sample(fams, "etcd_debugging_mvcc_keys_total", "etcd_debugging_mvcc_keys_total")
     check(k2 == keys + 3, "keys_total %r -> %r" % (keys, k2))
+    # an overwrite adds no key, a delete takes one away (the count is kept
+    # by the document, not scanned)
+    c.etcdctl("put", "metrics-0", "y")
+    c.etcdctl("del", "metrics-1")
+    fams = {f.name: f for f in text_string_to_metric_families(
+        get(c.client_port, "/metrics")[2].decode())}
+    k3 = sample(fams, "etcd_debugging_mvcc_keys_total", "etcd_debugging_mvcc_keys_total")
+    check(k3 == keys + 2, "keys_total after overwrite and delete %r -> %r" % (keys, k3))
     n = sample(fams, "etcd_disk_wal_fsync_duration_seconds",
                "etcd_disk_wal_fsync_duration_seconds_count")
     check(n is not None and n >= 3, "fsync histogram count %r" % n)
