@@ -614,6 +614,18 @@ static int conn_event(front *f, size_t i, short rev)
     return 0;
 }
 
+/* The answers queued by front_send, in order (the caller frees the array). */
+static completed *take_done(front *f, size_t *n)
+{
+    pthread_mutex_lock(&f->mu);
+    completed *d = f->done;
+    *n = f->ndone;
+    f->done = NULL;
+    f->ndone = f->capdone = 0;
+    pthread_mutex_unlock(&f->mu);
+    return d;
+}
+
 static void take_adopted(front *f)
 {
     uint64_t v;
@@ -627,12 +639,8 @@ static void take_adopted(front *f)
     for (size_t i = 0; i < n; i++)
         take(f, a[i].listener, a[i].fd);
     free(a);
-    pthread_mutex_lock(&f->mu);
-    completed *d = f->done;
-    size_t nd = f->ndone;
-    f->done = NULL;
-    f->ndone = f->capdone = 0;
-    pthread_mutex_unlock(&f->mu);
+    size_t nd;
+    completed *d = take_done(f, &nd);
     for (size_t k = 0; k < nd; k++) {
         size_t i = 0;
         while (i < f->nconns && f->conns[i]->id != d[k].token)
@@ -827,12 +835,8 @@ void front_stop(front *f)
         conn_drop(f, f->nconns - 1, 0);
     /* answers that came too late: their streams must hear of it now (the
      * gateway waits for them) */
-    pthread_mutex_lock(&f->mu);
-    completed *d = f->done;
-    size_t nd = f->ndone;
-    f->done = NULL;
-    f->ndone = f->capdone = 0;
-    pthread_mutex_unlock(&f->mu);
+    size_t nd;
+    completed *d = take_done(f, &nd);
     for (size_t k = 0; k < nd; k++) {
         http_buf_free(&d[k].answer);
         if (d[k].fl)

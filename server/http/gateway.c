@@ -34,6 +34,7 @@
 #include "server/http/front.h"
 #include "server/http/json.h"
 #include "server/rpc/rpc.h"
+#include "server/rpc/unary_ops.h"
 #include "server/server.h"
 
 #include <grpc/byte_buffer_reader.h>
@@ -730,19 +731,7 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
                                        deadline, NULL);
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = c->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &c->recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &c->trailing;
-    ops[5].data.recv_status_on_client.status = &c->status;
-    ops[5].data.recv_status_on_client.status_details = &c->details;
+    rpc_unary_ops(ops, c->send, &c->md, &c->recv, &c->trailing, &c->status, &c->details);
     pthread_mutex_lock(&g->mu);
     g->inflight++;
     pthread_mutex_unlock(&g->mu);
