@@ -652,8 +652,11 @@ static void take_adopted(front *f)
             continue;
         }
         conn *c = f->conns[i];
-        if (d[k].fl && !c->flow)
+        if (d[k].fl && !c->flow) {
             c->flow = d[k].fl;
+            if (c->flow->close_at_end)
+                c->closing_after = 1;
+        }
         else if (d[k].fl)
             flow_gone(d[k].fl); /* one stream per request: not reached */
         http_buf_add(&c->out, d[k].answer.data, d[k].answer.len);

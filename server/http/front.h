@@ -91,6 +91,8 @@ void front_complete(front *f, uint64_t token, http_buf *answer);
 typedef struct front_flow {
     atomic_size_t unsent;
     atomic_int closed; /* the connection is gone: produce nothing more */
+    int close_at_end;  /* set before the first part: the end is the close
+                          (an HTTP/1.0 answer without a length) */
     /* Front thread (or front_stop's): |unsent| fell below FRONT_FLOW_LOW
      * after a write, or |closed| was set. Must not block, nor call into
      * the front. */

@@ -610,6 +610,7 @@ static int stream_start(gateway *g, const route *rt, const http_request *r, http
     st->tstatus = (gw_tag){c, T_STATUS};
     st->fl.wake_cb = flow_wake;
     st->fl.release_cb = flow_release;
+    st->fl.close_at_end = r->minor < 1;
     char err[256];
     int rc = stream_requests(st, rt, r, err, sizeof err);
     if (rc != 0) {

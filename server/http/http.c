@@ -331,7 +331,8 @@ static void head(http_buf *out, int minor, int status, const char *ctype, const 
     if (len != SIZE_MAX)
         snprintf(length, sizeof length, "Content-Length: %zu\r\n", len);
     /* etcd: every answer on the client URL passes its CORS handler; Go
-     * puts Transfer-Encoding last */
+     * puts Transfer-Encoding last, and closes an HTTP/1.0 connection
+     * without saying so */
     http_buf_printf(out,
                     "HTTP/1.%d %d %s\r\n"
                     "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
@@ -339,7 +340,7 @@ static void head(http_buf *out, int minor, int status, const char *ctype, const 
                     "Access-Control-Allow-Origin: *\r\n"
                     "Content-Type: %s\r\n%sDate: %s\r\n%s%s%s\r\n",
                     minor, status, http_reason(status), ctype, extra ? extra : "", date, length,
-                    close ? "Connection: close\r\n" : "",
+                    close && minor >= 1 ? "Connection: close\r\n" : "",
                     len == SIZE_MAX && minor >= 1 ? "Transfer-Encoding: chunked\r\n" : "");
 }
 

@@ -444,6 +444,19 @@ def test_streams(e, c):
             pass
         check(x.ended and x.eof and x.buf == b"",
               "keepalive, Connection: close: ended %r eof %r rest %r" % (x.ended, x.eof, x.buf))
+    # HTTP/1.0: no chunks, the close ends the answer (keep-alive asked or not)
+    for extra in (b"", b"Connection: keep-alive\r\n"):
+        req = (b"POST /v3/lease/keepalive HTTP/1.0\r\n%sContent-Length: 10\r\n\r\n"
+               b'{"ID":"1"}' % extra)
+        t0 = time.time()
+        eo, co = raw(e.client_port, req, wait=3), raw(c.client_port, req, wait=3)
+        check(time.time() - t0 < 4, "HTTP/1.0 keepalive %r: not closed at the end" % extra)
+        eh, _, eb = eo.partition(b"\r\n\r\n")
+        ch, _, cb = co.partition(b"\r\n\r\n")
+        nodate = lambda h: re.sub(rb"Date: [^\r]*", b"", h)
+        check(nodate(eh) == nodate(ch) and eb.endswith(b"}\n") and cb.endswith(b"}\n") and
+              strip_revs(json.loads(eb)) == strip_revs(json.loads(cb)),
+              "HTTP/1.0 keepalive %r:\n  etcd  %r\n  cairn %r" % (extra, eo, co))
     # a granted lease's keepalive, field by field (IDs and TTLs differ)
     for srv in (e, c):
         _, _, j = gw(srv.client_port, "/v3/lease/grant", '{"TTL":"60"}')
