@@ -296,8 +296,7 @@ static void send_step(op_ctx *c)
                                        grpc_slice_from_static_string(method), NULL,
                                        deadline_in(e->cfg->timeout_s), NULL);
     grpc_op ops[6];
-    rpc_unary_ops(ops, c->send_bb, &c->md_init, &c->recv_bb, &c->md_trail, &c->status,
-                  &c->details);
+    rpc_unary_ops(ops, c->send_bb, &c->md_init, &c->recv_bb, &c->md_trail, &c->status, &c->details);
     c->sent_ns = now_ns();
     if (c->call == NULL || grpc_call_start_batch(c->call, ops, 6, c, NULL) != GRPC_CALL_OK) {
         fprintf(stderr, "cairn-loadgen: could not start a call\n");

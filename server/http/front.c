@@ -90,8 +90,8 @@ typedef struct adopted {
 typedef struct completed {
     uint64_t token;
     http_buf answer;
-    int last;        /* the answer is whole: the request is no longer pending */
-    front_flow *fl;  /* the first part of a stream: one reference */
+    int last;       /* the answer is whole: the request is no longer pending */
+    front_flow *fl; /* the first part of a stream: one reference */
 } completed;
 
 struct front {
@@ -656,8 +656,7 @@ static void take_adopted(front *f)
             c->flow = d[k].fl;
             if (c->flow->close_at_end)
                 c->closing_after = 1;
-        }
-        else if (d[k].fl)
+        } else if (d[k].fl)
             flow_gone(d[k].fl); /* one stream per request: not reached */
         http_buf_add(&c->out, d[k].answer.data, d[k].answer.len);
         if (d[k].answer.failed)

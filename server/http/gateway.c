@@ -117,9 +117,12 @@ static const route routes[] = {
 static const struct {
     const char *path, *service;
 } unserved[] = {
-    {"/election/campaign", "v3electionpb.Election"}, {"/election/proclaim", "v3electionpb.Election"},
-    {"/election/leader", "v3electionpb.Election"},   {"/election/observe", "v3electionpb.Election"},
-    {"/election/resign", "v3electionpb.Election"},   {"/lock/lock", "v3lockpb.Lock"},
+    {"/election/campaign", "v3electionpb.Election"},
+    {"/election/proclaim", "v3electionpb.Election"},
+    {"/election/leader", "v3electionpb.Election"},
+    {"/election/observe", "v3electionpb.Election"},
+    {"/election/resign", "v3electionpb.Election"},
+    {"/lock/lock", "v3lockpb.Lock"},
     {"/lock/unlock", "v3lockpb.Lock"},
 };
 
@@ -149,19 +152,19 @@ typedef struct gw_tag gw_tag;
 enum { T_UNARY = 0, T_SEND, T_RECV, T_STATUS };
 
 struct gw_stream {
-    front_flow fl;        /* first: the front's callbacks find the stream */
+    front_flow fl; /* first: the front's callbacks find the stream */
     gw_tag tsend, trecv, tstatus;
     grpc_byte_buffer **reqs; /* the body's requests, sent in order */
     size_t nreqs, nsent;
-    int outstanding;   /* batches in flight (g->mu) */
-    int front_ref;     /* the front holds fl (g->mu) */
-    int stalled;       /* a response waits for the client to read (g->mu) */
-    int ended;         /* the status came (g->mu) */
-    int md_sent;       /* the first send batch was started (g->mu) */
-    int close_sent;    /* SEND_CLOSE_FROM_CLIENT was started (g->mu) */
-    int finishing;     /* the answer's end is being made (g->mu) */
-    int finished;      /* ... and this thread is done with the call (g->mu) */
-    int head_sent;     /* the answer's head went to the front (gateway thread) */
+    int outstanding; /* batches in flight (g->mu) */
+    int front_ref;   /* the front holds fl (g->mu) */
+    int stalled;     /* a response waits for the client to read (g->mu) */
+    int ended;       /* the status came (g->mu) */
+    int md_sent;     /* the first send batch was started (g->mu) */
+    int close_sent;  /* SEND_CLOSE_FROM_CLIENT was started (g->mu) */
+    int finishing;   /* the answer's end is being made (g->mu) */
+    int finished;    /* ... and this thread is done with the call (g->mu) */
+    int head_sent;   /* the answer's head went to the front (gateway thread) */
 };
 
 struct gateway {

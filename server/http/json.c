@@ -405,8 +405,8 @@ int pbjson_decode_next(wire_wr *out, size_t *used, const ProtobufCMessageDescrip
 {
     *used = 0;
     size_t skip = 0;
-    while (skip < len && (json[skip] == ' ' || json[skip] == '\t' || json[skip] == '\n' ||
-                          json[skip] == '\r'))
+    while (skip < len &&
+           (json[skip] == ' ' || json[skip] == '\t' || json[skip] == '\n' || json[skip] == '\r'))
         skip++;
     if (skip == len)
         return PBJSON_END;
