@@ -23,6 +23,15 @@
  * connection). Interest is level-triggered and recomputed after each
  * service of a connection, which makes at most PUMP_ROUNDS passes before
  * yielding to the next ready connection.
+ *
+ * THE CN OF A CALL. gRPC names a connection it was handed by its fd
+ * ("fd:<n>"), and an fd number is reused as soon as it is closed: the
+ * listener's end may be closed and its number given to a later
+ * connection (TLS or not) while the pump still holds the old one, whose
+ * TLS side can stay open. So a connection is found by its fd number and
+ * the socket's cookie (SO_COOKIE, unique for the boot and never reused),
+ * read back from the fd at lookup, and it forgets its CN once the
+ * listener's end is closed.
  */
 #include "server/tls/tls.h"
 
@@ -54,6 +63,10 @@
 #define PUMP_BUF 16384
 #define PUMP_ROUNDS 8
 #define PUMP_HANDSHAKE_MS 10000
+
+#ifndef SO_COOKIE
+#define SO_COOKIE 57 /* Linux 4.12 */
+#endif
 
 /* ---- cipher suites ----------------------------------------------------- */
 
@@ -669,6 +682,7 @@ typedef struct pconn {
     cairn_tls_server *srv;
     int fd, plain;    /* the TLS socket; our end of the socketpair */
     int plain_remote; /* the listener's end: the key of the CN lookup */
+    uint64_t cookie;  /* plain_remote's SO_COOKIE: which socket that fd is */
     int handshaking;
     int hs_events;            /* what the handshake waits for */
     int rd_events, wr_events; /* what SSL_read / SSL_write wait for */
@@ -799,7 +813,7 @@ static void handshake(cairn_tls_pump *p, pconn *c)
 }
 
 /* Moves what can move without blocking; returns 1 if anything moved. */
-static int pump_once(pconn *c)
+static int pump_once(cairn_tls_pump *p, pconn *c)
 {
     int moved = 0;
     /* TLS -> plain */
@@ -842,6 +856,11 @@ static int pump_once(pconn *c)
             c->down_off = 0;
             moved = 1;
         } else if (n == 0) {
+            /* the listener closed its end: that fd number can now name
+             * another connection */
+            pthread_mutex_lock(&p->mu);
+            c->has_cn = 0;
+            pthread_mutex_unlock(&p->mu);
             c->plain_eof = 1;
             SSL_shutdown(c->ssl);
             shutdown(c->fd, SHUT_WR);
@@ -936,7 +955,7 @@ static void service(cairn_tls_pump *p, pconn *c, uint32_t events)
     if (c->handshaking)
         handshake(p, c);
     if (!c->handshaking && !c->dead)
-        for (int i = 0; i < PUMP_ROUNDS && pump_once(c); i++)
+        for (int i = 0; i < PUMP_ROUNDS && pump_once(p, c); i++)
             moved = 1;
     /* a hang-up nothing can be moved past would wake us forever */
     if (!c->dead && !moved && !c->handshaking && (events & (EPOLLHUP | EPOLLERR)))
@@ -1068,6 +1087,14 @@ static void peer_addr(int fd, char *out, size_t outlen)
     snprintf(out, outlen, "%s:%d", host, port);
 }
 
+static int socket_cookie(int fd, uint64_t *cookie)
+{
+    socklen_t len = sizeof *cookie;
+    *cookie = 0;
+    return getsockopt(fd, SOL_SOCKET, SO_COOKIE, cookie, &len) == 0 && len == sizeof *cookie ? 0
+                                                                                             : -1;
+}
+
 int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *plain)
 {
     *plain = -1;
@@ -1094,6 +1121,13 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
     c->fd = fd;
     c->plain = sv[0];
     c->plain_remote = sv[1];
+    if (socket_cookie(sv[1], &c->cookie) != 0) {
+        free(c);
+        close(fd);
+        close(sv[0]);
+        close(sv[1]);
+        return CAIRN_EIO;
+    }
     c->srv = srv;
     c->handshaking = 1;
     c->hs_events = EPOLLIN;
@@ -1135,11 +1169,18 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
 int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen)
 {
     int rc = CAIRN_ENOTFOUND;
+    uint64_t cookie;
+    /* the socket |plain| names now; a closed or reused number finds none,
+     * or only the connection that holds it now */
+    if (plain < 0 || socket_cookie(plain, &cookie) != 0)
+        return rc;
     pthread_mutex_lock(&p->mu);
     for (pconn *c = p->conns; c; c = c->next)
-        if (c->plain_remote == plain && c->has_cn) {
-            snprintf(cn, cnlen, "%s", c->cn);
-            rc = 0;
+        if (c->plain_remote == plain && c->cookie == cookie) {
+            if (c->has_cn) {
+                snprintf(cn, cnlen, "%s", c->cn);
+                rc = 0;
+            }
             break;
         }
     pthread_mutex_unlock(&p->mu);

@@ -128,8 +128,11 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
 /* The Common Name of the client certificate of the connection whose
  * plaintext socket is |plain| (the fd cairn_tls_pump_add returned; gRPC
  * names such a connection's peer "fd:<plain>"), written to |cn|.
- * CAIRN_ENOTFOUND when that connection has no certificate or is gone.
- * Any thread. */
+ * CAIRN_ENOTFOUND when that connection has no certificate or is gone,
+ * when |plain| is closed, or when it is a later socket that took the
+ * number (checked by the socket's cookie: a CN is never given to another
+ * connection). |plain| must be open while this runs, as it is during a
+ * call. Any thread. */
 int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen);
 /* The same from a gRPC call's peer string (grpc_call_get_peer): "fd:<n>"
  * for a connection the listener handed to gRPC by its fd. For the auth
