@@ -38,6 +38,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -557,6 +558,136 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
     X509_free(x);
     ERR_clear_error();
     return rc;
+}
+
+/* ---- a dialing member's certificate against its address --------------- */
+
+/* "ipv4:1.2.3.4:5", "ipv6:[::1]:5" (or with %5B %5D) -> the address in
+ * |out|; -1 for any other peer (unix:, fd:). */
+static int grpc_peer_host(char *out, size_t outlen, const char *peer)
+{
+    const char *p;
+    if (strncmp(peer, "ipv4:", 5) == 0) {
+        p = peer + 5;
+        const char *colon = strrchr(p, ':');
+        size_t n = colon ? (size_t)(colon - p) : 0;
+        if (!n || n >= outlen)
+            return -1;
+        memcpy(out, p, n);
+        out[n] = '\0';
+        return 0;
+    }
+    if (strncmp(peer, "ipv6:", 5) != 0)
+        return -1;
+    p = peer + 5;
+    size_t skip = *p == '[' ? 1 : strncmp(p, "%5B", 3) == 0 ? 3 : 0;
+    if (!skip)
+        return -1;
+    p += skip;
+    const char *end = strstr(p, skip == 1 ? "]" : "%5D");
+    size_t n = end ? (size_t)(end - p) : 0;
+    if (!n || n >= outlen)
+        return -1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* Whether |name| resolves to |host| (forward lookup, as etcd's). The
+ * last failure's words go to |err|. */
+static int name_has_addr(const char *name, const char *host, char *err, size_t errlen)
+{
+    unsigned char want[16], got[16];
+    int fam = inet_pton(AF_INET, host, want) == 1 ? AF_INET : AF_INET6;
+    if (fam == AF_INET6 && inet_pton(AF_INET6, host, want) != 1)
+        return 0;
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    int e = getaddrinfo(name, NULL, &hints, &res);
+    if (e) {
+        snprintf(err, errlen, "lookup %.200s: %s", name, gai_strerror(e));
+        return 0;
+    }
+    int ok = 0;
+    for (struct addrinfo *a = res; a && !ok; a = a->ai_next) {
+        if (a->ai_family != fam)
+            continue;
+        if (fam == AF_INET)
+            memcpy(got, &((struct sockaddr_in *)a->ai_addr)->sin_addr, 4);
+        else
+            memcpy(got, &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr, 16);
+        ok = memcmp(got, want, fam == AF_INET ? 4 : 16) == 0;
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
+                             size_t whylen)
+{
+    char host[64];
+    if (!pem || !len || !grpc_peer || grpc_peer_host(host, sizeof host, grpc_peer) != 0)
+        return 0;
+    BIO *b = BIO_new_mem_buf(pem, len > 0x7fffffff ? 0x7fffffff : (int)len);
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    ERR_clear_error();
+    if (!x)
+        return 0; /* the checker refused it already */
+    GENERAL_NAMES *sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+    char ips[256] = "", dns[512] = "", lookup[256] = "";
+    size_t nips = 0, ndns = 0, li = 0, ld = 0;
+    int ok = 0;
+    for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type == GEN_IPADD) {
+            const ASN1_OCTET_STRING *o = g->d.iPAddress;
+            char a[64] = "?";
+            if (o->length == 4 || o->length == 16)
+                inet_ntop(o->length == 4 ? AF_INET : AF_INET6, o->data, a, sizeof a);
+            li += (size_t)snprintf(ips + li, li < sizeof ips ? sizeof ips - li : 0, "%s%s",
+                                   nips ? ", " : "", a);
+            if (li >= sizeof ips)
+                li = sizeof ips - 1;
+            nips++;
+        } else if (g->type == GEN_DNS) {
+            const char *d = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
+            int dl = ASN1_STRING_length(g->d.dNSName);
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", dl, d);
+            ld += (size_t)snprintf(dns + ld, ld < sizeof dns ? sizeof dns - ld : 0, "%s\"%s\"",
+                                   ndns ? " " : "", name);
+            if (ld >= sizeof dns)
+                ld = sizeof dns - 1;
+            ndns++;
+        }
+    }
+    /* etcd: an IP SAN that is the address passes; else a DNS SAN that
+     * resolves to it; a certificate with no SAN passes */
+    if (!nips && !ndns)
+        ok = 1;
+    if (!ok && nips)
+        ok = X509_check_ip_asc(x, host, 0) == 1;
+    for (int i = 0; !ok && ndns && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type != GEN_DNS)
+            continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", ASN1_STRING_length(g->d.dNSName),
+                 (const char *)ASN1_STRING_get0_data(g->d.dNSName));
+        if (strncmp(name, "*.", 2) != 0)
+            ok = name_has_addr(name, host, lookup, sizeof lookup);
+    }
+    GENERAL_NAMES_free(sans);
+    X509_free(x);
+    if (ok)
+        return 0;
+    if (!ndns)
+        snprintf(why, whylen, "x509: certificate is valid for %s, not %s", ips, host);
+    else
+        snprintf(why, whylen, "tls: \"%s\" does not match any of DNSNames [%s]%s%s%s", host, dns,
+                 lookup[0] ? " (" : "", lookup, lookup[0] ? ")" : "");
+    return CAIRN_EINVAL;
 }
 
 /* ---- the client links' context ----------------------------------------- */

@@ -330,6 +330,39 @@ START_TEST(pump_carries_bytes_and_refuses)
 }
 END_TEST
 
+/* etcd: a dialing member's certificate against the address it came from */
+START_TEST(peer_san_is_checked_against_the_address)
+{
+    static const struct {
+        const char *cert, *peer;
+        int rc;
+        const char *why; /* the start of the reason */
+    } cases[] = {
+        {"ca/n1.pem", "ipv4:127.0.0.1:40000", 0, NULL},
+        {"ca/n1.pem", "ipv4:10.1.2.3:40000", CAIRN_EINVAL,
+         "tls: \"10.1.2.3\" does not match any of DNSNames [\"localhost\"]"},
+        {"ca/nosan.pem", "ipv4:10.1.2.3:40000", 0, NULL},
+        {"ca/dnssan.pem", "ipv4:127.0.0.1:40000", 0, NULL},
+        {"ca/wrongsan.pem", "ipv4:127.0.0.1:40000", CAIRN_EINVAL,
+         "tls: \"127.0.0.1\" does not match any of DNSNames [\"elsewhere.invalid\"]"},
+        {"ca/wrongsan.pem", "ipv4:10.9.9.9:40000", 0, NULL},
+        {"ca/wrongsan.pem", "ipv6:[::1]:40000", CAIRN_EINVAL, "tls: \"::1\" does not match"},
+        {"ca/wrongsan.pem", "ipv6:%5B::1%5D:40000", CAIRN_EINVAL, "tls: \"::1\" does not match"},
+        {"ca/wrongsan.pem", "unix:/tmp/x", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len;
+        char *pem = slurp(path(cases[i].cert), &len);
+        char why[512] = "";
+        int rc = cairn_tls_check_peer_san(pem, len, cases[i].peer, why, sizeof why);
+        ck_assert_msg(rc == cases[i].rc, "%s from %s: %d (%s)", cases[i].cert, cases[i].peer, rc,
+                      why);
+        if (cases[i].why)
+            ck_assert_msg(strncmp(why, cases[i].why, strlen(cases[i].why)) == 0, "%s", why);
+    }
+}
+END_TEST
+
 /* gRPC names a connection "fd:<n>" and fd numbers are reused: a CN is
  * never given to a later socket that took a closed connection's number,
  * even while that connection's TLS side is still open. */
@@ -410,6 +443,7 @@ static Suite *suite(void)
     tcase_add_test(tc, checker_refuses_with_etcds_reasons);
     tcase_add_test(tc, pump_carries_bytes_and_refuses);
     tcase_add_test(tc, cn_never_goes_to_a_reused_fd);
+    tcase_add_test(tc, peer_san_is_checked_against_the_address);
     suite_add_tcase(s, tc);
     return s;
 }
