@@ -660,9 +660,11 @@ int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
 typedef void (*cairn_store_heads_cb)(void *arg, int rc, const cairn_hash *heads, size_t nheads);
 
 /* A burst of changes from a peer (decoded: hash and encoding checked), in
- * ONE write lock and ONE group commit (one fsync), however many there are.
- * Takes ownership of chs[0..n-1] whatever it returns. Each change goes
- * through the same observer path as a local write (revisions, index,
+ * slices of about a millisecond of applying (at least 16 changes), each
+ * under one write lock and in one group commit (one fsync; consecutive
+ * slices may share one); writers waiting for the lock go between slices,
+ * so a long burst does not hold local clients up. Takes ownership of chs[0..n-1] whatever it
+ * returns. Each change goes through the same observer path as a local write (revisions, index,
  * events, leases), in the order given; one whose dependencies are missing
  * is buffered (not durable, not an error) and applied when a later change,
  * in this burst or another, completes its past.
