@@ -167,6 +167,7 @@ struct cairn_replica {
     cairn_sync_state *st;
     atomic_int applied_due; /* a receive completed: cairn_sync_applied is owed */
     atomic_int refs;        /* the owner's + one per receive in flight */
+    uint64_t heard;         /* messages received (under mu) */
     /* The hashes of changes lately received from the peer, direct-mapped
      * by their first bytes (a collision only forgets one): push leaves
      * them out, so a change relayed on is not echoed to its sender. */
@@ -264,6 +265,36 @@ void cairn_replica_free(cairn_replica *r)
         replica_unref(r);
 }
 
+void cairn_replica_tick(cairn_replica *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (doc_read_lock(r->s, 0) == 0) { /* the count: what was applied by now */
+        cairn_sync_tick(r->st, r->s->doc);
+        doc_read_unlock(r->s);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+int cairn_replica_peer_heads(cairn_replica *r, cairn_hash **heads, size_t *n, uint64_t *gen)
+{
+    *heads = NULL;
+    *n = 0;
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    const cairn_hash *h;
+    size_t nh = cairn_sync_their_heads(r->st, &h);
+    if (nh && !(*heads = malloc(nh * sizeof **heads)))
+        rc = CAIRN_ENOMEM;
+    else if (nh)
+        memcpy(*heads, h, nh * sizeof **heads);
+    if (!rc)
+        *n = nh;
+    if (gen)
+        *gen = r->heard;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 void cairn_replica_reset(cairn_replica *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -345,6 +376,8 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
             rc = cairn_sync_receive(&chs, &n, r->st, r->s->doc, msg, len);
         doc_read_unlock(r->s);
     }
+    if (!rc)
+        r->heard++;
     if (!rc && n && !r->from_peer)
         r->from_peer = calloc(REPLICA_FROM_PEER, sizeof *r->from_peer);
     for (size_t i = 0; !rc && r->from_peer && i < n; i++)

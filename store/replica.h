@@ -47,6 +47,22 @@ void cairn_replica_free(cairn_replica *r);
  * next generate is a full message saying "hello". */
 void cairn_replica_reset(cairn_replica *r);
 
+/* The transport's sync timer, once per period before that period's
+ * generate (cairn_sync_tick: changes of other authors wait a period, so
+ * that their authors' pushes reach the peer first). */
+void cairn_replica_tick(cairn_replica *r);
+
+/* The heads the peer last reported, i.e. acknowledged: a new sorted
+ * array (*heads, caller frees; NULL and *n 0 before its first message;
+ * kept across reconnects). A peer says only what its disk holds (its
+ * generate and push read its document once everything applied is
+ * durable), so these changes and all their ancestors are durable on the
+ * peer; some may be unknown here (cairn_sync_peer_has's rule: a change is
+ * had if it is one of them or an ancestor of one). *gen (may be NULL)
+ * counts the messages received from the peer, so a poller sees news.
+ * ENOMEM. Any thread. */
+int cairn_replica_peer_heads(cairn_replica *r, cairn_hash **heads, size_t *n, uint64_t *gen);
+
 /* The next message for the peer in a new buffer (*out, caller frees), with
  * a fresh random Bloom salt; *out NULL when there is nothing to say.
  * Returns the store's CAIRN_EIO once it failed, ENOMEM, or sync's codes. */

@@ -20,6 +20,13 @@
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
  * once after a (re)connect and after a received message was made durable.
+ * Each period first ticks the session (cairn_sync_tick), which keeps the
+ * links quiet: a push is answered by one heads-only acknowledgement per
+ * tick at most (sent once what it carried is durable, so a peer's heads
+ * always name changes durable there: peer_net_acked_heads); news of our
+ * heads alone waits for the period; changes of other authors wait a
+ * period too, so that in a full mesh each reaches a peer from its author
+ * only, not relayed by every member that has it.
  *
  * PARTIAL MESH. With --peer-links a node dials and accepts only the members
  * named there (a hello from another is refused), and its pushes relay: they
@@ -917,8 +924,12 @@ static void tick(peer_net *n)
                 link_kill(l, "cannot send");
             continue;
         }
-        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || now >= p->next_sync_ms)) {
-            p->next_sync_ms = now + n->cfg->sync_interval_ms;
+        int periodic = now >= p->next_sync_ms;
+        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || periodic)) {
+            if (periodic) {
+                p->next_sync_ms = now + n->cfg->sync_interval_ms;
+                cairn_replica_tick(p->rep);
+            }
             rc = cairn_replica_generate(p->rep, &msg, &len);
             if (!rc && msg)
                 atomic_fetch_add(&p->sync_rounds, 1);
@@ -1370,6 +1381,19 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
         o->sync_rounds = atomic_load(&p->sync_rounds);
     }
     return n->npeers;
+}
+
+int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads,
+                         uint64_t *gen)
+{
+    *heads = NULL;
+    *nheads = 0;
+    if (gen)
+        *gen = 0;
+    ppeer *p = n ? peer_by_id(n, id) : NULL;
+    if (!p)
+        return CAIRN_ENOTFOUND;
+    return cairn_replica_peer_heads(p->rep, heads, nheads, gen);
 }
 
 int peer_net_port(const peer_net *n, size_t i)

@@ -58,6 +58,19 @@ typedef struct peer_stats {
  * are each exact but not one snapshot together. */
 size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max);
 
+/* The heads member |id| last acknowledged: a new sorted array (*heads,
+ * caller frees; none before its first message since this node started).
+ * By the peer protocol these and all their ancestors are durable on that
+ * member (a node names in its messages only what its disk holds), so "the
+ * change of revision R is on member X" is: the change's hash is one of
+ * them or an ancestor of one (cairn_dag_is_ancestor on this node's DAG;
+ * a head unknown here means X has more than this node). *gen (may be
+ * NULL) grows with every message received from it: poll it to wait for
+ * news. CAIRN_ENOTFOUND if |id| is not another member; ENOMEM. Any
+ * thread. */
+int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads,
+                         uint64_t *gen);
+
 /* The port bound for listen peer URL |i| (0 if none). */
 int peer_net_port(const peer_net *n, size_t i);
 /* Says goodbye on every live stream (a Goodbye message, then the stream's

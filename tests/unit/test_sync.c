@@ -1268,8 +1268,19 @@ START_TEST(receive_hands_back)
         ck_assert(cairn_hash_cmp(&got[i]->hash, cairn_dag_hash_at(da, (uint64_t)i)) == 0);
     ck_assert_uint_eq(cairn_dag_count(db), 0); /* nothing applied */
 
-    /* Not applied yet: b's message names no head and asks for a's. */
+    /* Not applied yet. Right after a message that carried changes, b's
+     * answer is heads only (none here), no need, no filter: a is sending. */
     uint8_t salt[CAIRN_BLOOM_SALT_LEN];
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&buf, &len, b, sb, salt), 0);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(cairn_sync_msg_decode(&m, buf, len, NULL), 0);
+    ck_assert_uint_eq(m.nheads, 0);
+    ck_assert_uint_eq(m.nneed, 0);
+    ck_assert_int_eq(m.has_filter, 0);
+    cairn_sync_msg_destroy(&m);
+    free(buf);
+    /* The next round, still not applied: it asks for a's head. */
     salt_next(salt, &rng);
     ck_assert_int_eq(cairn_sync_generate(&buf, &len, b, sb, salt), 0);
     ck_assert_ptr_nonnull(buf);
