@@ -122,7 +122,13 @@ struct cairn_sync_state {
      * acknowledgement; or need, filter, sample, hello). */
     int tick_due;
     int want_answer;
+    int wanted; /* the last message received asked for an answer */
 };
+
+int cairn_sync_wants_answer(const cairn_sync_state *s)
+{
+    return s->wanted || !s->relay_defer;
+}
 
 void cairn_sync_limits_default(cairn_sync_limits *l)
 {
@@ -996,13 +1002,20 @@ done:
 int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
                     cairn_sync_state *s, const cairn_change *const *changes, size_t n)
 {
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(cairn_doc_dag(doc), &heads);
+    return cairn_sync_push_heads(out, len, npushed, doc, s, changes, n, heads, nheads);
+}
+
+int cairn_sync_push_heads(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                          cairn_sync_state *s, const cairn_change *const *changes, size_t n,
+                          const cairn_hash *heads, size_t nheads)
+{
     *out = NULL;
     *len = 0;
     *npushed = 0;
     const cairn_dag *d = cairn_doc_dag(doc);
-    const cairn_hash *heads;
-    size_t nheads = cairn_dag_heads(d, &heads);
-    if (nheads > s->lim.max_heads)
+    if (nheads > s->lim.max_heads || !strictly_sorted(heads, nheads))
         return CAIRN_ELIMIT;
     uint64_t *idx = n ? malloc(n * sizeof *idx) : NULL;
     size_t *pos = n ? malloc(n * sizeof *pos) : NULL;
@@ -1264,6 +1277,7 @@ int cairn_sync_receive(cairn_change ***changes, size_t *nchanges, cairn_sync_sta
     s->heard_since_tick = 1;
     s->grace = m.nchanges > 0;
     s->want_answer = m.nchanges > 0 || m.nneed > 0 || m.has_filter || m.has_sample || m.hello;
+    s->wanted = s->want_answer;
     int moved = !s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir);
     if (moved)
         s->their_changed = 1;

@@ -167,6 +167,21 @@ int cairn_sync_applied(cairn_sync_state *s, const cairn_doc *doc);
 int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
                     cairn_sync_state *s, const cairn_change *const *changes, size_t n);
 
+/* cairn_sync_push with the heads to report given (sorted, unique; EINVAL
+ * otherwise) instead of the document's: e.g. the last of |changes|, when
+ * the caller knows those durable but not everything the document holds.
+ * The heads a node reports must be durable there (the peer takes them as
+ * acknowledged); reporting fewer than its heads only costs duplicates. */
+int cairn_sync_push_heads(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                          cairn_sync_state *s, const cairn_change *const *changes, size_t n,
+                          const cairn_hash *heads, size_t nheads);
+
+/* 1 if the last message received asks for an answer (it carried changes,
+ * to be acknowledged, or need, a filter, a sample or a hello), or when the
+ * session is not ticked (cairn_sync_tick): the caller may then skip the
+ * immediate generate and leave the rest to its timer. */
+int cairn_sync_wants_answer(const cairn_sync_state *s);
+
 /* 1 if the peer has acknowledged change |h|: it is one of the peer's last
  * reported heads or an ancestor of them (or of our shared heads); 0
  * otherwise. This is the basis of replication status. */

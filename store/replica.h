@@ -9,10 +9,13 @@
  * DURABILITY. Everything the session says — our heads, what we need, the
  * changes it sends — is read from the store's document, which holds a
  * change from the moment it is applied, up to one fsync before it is
- * durable. So generate and push read the document under the store's read
- * side only once nothing applied is still waiting for the committer (no
- * writer can apply while the read side is held; the wait is at most the
- * group being written plus the one queued behind it). Received changes go
+ * durable. So generate reads the document under the store's read side
+ * only once nothing applied is still waiting for the committer (no writer
+ * can apply while the read side is held; the wait is at most the group
+ * being written plus the one queued behind it). Push does not wait (it
+ * would keep local writers out for as long): it sends only changes the
+ * committer reported durable and names the last of them as its heads.
+ * Received changes go
  * to cairn_store_receive_changes (one write lock, one group commit); only
  * after its durable completion is cairn_sync_applied called, so the peer is
  * never told we hold a change before it is on our disk.
@@ -52,6 +55,10 @@ void cairn_replica_reset(cairn_replica *r);
  * that their authors' pushes reach the peer first). */
 void cairn_replica_tick(cairn_replica *r);
 
+/* 1 if the message last received asks for an immediate answer
+ * (cairn_sync_wants_answer); else the next periodic generate will do. */
+int cairn_replica_wants_answer(cairn_replica *r);
+
 /* The heads the peer last reported, i.e. acknowledged: a new sorted
  * array (*heads, caller frees; NULL and *n 0 before its first message;
  * kept across reconnects). A peer says only what its disk holds (its
@@ -72,8 +79,10 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
  * borrowed; e.g. what a cairn_store_subscribe callback handed out, decoded
  * off the committer thread), in apply order: *out NULL when the peer
  * already has them all. Changes lately received from this peer are left
- * out (it has them: a relay does not echo them back). At most the limits' worth are taken; the rest
- * follow through generate. */
+ * out (it has them: a relay does not echo them back). At most the limits'
+ * worth are taken; the rest follow through generate. Unlike generate it
+ * does not wait for the committer: the heads it reports are the last of
+ * |chs| (durable), not the document's. */
 int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
                        size_t n);
 

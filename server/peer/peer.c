@@ -617,11 +617,17 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
 
 /* ---- receiving --------------------------------------------------------- */
 
+/* Set on the peer thread: a completion called there is a receive's that
+ * carried no change, run inside cairn_replica_receive (on_sync decides). */
+static _Thread_local int on_peer_thread, inline_done;
+
 static void received_durable(void *arg, int rc)
 {
     ppeer *p = arg;
-    if (!rc)
-        atomic_store(&p->answer_due, 1);
+    if (on_peer_thread)
+        inline_done = !rc;
+    else if (!rc)
+        atomic_store(&p->answer_due, 1); /* carried changes: acknowledge */
 }
 
 static void on_sync(void *arg, const uint8_t *msg, size_t len)
@@ -629,7 +635,15 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
     plink *l = arg;
     ppeer *p = l->p;
     int rejected = 0;
+    inline_done = 0;
     int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
+    /* A message without changes is answered at once only if it asks for
+     * something (need, filter, hello): a heads-only acknowledgement is
+     * not, so that it costs no generate (whose wait for the committer
+     * holds the store's read side, and local writers out). */
+    if (!rc && inline_done && cairn_replica_wants_answer(p->rep))
+        atomic_store(&p->answer_due, 1);
+    inline_done = 0;
     char why[160];
     if (rc) {
         snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
@@ -1017,6 +1031,7 @@ static void say_goodbyes(peer_net *n)
 static void *peer_main(void *arg)
 {
     peer_net *n = arg;
+    on_peer_thread = 1;
     while (!atomic_load(&n->stop)) {
         drain(n, n->npeers ? PEER_TICK_MS : PEER_IDLE_MS);
         tick(n);
