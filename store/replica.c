@@ -167,7 +167,6 @@ struct cairn_replica {
     cairn_sync_state *st;
     atomic_int applied_due; /* a receive completed: cairn_sync_applied is owed */
     atomic_int refs;        /* the owner's + one per receive in flight */
-    uint64_t heard;         /* messages received (under mu) */
     /* The hashes of changes lately received from the peer, direct-mapped
      * by their first bytes (a collision only forgets one): push leaves
      * them out, so a change relayed on is not echoed to its sender. */
@@ -231,6 +230,16 @@ static void doc_read_unlock(cairn_store *s)
     pthread_rwlock_unlock(&s->rw);
 }
 
+int cairn_store_doc_read_lock(cairn_store *s, int durable)
+{
+    return doc_read_lock(s, durable);
+}
+
+void cairn_store_doc_read_unlock(cairn_store *s)
+{
+    doc_read_unlock(s);
+}
+
 /* Pays the cairn_sync_applied a completed receive left owed (caller holds
  * r->mu, the read side and doc_mu). */
 static int settle_applied(cairn_replica *r)
@@ -283,7 +292,14 @@ int cairn_replica_wants_answer(cairn_replica *r)
     return w;
 }
 
-int cairn_replica_peer_heads(cairn_replica *r, cairn_hash **heads, size_t *n, uint64_t *gen)
+void cairn_replica_reset(cairn_replica *r)
+{
+    pthread_mutex_lock(&r->mu);
+    cairn_sync_reset(r->st);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n)
 {
     *heads = NULL;
     *n = 0;
@@ -291,23 +307,17 @@ int cairn_replica_peer_heads(cairn_replica *r, cairn_hash **heads, size_t *n, ui
     pthread_mutex_lock(&r->mu);
     const cairn_hash *h;
     size_t nh = cairn_sync_their_heads(r->st, &h);
-    if (nh && !(*heads = malloc(nh * sizeof **heads)))
-        rc = CAIRN_ENOMEM;
-    else if (nh)
-        memcpy(*heads, h, nh * sizeof **heads);
-    if (!rc)
-        *n = nh;
-    if (gen)
-        *gen = r->heard;
+    if (nh) {
+        *heads = malloc(nh * sizeof **heads);
+        if (*heads) {
+            memcpy(*heads, h, nh * sizeof **heads);
+            *n = nh;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
     pthread_mutex_unlock(&r->mu);
     return rc;
-}
-
-void cairn_replica_reset(cairn_replica *r)
-{
-    pthread_mutex_lock(&r->mu);
-    cairn_sync_reset(r->st);
-    pthread_mutex_unlock(&r->mu);
 }
 
 int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len)
@@ -391,8 +401,6 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
             rc = cairn_sync_receive(&chs, &n, r->st, r->s->doc, msg, len);
         doc_read_unlock(r->s);
     }
-    if (!rc)
-        r->heard++;
     if (!rc && n && !r->from_peer)
         r->from_peer = calloc(REPLICA_FROM_PEER, sizeof *r->from_peer);
     for (size_t i = 0; !rc && r->from_peer && i < n; i++)

@@ -32,6 +32,18 @@ int peer_net_start(peer_net *n);
 int peer_net_client_urls(peer_net *n, uint64_t id, char ***urls, size_t *nurls);
 void peer_net_urls_free(char **urls, size_t nurls);
 
+/* The heads member |id| last reported (new array, caller frees; none
+ * before its first message): by the protocol they are durable on it, so
+ * every ancestor of them is too. Kept across its restarts (what was on its
+ * disk stays there). CAIRN_ENOTFOUND if |id| is not another member; ENOMEM.
+ * Any thread. (The Replication service's accessor; a heads-only ack may
+ * replace how they arrive, not what they mean.) */
+int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads);
+/* |cb| is called, on the peer thread, whenever a member's acked heads
+ * change; it must not block or call back into the transport. Before
+ * peer_net_start. */
+void peer_net_set_ack_cb(peer_net *n, void (*cb)(void *arg), void *arg);
+
 /* What the transport did with one other member since this node started
  * (peer_net_stats). Counters only grow; a stream counts from its hello on. */
 typedef struct peer_stats {
@@ -57,19 +69,6 @@ typedef struct peer_stats {
  * any time between peer_net_new and peer_net_free; counters of one member
  * are each exact but not one snapshot together. */
 size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max);
-
-/* The heads member |id| last acknowledged: a new sorted array (*heads,
- * caller frees; none before its first message since this node started).
- * By the peer protocol these and all their ancestors are durable on that
- * member (a node names in its messages only what its disk holds), so "the
- * change of revision R is on member X" is: the change's hash is one of
- * them or an ancestor of one (cairn_dag_is_ancestor on this node's DAG;
- * a head unknown here means X has more than this node). *gen (may be
- * NULL) grows with every message received from it: poll it to wait for
- * news. CAIRN_ENOTFOUND if |id| is not another member; ENOMEM. Any
- * thread. */
-int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads,
-                         uint64_t *gen);
 
 /* The port bound for listen peer URL |i| (0 if none). */
 int peer_net_port(const peer_net *n, size_t i);
