@@ -117,6 +117,7 @@ struct cairn_sync_state {
     uint64_t relay_cut;
     uint64_t tick_count; /* the DAG's count at the last tick */
     int heard_since_tick;
+    int moved_since_tick; /* the peer named new heads since the last tick */
     /* With ticks, news of our heads alone waits for the tick unless the
      * peer's last message asks for an answer (it carried changes: an
      * acknowledgement; or need, filter, sample, hello). */
@@ -598,14 +599,18 @@ void cairn_sync_reset(cairn_sync_state *s)
     s->relay_cut = 0;
     s->tick_count = 0;
     s->heard_since_tick = 0;
+    s->moved_since_tick = 0;
 }
 
 void cairn_sync_tick(cairn_sync_state *s, const cairn_doc *doc)
 {
     s->relay_defer = 1;
     s->tick_due = 1;
-    if (s->heard_since_tick)
+    /* Relay only to a peer that spoke and stood still for a period: one
+     * whose heads move is being fed by someone (the author, mostly). */
+    if (s->heard_since_tick && !s->moved_since_tick)
         s->relay_cut = s->tick_count;
+    s->moved_since_tick = 0;
     s->tick_count = cairn_dag_count(cairn_doc_dag(doc));
     s->heard_since_tick = 0;
 }
@@ -1279,8 +1284,10 @@ int cairn_sync_receive(cairn_change ***changes, size_t *nchanges, cairn_sync_sta
     s->want_answer = m.nchanges > 0 || m.nneed > 0 || m.has_filter || m.has_sample || m.hello;
     s->wanted = s->want_answer;
     int moved = !s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir);
-    if (moved)
+    if (moved) {
         s->their_changed = 1;
+        s->moved_since_tick = 1;
+    }
     s->their_valid = 1;
     if ((rc = hashes_set(&s->their, &s->ntheir, m.heads, m.nheads)) ||
         (rc = hashes_set(&s->their_need, &s->ntheir_need, m.need, m.nneed)))

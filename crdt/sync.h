@@ -120,12 +120,14 @@ void cairn_sync_reset(cairn_sync_state *s);
 /* The caller's sync timer, called once per period before that period's
  * generate. From the first call on, a change of another author is sent to
  * this peer by generate only once it was held here at the tick before
- * last and the peer has sent a message since that tick without showing it
- * (so in a full mesh its author's push reaches the peer first, and two
- * members do not both relay it, also after a reconnect); this node's own
- * changes and changes the peer asks for by hash are never held back. A
- * change held back costs at most two periods in a partial mesh, where
- * the transport relays pushes anyway. Without calls, nothing is held. */
+ * last, and the peer has sent a message since that tick without showing it
+ * and without naming new heads for a whole period (a peer whose heads move
+ * is being fed, mostly by the author: so in a full mesh each change
+ * reaches a peer from its author, and two members do not both relay it,
+ * also after a reconnect); this node's own changes and changes the peer
+ * asks for by hash are never held back. A held change costs a few periods
+ * in a partial mesh, where the transport relays pushes anyway. Without
+ * calls, nothing is held. */
 void cairn_sync_tick(cairn_sync_state *s, const cairn_doc *doc);
 
 /* The next message for the peer, in a new buffer (*out, caller frees), or
