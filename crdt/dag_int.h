@@ -96,6 +96,9 @@ struct cairn_dag {
     size_t nsorted, capsorted;
     int heads_dirty;
     size_t npending, pending_edges, pending_bytes;
+    /* Changes the ancestry walks visited (a cost counter the tests read;
+     * the walks are const, callers serialise them). */
+    uint64_t walk_steps;
 };
 
 struct ustack {

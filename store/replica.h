@@ -15,8 +15,8 @@
  * being written plus the one queued behind it). Push does not wait (it
  * would keep local writers out for as long): it sends only changes the
  * committer reported durable and names the last of them as its heads.
- * Received changes go
- * to cairn_store_receive_changes (one write lock, one group commit); only
+ * Received changes go to cairn_store_receive_changes (slices of one write
+ * lock and one group commit each); only
  * after its durable completion is cairn_sync_applied called, so the peer is
  * never told we hold a change before it is on our disk.
  *
