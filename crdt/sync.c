@@ -109,7 +109,28 @@ struct cairn_sync_state {
      * has, common as soon as we have them too (cairn_sync_applied). */
     cairn_hash *recv_common;
     size_t nrecv_common;
+    /* The peer's last message carried changes: it is sending, so the heads
+     * it named are on their way; the next generate does not ask for them. */
+    int grace;
+    /* cairn_sync_tick was called: changes of other authors at apply index
+     * >= relay_cut are held back (see cairn_sync_tick). */
+    int relay_defer;
+    uint64_t relay_cut;
+    uint64_t tick_count; /* the DAG's count at the last tick */
+    int heard_since_tick;
+    int moved_since_tick; /* the peer named new heads since the last tick */
+    /* With ticks, news of our heads alone waits for the tick unless the
+     * peer's last message asks for an answer (it carried changes: an
+     * acknowledgement; or need, filter, sample, hello). */
+    int tick_due;
+    int want_answer;
+    int wanted; /* the last message received asked for an answer */
 };
+
+int cairn_sync_wants_answer(const cairn_sync_state *s)
+{
+    return s->wanted || !s->relay_defer;
+}
 
 void cairn_sync_limits_default(cairn_sync_limits *l)
 {
@@ -575,7 +596,25 @@ void cairn_sync_reset(cairn_sync_state *s)
     if (s->sent)
         memset(s->sent, 0, s->sent_bytes);
     s->their_changed = 1;
+    s->grace = 0;
+    s->relay_cut = 0;
+    s->tick_count = 0;
+    s->heard_since_tick = 0;
+    s->moved_since_tick = 0;
     s->floor = 0;
+}
+
+void cairn_sync_tick(cairn_sync_state *s, const cairn_doc *doc)
+{
+    s->relay_defer = 1;
+    s->tick_due = 1;
+    /* Relay only to a peer that spoke and stood still for a period: one
+     * whose heads move is being fed by someone (the author, mostly). */
+    if (s->heard_since_tick && !s->moved_since_tick)
+        s->relay_cut = s->tick_count;
+    s->moved_since_tick = 0;
+    s->tick_count = cairn_dag_count(cairn_doc_dag(doc));
+    s->heard_since_tick = 0;
 }
 
 size_t cairn_sync_their_heads(const cairn_sync_state *s, const cairn_hash **heads)
@@ -633,14 +672,15 @@ static int peer_base(cairn_hash **out, size_t *n, const cairn_dag *d, const cair
 
 /* What we ask the peer for: dependencies of our pending changes that we do
  * not have at all, and peer heads we have never seen. */
-static int compute_need(cairn_hash **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s)
+static int compute_need(cairn_hash **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s,
+                        int grace)
 {
     cairn_hash *miss = NULL;
     size_t nmiss = 0;
     int rc = cairn_dag_missing(&miss, &nmiss, d);
     if (rc)
         return rc;
-    size_t cap = nmiss + s->ntheir;
+    size_t cap = nmiss + (grace ? 0 : s->ntheir);
     cairn_hash *all = cap ? malloc(cap * sizeof *all) : NULL;
     if (cap && !all) {
         free(miss);
@@ -650,7 +690,7 @@ static int compute_need(cairn_hash **out, size_t *n, const cairn_dag *d, const c
         memcpy(all, miss, nmiss * sizeof *all);
     free(miss);
     size_t k = nmiss;
-    for (size_t i = 0; i < s->ntheir; i++)
+    for (size_t i = 0; !grace && i < s->ntheir; i++)
         if (cairn_dag_has(d, &s->their[i]) == 0)
             all[k++] = s->their[i];
     k = hashes_normalise(all, k);
@@ -781,13 +821,30 @@ static void shells_free(cairn_change *sh, size_t n)
     free(sh);
 }
 
-/* Loads from the DAG the prefix of |idx| that fits the limits, given |used|
- * bytes of header: *out gets one shell per change (only bytes and len set;
- * shells_free), *k their count. CAIRN_ELIMIT if even the first change
- * cannot fit a message; the DAG's load errors (CAIRN_EIO, CAIRN_ECORRUPT). */
-static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
-                       const cairn_sync_limits *l, const uint64_t *idx, size_t n, size_t used)
+/* 1 if change |idx| (canonical |bytes|) waits for a later tick: another
+ * author's, come after the relay cut, and not asked for by hash. The author
+ * is the encoding's bytes 1..16 (change.c). */
+static int held_back(const cairn_sync_state *s, const cairn_dag *d, const cairn_actor *own,
+                     uint64_t idx, const uint8_t *bytes, size_t len)
 {
+    if (!s->relay_defer || idx < s->relay_cut || !own)
+        return 0;
+    if (len > CAIRN_ACTOR_LEN && memcmp(bytes + 1, own->b, CAIRN_ACTOR_LEN) == 0)
+        return 0;
+    return !hashes_contain(s->their_need, s->ntheir_need, cairn_dag_hash_at(d, idx));
+}
+
+/* Loads from the DAG the prefix of |idx| that fits the limits, given |used|
+ * bytes of header, leaving out what held_back() keeps for later (|idx| is
+ * compacted to the indices taken): *out gets one shell per change (only
+ * bytes and len set; shells_free), *k their count. CAIRN_ELIMIT if even
+ * the first change cannot fit a message; the DAG's load errors (CAIRN_EIO,
+ * CAIRN_ECORRUPT). */
+static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
+                       const cairn_sync_state *s, const cairn_actor *own, uint64_t *idx, size_t n,
+                       size_t used)
+{
+    const cairn_sync_limits *l = &s->lim;
     size_t total = used + 10, m = n < l->max_changes ? n : l->max_changes;
     *out = NULL;
     *k = 0;
@@ -798,9 +855,15 @@ static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
         return CAIRN_ENOMEM;
     size_t i = 0;
     int rc = 0;
-    for (; i < m; i++) {
-        if ((rc = cairn_dag_load_bytes(&sh[i].bytes, &sh[i].len, d, idx[i])))
+    for (size_t j = 0; i < m && j < n; j++) {
+        if ((rc = cairn_dag_load_bytes(&sh[i].bytes, &sh[i].len, d, idx[j])))
             break;
+        if (held_back(s, d, own, idx[j], sh[i].bytes, sh[i].len)) {
+            free(sh[i].bytes);
+            sh[i].bytes = NULL;
+            continue;
+        }
+        idx[i] = idx[j];
         size_t sz = wire_uv_len(sh[i].len) + sh[i].len;
         if ((i > 0 && total + sz > l->target_msg_bytes) || total + sz > l->max_msg_bytes) {
             if (i == 0)
@@ -808,6 +871,7 @@ static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
             break;
         }
         total += sz;
+        i++;
     }
     if (rc) {
         shells_free(sh, m);
@@ -887,7 +951,13 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
     size_t nsample = 0;
     int rc;
 
-    if ((rc = compute_need(&need, &nneed, d, s)))
+    /* Right after a message that carried changes the peer's heads are
+     * mostly on their way: answer with our heads, ask at the next round. */
+    int grace = s->grace, answer = s->want_answer || s->tick_due || !s->relay_defer;
+    s->grace = 0;
+    s->want_answer = 0;
+    s->tick_due = 0;
+    if ((rc = compute_need(&need, &nneed, d, s, grace)))
         goto done;
     if ((rc = changes_to_send(&send, &nsend, d, s)))
         goto done;
@@ -895,7 +965,7 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
     /* A filter is new information only when the peer's heads or ours moved
      * (or after a reset); the peer keeps the last one it got. */
     int want_filter =
-        !their_all_known(d, s) && (s->their_changed || !s->sent_any ||
+        !grace && !their_all_known(d, s) && (s->their_changed || !s->sent_any ||
                                    !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads));
     size_t used = 2 + hashes_wire(nheads) + hashes_wire(nneed);
     if (want_filter) {
@@ -941,11 +1011,11 @@ filter_done:
         rc = CAIRN_ELIMIT;
         goto done;
     }
-    if ((rc = fit_changes(&shells, &nsend, d, &s->lim, send, nsend, used)))
+    if ((rc = fit_changes(&shells, &nsend, d, s, cairn_doc_actor(doc), send, nsend, used)))
         goto done;
 
     int go = nsend > 0 || !s->sent_any ||
-             !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads) ||
+             (answer && !hashes_eq(heads, nheads, s->last_heads, s->nlast_heads)) ||
              !hashes_eq(need, nneed, s->last_need, s->nlast_need) || want_filter || s->poke;
     if (!go)
         goto done;
@@ -1009,13 +1079,20 @@ done:
 int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
                     cairn_sync_state *s, const cairn_change *const *changes, size_t n)
 {
+    const cairn_hash *heads;
+    size_t nheads = cairn_dag_heads(cairn_doc_dag(doc), &heads);
+    return cairn_sync_push_heads(out, len, npushed, doc, s, changes, n, heads, nheads);
+}
+
+int cairn_sync_push_heads(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                          cairn_sync_state *s, const cairn_change *const *changes, size_t n,
+                          const cairn_hash *heads, size_t nheads)
+{
     *out = NULL;
     *len = 0;
     *npushed = 0;
     const cairn_dag *d = cairn_doc_dag(doc);
-    const cairn_hash *heads;
-    size_t nheads = cairn_dag_heads(d, &heads);
-    if (nheads > s->lim.max_heads)
+    if (nheads > s->lim.max_heads || !strictly_sorted(heads, nheads))
         return CAIRN_ELIMIT;
     uint64_t *idx = n ? malloc(n * sizeof *idx) : NULL;
     size_t *pos = n ? malloc(n * sizeof *pos) : NULL;
@@ -1108,8 +1185,10 @@ static int advance_shared(cairn_sync_state *s, const cairn_dag *d, const cairn_s
             if (is_ordered(d, &m->sample[i]))
                 b[k++] = m->sample[i];
         k = hashes_normalise(b, k);
-        /* Keep the old common point too, if it fits. */
-        if (s->nshared && k + s->nshared <= s->lim.max_heads) {
+        /* Keep the old common point too, if it fits and nothing newer
+         * was learnt (old points would pile up in every filter's base). */
+        if (s->nshared && k == 0 &&
+            k + s->nshared <= s->lim.max_heads) {
             memcpy(b + k, s->shared, s->nshared * sizeof *b);
             k = hashes_normalise(b, k + s->nshared);
         }
@@ -1256,9 +1335,13 @@ int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync
     cairn_sync_msg m = *mp;
     memset(mp, 0, sizeof *mp);
     int rc;
-    /* Everything that can fail comes before the state changes. */
+    /* Everything that can fail comes before the state changes. Common
+     * ground once we have it: the filter base, the sample, and the last of
+     * the changes carried (nothing else carried depends on it), so that a
+     * peer always ahead of us (a stream of pushes) still moves the base of
+     * our filters forward. */
     cairn_hash *common = NULL;
-    size_t ncommon = m.nsince + m.nsample;
+    size_t ncommon = m.nsince + m.nsample + (m.nchanges ? 1 : 0);
     if (ncommon) {
         if (!(common = malloc(ncommon * sizeof *common))) {
             rc = CAIRN_ENOMEM;
@@ -1268,6 +1351,8 @@ int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync
             memcpy(common, m.since, m.nsince * sizeof *common);
         if (m.nsample)
             memcpy(common + m.nsince, m.sample, m.nsample * sizeof *common);
+        if (m.nchanges)
+            common[m.nsince + m.nsample] = m.changes[m.nchanges - 1]->hash;
         ncommon = hashes_normalise(common, ncommon);
     }
     free(s->recv_common);
@@ -1283,8 +1368,15 @@ int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync
         s->floor = 0; /* it may be a new copy of the member, with less */
     }
     s->heard = 1;
-    if (!s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir))
+    s->heard_since_tick = 1;
+    s->grace = m.nchanges > 0;
+    s->want_answer = m.nchanges > 0 || m.nneed > 0 || m.has_filter || m.has_sample || m.hello;
+    s->wanted = s->want_answer;
+    int moved = !s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir);
+    if (moved) {
         s->their_changed = 1;
+        s->moved_since_tick = 1;
+    }
     s->their_valid = 1;
     if ((rc = hashes_set(&s->their, &s->ntheir, m.heads, m.nheads)) ||
         (rc = hashes_set(&s->their_need, &s->ntheir_need, m.need, m.nneed)))
@@ -1296,6 +1388,15 @@ int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync
         s->their_filter = m.filter; /* moves the bits */
         memset(&m.filter, 0, sizeof m.filter);
         s->have_filter = 1;
+    } else if (moved && s->have_filter) {
+        /* A filter speaks of the heads it came with: once the peer has
+         * moved on, the changes it made since are not in it, and answering
+         * it would send the peer its own changes back. */
+        cairn_bloom_destroy(&s->their_filter);
+        free(s->their_since);
+        s->their_since = NULL;
+        s->ntheir_since = 0;
+        s->have_filter = 0;
     }
     if ((rc = settle(s, cairn_doc_dag(doc))))
         goto done;

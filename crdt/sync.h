@@ -17,6 +17,8 @@
  *   cairn_sync_applied()   after it applied those changes;
  *   cairn_sync_push()      optionally, to broadcast fresh local changes at
  *                          once (no filter computed);
+ *   cairn_sync_tick()      optionally, on the caller's sync timer: holds
+ *                          back relayed changes one period (full mesh);
  *   cairn_sync_reset()     when a message may have been lost (timer,
  *                          reconnect): forgets what is in flight, keeps the
  *                          shared heads. A new state (restart) also works.
@@ -41,7 +43,12 @@
  * all their descendants, in apply order; once the peer's heads are all
  * known, what it lacks is computed exactly and no filter is needed. False
  * positives surface as a missing dependency or an unknown head and are
- * asked for by hash in the next message. Two diverged replicas converge in
+ * asked for by hash in the next message. A filter answers for the heads
+ * it came with only: once the peer names new heads without one, it is
+ * dropped. Right after a message that carried changes, the next message
+ * is heads only (an acknowledgement): the peer is sending, and the heads
+ * it named but we lack are asked for (need, filter) one round later if
+ * still missing. Two diverged replicas converge in
  * one round trip when each still knows the other's heads from the last sync,
  * else in two (the data arrives after one and a half; a fresh session over a
  * long history trades log-size history samples first, see sync.c).
@@ -110,6 +117,19 @@ int cairn_sync_state_load(cairn_sync_state **out, const uint8_t *buf, size_t len
  * when a message may have been lost. The shared heads are kept. */
 void cairn_sync_reset(cairn_sync_state *s);
 
+/* The caller's sync timer, called once per period before that period's
+ * generate. From the first call on, a change of another author is sent to
+ * this peer by generate only once it was held here at the tick before
+ * last, and the peer has sent a message since that tick without showing it
+ * and without naming new heads for a whole period (a peer whose heads move
+ * is being fed, mostly by the author: so in a full mesh each change
+ * reaches a peer from its author, and two members do not both relay it,
+ * also after a reconnect); this node's own changes and changes the peer
+ * asks for by hash are never held back. A held change costs a few periods
+ * in a partial mesh, where the transport relays pushes anyway. Without
+ * calls, nothing is held. */
+void cairn_sync_tick(cairn_sync_state *s, const cairn_doc *doc);
+
 /* The next message for the peer, in a new buffer (*out, caller frees), or
  * *out == NULL and *len == 0 when there is nothing to send. |salt| keys this
  * message's Bloom filter: pass fresh random bytes (randombytes_buf) for
@@ -148,6 +168,21 @@ int cairn_sync_applied(cairn_sync_state *s, const cairn_doc *doc);
  * follow through generate). *out is NULL when nothing was left to push. */
 int cairn_sync_push(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
                     cairn_sync_state *s, const cairn_change *const *changes, size_t n);
+
+/* cairn_sync_push with the heads to report given (sorted, unique; EINVAL
+ * otherwise) instead of the document's: e.g. the last of |changes|, when
+ * the caller knows those durable but not everything the document holds.
+ * The heads a node reports must be durable there (the peer takes them as
+ * acknowledged); reporting fewer than its heads only costs duplicates. */
+int cairn_sync_push_heads(uint8_t **out, size_t *len, size_t *npushed, const cairn_doc *doc,
+                          cairn_sync_state *s, const cairn_change *const *changes, size_t n,
+                          const cairn_hash *heads, size_t nheads);
+
+/* 1 if the last message received asks for an answer (it carried changes,
+ * to be acknowledged, or need, a filter, a sample or a hello), or when the
+ * session is not ticked (cairn_sync_tick): the caller may then skip the
+ * immediate generate and leave the rest to its timer. */
+int cairn_sync_wants_answer(const cairn_sync_state *s);
 
 /* 1 if the peer has acknowledged change |h|: it is one of the peer's last
  * reported heads or an ancestor of them (or of our shared heads); 0

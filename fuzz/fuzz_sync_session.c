@@ -121,8 +121,12 @@ static void edit(struct sim *s, int node, uint8_t key, int n, int push)
     if (push && k) {
         uint8_t *m = NULL;
         size_t len = 0, np = 0;
-        if (cairn_sync_push(&m, &len, &np, d, s->st[node], (const cairn_change *const *)made,
-                            (size_t)k))
+        /* push 2: naming only the last change as the heads (the server's) */
+        if (push == 2 ? cairn_sync_push_heads(&m, &len, &np, d, s->st[node],
+                                              (const cairn_change *const *)made, (size_t)k,
+                                              &made[k - 1]->hash, 1)
+                      : cairn_sync_push(&m, &len, &np, d, s->st[node],
+                                        (const cairn_change *const *)made, (size_t)k))
             abort();
         if (m)
             wire_put(&s->w[1 - node], m, len);
@@ -221,6 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         new_state(&s, i);
     }
     size_t pos = 1, ops = 0;
+    int ticked[2] = {0, 0};
     while (pos < size && ops++ < MAX_OPS) {
         uint8_t op = data[pos++];
         uint8_t arg = pos < size ? data[pos] : 0;
@@ -229,10 +234,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 0:
         case 1:
             pos++;
-            edit(&s, node, arg, 1 + (op >> 4 & 3), op % 10 == 1);
+            edit(&s, node, arg, 1 + (op >> 4 & 3), op % 10 == 1 ? 1 + (op >> 6 & 1) : 0);
             break;
+        case 3: /* with bit 6: the timer's tick first (the server's mode) */
+            if (op & 0x40) {
+                cairn_sync_tick(s.st[node], s.doc[node]);
+                ticked[node] = 1;
+            }
+            /* fall through */
         case 2:
-        case 3:
             generate(&s, node, NULL);
             break;
         case 4:
@@ -278,6 +288,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             } else {
                 new_state(&s, node);
             }
+            ticked[node] = 0;
             break;
         }
     }
@@ -299,6 +310,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t bound = 8 + 2 * total, r;
     for (r = 0; r < bound; r++) {
         int a = 0, b = 0;
+        for (int i = 0; i < 2; i++)
+            if (ticked[i])
+                cairn_sync_tick(s.st[i], s.doc[i]);
         generate(&s, 0, &a);
         if (a)
             deliver(&s, 1, 0, 0);

@@ -342,6 +342,24 @@ void cairn_replica_free(cairn_replica *r)
         replica_unref(r);
 }
 
+void cairn_replica_tick(cairn_replica *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (doc_read_lock(r->s, 0) == 0) { /* the count: what was applied by now */
+        cairn_sync_tick(r->st, r->s->doc);
+        doc_read_unlock(r->s);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+int cairn_replica_wants_answer(cairn_replica *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int w = cairn_sync_wants_answer(r->st);
+    pthread_mutex_unlock(&r->mu);
+    return w;
+}
+
 void cairn_replica_reset(cairn_replica *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -394,7 +412,13 @@ int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn
     *out = NULL;
     *len = 0;
     pthread_mutex_lock(&r->mu);
-    int rc = doc_read_lock(r->s, 1);
+    /* Not waiting for the committer: holding the read side through a group
+     * commit would keep every local writer out of it (the put path's
+     * latency in a cluster). The changes pushed are durable, and so is
+     * every change before them in apply order; the heads reported are the
+     * last of them (durable, unlike the document's heads), so the peer
+     * hears of no change before it is on our disk. */
+    int rc = doc_read_lock(r->s, 0);
     if (!rc) {
         rc = settle_applied(r);
         /* more than the limits' worth: the rest follow through generate */
@@ -406,7 +430,8 @@ int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn
             if (!from_peer_has(r, &chs[i]->hash))
                 keep[k++] = chs[i];
         if (!rc && k)
-            rc = cairn_sync_push(out, len, &npushed, r->s->doc, r->st, keep, k);
+            rc = cairn_sync_push_heads(out, len, &npushed, r->s->doc, r->st, keep, k,
+                                       &keep[k - 1]->hash, 1);
         free(keep);
         doc_read_unlock(r->s);
     }

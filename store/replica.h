@@ -9,11 +9,14 @@
  * DURABILITY. Everything the session says — our heads, what we need, the
  * changes it sends — is read from the store's document, which holds a
  * change from the moment it is applied, up to one fsync before it is
- * durable. So generate and push read the document under the store's read
- * side only once nothing applied is still waiting for the committer (no
- * writer can apply while the read side is held; the wait is at most the
- * group being written plus the one queued behind it). Received changes go
- * to cairn_store_receive_changes (slices of one write lock and one group commit each); only
+ * durable. So generate reads the document under the store's read side
+ * only once nothing applied is still waiting for the committer (no writer
+ * can apply while the read side is held; the wait is at most the group
+ * being written plus the one queued behind it). Push does not wait (it
+ * would keep local writers out for as long): it sends only changes the
+ * committer reported durable and names the last of them as its heads.
+ * Received changes go to cairn_store_receive_changes (slices of one write
+ * lock and one group commit each); only
  * after its durable completion is cairn_sync_applied called, so the peer is
  * never told we hold a change before it is on our disk.
  *
@@ -47,6 +50,15 @@ void cairn_replica_free(cairn_replica *r);
  * next generate is a full message saying "hello". */
 void cairn_replica_reset(cairn_replica *r);
 
+/* The transport's sync timer, once per period before that period's
+ * generate (cairn_sync_tick: changes of other authors wait a period, so
+ * that their authors' pushes reach the peer first). */
+void cairn_replica_tick(cairn_replica *r);
+
+/* 1 if the message last received asks for an immediate answer
+ * (cairn_sync_wants_answer); else the next periodic generate will do. */
+int cairn_replica_wants_answer(cairn_replica *r);
+
 /* The next message for the peer in a new buffer (*out, caller frees), with
  * a fresh random Bloom salt; *out NULL when there is nothing to say.
  * Returns the store's CAIRN_EIO once it failed, ENOMEM, or sync's codes. */
@@ -56,8 +68,10 @@ int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len);
  * borrowed; e.g. what a cairn_store_subscribe callback handed out, decoded
  * off the committer thread), in apply order: *out NULL when the peer
  * already has them all. Changes lately received from this peer are left
- * out (it has them: a relay does not echo them back). At most the limits' worth are taken; the rest
- * follow through generate. */
+ * out (it has them: a relay does not echo them back). At most the limits'
+ * worth are taken; the rest follow through generate. Unlike generate it
+ * does not wait for the committer: the heads it reports are the last of
+ * |chs| (durable), not the document's. */
 int cairn_replica_push(cairn_replica *r, uint8_t **out, size_t *len, const cairn_change *const *chs,
                        size_t n);
 

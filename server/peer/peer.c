@@ -20,6 +20,13 @@
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
  * once after a (re)connect and after a received message was made durable.
+ * Each period first ticks the session (cairn_sync_tick), which keeps the
+ * links quiet: a push is answered by one heads-only acknowledgement per
+ * tick at most (sent once what it carried is durable, so a peer's heads
+ * always name changes durable there: peer_net_acked_heads); news of our
+ * heads alone waits for the period; changes of other authors wait a
+ * period too, so that in a full mesh each reaches a peer from its author
+ * only, not relayed by every member that has it.
  *
  * PARTIAL MESH. With --peer-links a node dials and accepts only the members
  * named there (a hello from another is refused), and its pushes relay: they
@@ -666,11 +673,17 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
 
 /* ---- receiving --------------------------------------------------------- */
 
+/* Set on the peer thread: a completion called there is a receive's that
+ * carried no change, run inside cairn_replica_receive (on_sync decides). */
+static _Thread_local int on_peer_thread, inline_done;
+
 static void received_durable(void *arg, int rc)
 {
     ppeer *p = arg;
-    if (!rc)
-        atomic_store(&p->answer_due, 1);
+    if (on_peer_thread)
+        inline_done = !rc;
+    else if (!rc)
+        atomic_store(&p->answer_due, 1); /* carried changes: acknowledge */
 }
 
 /* Keeps the heads a message from |p| reported (durable on |p|: a node
@@ -697,7 +710,15 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
     plink *l = arg;
     ppeer *p = l->p;
     int rejected = 0;
+    inline_done = 0;
     int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
+    /* A message without changes is answered at once only if it asks for
+     * something (need, filter, hello): a heads-only acknowledgement is
+     * not, so that it costs no generate (whose wait for the committer
+     * holds the store's read side, and local writers out). */
+    if (!rc && inline_done && cairn_replica_wants_answer(p->rep))
+        atomic_store(&p->answer_due, 1);
+    inline_done = 0;
     if (!rc)
         note_acked(l->n, p);
     char why[160];
@@ -1168,8 +1189,12 @@ static void tick(peer_net *n)
                 link_kill(l, "cannot send");
             continue;
         }
-        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || now >= p->next_sync_ms)) {
-            p->next_sync_ms = now + n->cfg->sync_interval_ms;
+        int periodic = now >= p->next_sync_ms;
+        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || periodic)) {
+            if (periodic) {
+                p->next_sync_ms = now + n->cfg->sync_interval_ms;
+                cairn_replica_tick(p->rep);
+            }
             rc = cairn_replica_generate(p->rep, &msg, &len);
             if (!rc && msg)
                 atomic_fetch_add(&p->sync_rounds, 1);
@@ -1257,6 +1282,7 @@ static void say_goodbyes(peer_net *n)
 static void *peer_main(void *arg)
 {
     peer_net *n = arg;
+    on_peer_thread = 1;
     while (!atomic_load(&n->stop)) {
         drain(n, n->npeers ? PEER_TICK_MS : PEER_IDLE_MS);
         tick(n);

@@ -1239,6 +1239,151 @@ END_TEST
  * applies them, what it tells the peer is what the document held. The
  * changes come back dependencies first even when the message has them
  * reversed. */
+/* ---- quiet links (the server's mode: acks, stale filters, ticks) -------- */
+
+/* A heads-only message from |d| (what an acknowledgement looks like). */
+static void heads_msg(uint8_t **m, size_t *len, const cairn_doc *d)
+{
+    const cairn_hash *h;
+    cairn_sync_msg msg = {0};
+    msg.nheads = cairn_dag_heads(cairn_doc_dag(d), &h);
+    msg.heads = (cairn_hash *)h;
+    ck_assert_int_eq(cairn_sync_msg_encode(m, len, &msg), 0);
+}
+
+/* Copies the changes of |from| at indices >= |first| into |to|. */
+static void copy_from(cairn_doc *to, const cairn_doc *from, uint64_t first)
+{
+    const cairn_dag *d = cairn_doc_dag(from);
+    for (uint64_t i = first; i < cairn_dag_count(d); i++) {
+        cairn_change *copy = NULL;
+        ck_assert_int_eq(cairn_dag_load(&copy, d, i), 0);
+        ck_assert_int_eq(cairn_doc_receive(to, copy, NULL), 0);
+    }
+}
+
+/* 1 if the message |m| carries the change with hash |h|. */
+static int carries(const uint8_t *m, size_t len, const cairn_hash *h)
+{
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    int found = 0;
+    for (size_t i = 0; i < dm.nchanges; i++)
+        found |= cairn_hash_cmp(&dm.changes[i]->hash, h) == 0;
+    cairn_sync_msg_destroy(&dm);
+    return found;
+}
+
+START_TEST(stale_filter_not_answered)
+{
+    /* a sends b a filter, then moves on (changes b gets through a third
+     * node, and one b lacks) and names its new heads without a filter: b
+     * must not answer the old filter, which would send a its own changes. */
+    cairn_doc *a = new_doc(1), *b = new_doc(2), *peer_b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 31;
+    struct stats st;
+    edit(a, "base", 3, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    /* b's heads move (a change of its own): a asks with a filter */
+    uint64_t nbase = cairn_dag_count(cairn_doc_dag(a));
+    edit(b, "b", 1, NULL);
+    uint8_t *m, salt[CAIRN_BLOOM_SALT_LEN];
+    size_t len;
+    heads_msg(&m, &len, b);
+    ck_assert_int_eq(sync_apply(a, sa, m, len, NULL), 0);
+    free(m);
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, a, sa, salt), 0);
+    ck_assert_ptr_nonnull(m);
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    ck_assert_int_eq(dm.has_filter, 1);
+    cairn_sync_msg_destroy(&dm);
+    ck_assert_int_eq(sync_apply(b, sb, m, len, NULL), 0);
+    free(m);
+    /* a makes three changes b gets elsewhere, then one b lacks */
+    edit(a, "relayed", 3, NULL);
+    copy_from(b, a, nbase);
+    edit(a, "ahead", 1, NULL);
+    heads_msg(&m, &len, a);
+    ck_assert_int_eq(sync_apply(b, sb, m, len, NULL), 0);
+    free(m);
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, b, sb, salt), 0);
+    ck_assert_ptr_nonnull(m); /* it asks for a's unknown head */
+    const cairn_dag *dagb = cairn_doc_dag(b);
+    for (uint64_t i = 0; i < cairn_dag_count(dagb); i++) {
+        const cairn_hash *h = cairn_dag_hash_at(dagb, i);
+        uint64_t ia;
+        if (cairn_dag_find(cairn_doc_dag(a), h, &ia) == 0)
+            ck_assert_msg(!carries(m, len, h), "b sends a its own change %llu back",
+                          (unsigned long long)ia);
+    }
+    free(m);
+    /* and they still converge */
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    assert_same_state(a, b);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+    cairn_doc_free(peer_b);
+}
+END_TEST
+
+START_TEST(tick_holds_relayed_changes)
+{
+    /* b's session with c, ticked: a's changes (another author's) wait
+     * until b held them at a tick and c spoke since without showing them;
+     * b's own change goes at once. */
+    cairn_doc *a = new_doc(1), *b = new_doc(2), *c = new_doc(3);
+    cairn_sync_state *sbc = new_state(NULL), *scb = new_state(NULL);
+    uint64_t rng = 41;
+    struct stats st;
+    ck_assert_int_eq(sync_pair(b, sbc, c, scb, &rng, 10, &st), 0);
+    cairn_sync_tick(sbc, b);
+    edit(a, "a", 2, NULL);
+    copy_from(b, a, 0);
+    edit(b, "own", 1, NULL);
+    const cairn_dag *db = cairn_doc_dag(b);
+    const cairn_hash *own = cairn_dag_hash_at(db, 2), *ha = cairn_dag_hash_at(db, 0);
+    uint8_t *m, salt[CAIRN_BLOOM_SALT_LEN];
+    size_t len;
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&m, &len, b, sbc, salt), 0);
+    ck_assert_ptr_nonnull(m);
+    ck_assert(carries(m, len, own));
+    ck_assert(!carries(m, len, ha));
+    ck_assert_int_eq(sync_apply(c, scb, m, len, NULL), 0);
+    free(m);
+    /* c speaks, a tick: still held (b did not hold them at the tick before) */
+    for (int round = 0; round < 2; round++) {
+        heads_msg(&m, &len, c);
+        ck_assert_int_eq(sync_apply(b, sbc, m, len, NULL), 0);
+        free(m);
+        cairn_sync_tick(sbc, b);
+        salt_next(salt, &rng);
+        ck_assert_int_eq(cairn_sync_generate(&m, &len, b, sbc, salt), 0);
+        if (round == 0) {
+            ck_assert(!m || !carries(m, len, ha));
+        } else {
+            ck_assert_ptr_nonnull(m);
+            ck_assert(carries(m, len, ha));
+            ck_assert_int_eq(sync_apply(c, scb, m, len, NULL), 0);
+        }
+        free(m);
+    }
+    ck_assert_int_eq(sync_pair(b, sbc, c, scb, &rng, 10, &st), 0);
+    assert_same_state(b, c);
+    cairn_sync_state_free(sbc);
+    cairn_sync_state_free(scb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+    cairn_doc_free(c);
+}
+END_TEST
+
 START_TEST(receive_hands_back)
 {
     cairn_doc *a = new_doc(1), *b = new_doc(2);
@@ -1269,8 +1414,19 @@ START_TEST(receive_hands_back)
         ck_assert(cairn_hash_cmp(&got[i]->hash, cairn_dag_hash_at(da, (uint64_t)i)) == 0);
     ck_assert_uint_eq(cairn_dag_count(db), 0); /* nothing applied */
 
-    /* Not applied yet: b's message names no head and asks for a's. */
+    /* Not applied yet. Right after a message that carried changes, b's
+     * answer is heads only (none here), no need, no filter: a is sending. */
     uint8_t salt[CAIRN_BLOOM_SALT_LEN];
+    salt_next(salt, &rng);
+    ck_assert_int_eq(cairn_sync_generate(&buf, &len, b, sb, salt), 0);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(cairn_sync_msg_decode(&m, buf, len, NULL), 0);
+    ck_assert_uint_eq(m.nheads, 0);
+    ck_assert_uint_eq(m.nneed, 0);
+    ck_assert_int_eq(m.has_filter, 0);
+    cairn_sync_msg_destroy(&m);
+    free(buf);
+    /* The next round, still not applied: it asks for a's head. */
     salt_next(salt, &rng);
     ck_assert_int_eq(cairn_sync_generate(&buf, &len, b, sb, salt), 0);
     ck_assert_ptr_nonnull(buf);
@@ -1416,6 +1572,8 @@ int main(void)
     tcase_add_test(tc, loader_sync_converges);
     tcase_add_test(tc, loader_corrupt_body);
     tcase_add_test(tc, receive_hands_back);
+    tcase_add_test(tc, stale_filter_not_answered);
+    tcase_add_test(tc, tick_holds_relayed_changes);
     tcase_add_test(tc, catch_up_work_is_what_is_missing);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
