@@ -85,9 +85,27 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
  * the DAG unchanged (retry or discard it). */
 int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body);
 
-/* Drops the peeked ready change (the document rejected it). Changes that
- * depend on it stay pending forever (bounded by CAIRN_DAG_MAX_PENDING). */
+/* Drops the peeked ready change for now (the document could not take it:
+ * out of memory). It is unknown again: offered later, it is judged again.
+ * Changes that depend on it stay pending (bounded by CAIRN_DAG_MAX_PENDING). */
 void cairn_dag_discard(cairn_dag *d);
+
+/* Drops the peeked ready change for good: the document found it invalid,
+ * a verdict that depends only on the change and its causal past, so every
+ * honest node gives the same and it is never worth fetching or checking
+ * again. The last CAIRN_DAG_MAX_REJECTED such hashes are remembered (and,
+ * beyond them, those that pending changes wait for): offering one again is
+ * CAIRN_DAG_KNOWN, cairn_dag_has says 2 and cairn_dag_missing never asks
+ * for it. Changes that depend on it stay pending within the pending bounds.
+ * The sequence rule's rejections in cairn_dag_order are remembered too. */
+void cairn_dag_reject(cairn_dag *d);
+
+/* How many rejected hashes are remembered at most (32 bytes each, plus a
+ * body-less node while remembered). */
+#define CAIRN_DAG_MAX_REJECTED 4096u
+
+/* 1 if |h| was rejected for good and is still remembered, else 0. */
+int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h);
 
 /* Number of ordered changes. */
 uint64_t cairn_dag_count(const cairn_dag *d);

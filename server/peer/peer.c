@@ -617,6 +617,26 @@ static void received_durable(void *arg, int rc)
         atomic_store(&p->answer_due, 1);
 }
 
+/* A fork the last receive from |p| met: both hashes, so that an operator
+ * can find the author's two data dirs (README, limits). */
+static void log_fork(ppeer *p)
+{
+    cairn_store_fork f;
+    if (!cairn_replica_last_fork(p->rep, &f))
+        return;
+    char rej[2 * CAIRN_HASH_LEN + 1], held[2 * CAIRN_HASH_LEN + 1] = "(not found)";
+    char actor[2 * CAIRN_ACTOR_LEN + 1];
+    cairn_hash_hex(rej, &f.rejected);
+    if (f.held_known)
+        cairn_hash_hex(held, &f.held);
+    for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+        snprintf(actor + 2 * i, 3, "%02x", f.actor.b[i]);
+    cairn_log(CAIRN_LOG_ERROR,
+              "peer %s: fork: author %s made two changes with seq %" PRIu64
+              ": %s (from this peer, refused) and %s (held here, kept)",
+              p->name, actor, f.seq, rej, held);
+}
+
 static void on_sync(void *arg, const uint8_t *msg, size_t len)
 {
     plink *l = arg;
@@ -629,6 +649,7 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
         cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
         link_kill(l, why);
     } else if (rejected) {
+        log_fork(p);
         snprintf(why, sizeof why, "a change the document refuses (%s)", cairn_strerror(rejected));
         cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
         link_kill(l, why);
