@@ -241,20 +241,22 @@ def diff_spaces(spaces, most=10):
 
 class Cluster:
     def __init__(self, binary, n=3, sync_interval_ms=None, lifetime=3600, log=print,
-                 workdir=None, links=None):
+                 workdir=None, links=None, directed=False):
         self.binary = binary
         self.log = log
         self.caps = capabilities(binary)
         self.peer_dial = self.caps["peer_dial"]
         self.sync_interval_ms = sync_interval_ms
         # links: None = full mesh; else pairs (i, j) of node indices, each
-        # node started with --peer-links naming its partners
+        # node started with --peer-links naming its partners (directed: i
+        # names j, j does not name i unless (j, i) is listed too)
         self.links = None
         if links is not None:
             self.links = {i: set() for i in range(n)}
             for i, j in links:
                 self.links[i].add(j)
-                self.links[j].add(i)
+                if not directed:
+                    self.links[j].add(i)
         self.token = "cairn-it-%d" % os.getpid()
         self.own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="cairn-cluster-")
