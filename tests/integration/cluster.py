@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -482,6 +483,25 @@ class Cluster:
             rev, space = self.range_all(node)
             out[node.name] = (self.heads(node), rev, space)
         return out
+
+    def wait_value(self, n, key, value, timeout):
+        """True once node n reads value at key (polled every 20 ms), False
+        after timeout seconds."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.get(n, key) == value:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def metric(self, n, prefix):
+        """The sum of node n's /metrics samples whose line starts with
+        prefix (e.g. 'name{peer="n2"} ' for one sample), or None if none."""
+        url = "http://%s/metrics" % self.node(n).endpoint
+        with urllib.request.urlopen(url, timeout=RPC_TIMEOUT) as resp:
+            lines = resp.read().decode().splitlines()
+        got = [float(ln.split()[-1]) for ln in lines if ln.startswith(prefix)]
+        return int(sum(got)) if got else None
 
     def converge(self, timeout):
         """Waits until every node has equal heads (if the server tells them)

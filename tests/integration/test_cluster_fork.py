@@ -26,7 +26,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -39,25 +38,6 @@ WATCH_S = 5
 SETTLE_S = 3
 # generous for a few sync rounds between three nodes at rest
 QUIET_BYTES = 64 << 10
-
-
-def wait_value(c, n, key, value, timeout):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if c.get(n, key) == value:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def metrics(node):
-    with urllib.request.urlopen("http://%s/metrics" % node.endpoint, timeout=10) as resp:
-        return resp.read().decode().splitlines()
-
-
-def metric(node, prefix):
-    """Sum of the samples whose line starts with |prefix|."""
-    return sum(int(float(ln.split()[-1])) for ln in metrics(node) if ln.startswith(prefix))
 
 
 def link_bytes(c):
@@ -88,18 +68,18 @@ def main():
         n3.data_dir = copy
         c.restart(2)
         c.put(2, b"fork", b"copy")
-        check(wait_value(c, 0, b"fork", b"copy", 20), "the copy's put reaches n1")
+        check(c.wait_value(0, b"fork", b"copy", 20), "the copy's put reaches n1")
         n3.stop()
         # the original, with n2 only, writes its own
         c.partition([[1, 2], [0]])
         n3.data_dir = orig
         c.restart(2)
         c.put(2, b"fork", b"orig")
-        check(wait_value(c, 1, b"fork", b"orig", 20), "the original's put reaches n2")
+        check(c.wait_value(1, b"fork", b"orig", 20), "the original's put reaches n2")
 
         c.heal()
         time.sleep(SETTLE_S)
-        forks = {n.name: metric(n, "cairn_store_forks_total") for n in c.nodes}
+        forks = {n.name: (c.metric(n, "cairn_store_forks_total ") or 0) for n in c.nodes}
         print("forks counted: %s" % forks)
         for n in c.nodes:
             check(forks[n.name] >= 1, "%s counts the fork: %s" % (n.name, forks[n.name]))
@@ -112,11 +92,11 @@ def main():
             print("n1: %s" % line.group(0))
 
         # at rest: no more resets, reconnects or resends
-        c0 = {n.name: metric(n, "cairn_peer_connects_total") for n in c.nodes}
+        c0 = {n.name: c.metric(n, "cairn_peer_connects_total") for n in c.nodes}
         b0 = link_bytes(c)
         r0 = sum(n.read_log().count("a change the document refuses") for n in c.nodes)
         time.sleep(WATCH_S)
-        c1 = {n.name: metric(n, "cairn_peer_connects_total") for n in c.nodes}
+        c1 = {n.name: c.metric(n, "cairn_peer_connects_total") for n in c.nodes}
         b1 = link_bytes(c)
         r1 = sum(n.read_log().count("a change the document refuses") for n in c.nodes)
         print("over %d s at rest: %d bytes on the peer links, connects %s -> %s, "
@@ -130,7 +110,7 @@ def main():
         for i in range(3):
             c.put(i, b"after/%d" % i, b"x")
             check(c.get(i, b"after/%d" % i) == b"x", "n%d serves after the fork" % (i + 1))
-        check(wait_value(c, 2, b"after/1", b"x", 20), "n2's put reaches n3 (same fork)")
+        check(c.wait_value(2, b"after/1", b"x", 20), "n2's put reaches n3 (same fork)")
         time.sleep(2)
         check(c.get(1, b"after/0") is None,
               "n1's put, built on the other fork, does not reach n2 (README: no convergence)")

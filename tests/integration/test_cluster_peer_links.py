@@ -22,7 +22,6 @@ import argparse
 import os
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -33,23 +32,6 @@ from verdict import check, failures  # noqa: E402
 SKIP = 77
 WATCH_S = 8
 CONVERGE_S = 60
-
-
-def wait_value(c, n, key, value, timeout):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if c.get(n, key) == value:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def metric(node, name, peer):
-    with urllib.request.urlopen("http://%s/metrics" % node.endpoint, timeout=10) as resp:
-        text = resp.read().decode()
-    pre = '%s{peer="%s"} ' % (name, peer)
-    got = [ln for ln in text.splitlines() if ln.startswith(pre)]
-    return int(float(got[0].split()[-1])) if got else None
 
 
 def count(log, s):
@@ -71,7 +53,7 @@ def main():
         l1, l3 = n1.read_log(), n3.read_log()
         refused = count(l3, "peer n1: refused: not in this node's --peer-links")
         told = count(l1, "peer n3: it does not list this node in its --peer-links")
-        connects = metric(n1, "cairn_peer_connects_total", "n3")
+        connects = c.metric(n1, 'cairn_peer_connects_total{peer="n3"} ')
         print("over %d s: n3 logged %d refusals, n1 %d 'does not list' lines, "
               "%s streams n1 -> n3, %d lines naming n3 on n1"
               % (WATCH_S, refused, told, connects, count(l1, "peer n3")))
@@ -86,8 +68,8 @@ def main():
         # the cluster works through n2, both ways
         c.put(0, b"one/sided/from1", b"1")
         c.put(2, b"one/sided/from3", b"3")
-        check(wait_value(c, 2, b"one/sided/from1", b"1", 20), "n1's put reaches n3 through n2")
-        check(wait_value(c, 0, b"one/sided/from3", b"3", 20), "n3's put reaches n1 through n2")
+        check(c.wait_value(2, b"one/sided/from1", b"1", 20), "n1's put reaches n3 through n2")
+        check(c.wait_value(0, b"one/sided/from3", b"3", 20), "n3's put reaches n1 through n2")
         ok, rep = c.converge(CONVERGE_S)
         print("converged: %s" % rep)
         check(ok, "the three converge: %s" % rep)
