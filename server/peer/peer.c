@@ -112,12 +112,12 @@ typedef struct plink {
     ptag t_send, t_recv, t_close;
     int pending; /* batches in flight */
     int sending;
-    int hello_in; /* the peer's hello was accepted */
-    int dead;     /* cancelled: freed once nothing is pending */
-    int bye;      /* this side said goodbye (shutting down) */
-    int refusing; /* a refusal's goodbye is due or sent: the peer's messages are ignored */
+    int hello_in;        /* the peer's hello was accepted */
+    int dead;            /* cancelled: freed once nothing is pending */
+    int bye;             /* this side said goodbye (shutting down) */
+    int refusing;        /* a refusal's goodbye is due or sent: the peer's messages are ignored */
     const char *bye_due; /* that goodbye's reason, while a send is in flight */
-    int closed;   /* its status / close completed */
+    int closed;          /* its status / close completed */
     size_t sbuf_len;
     grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
@@ -146,8 +146,8 @@ typedef struct ppeer {
      * debug level, until it sends a sync message (it lists us now). */
     int not_linked;
     int refused_logged; /* we refused it for our --peer-links: said once */
-    cairn_actor actor;     /* from its hello */
-    char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
+    cairn_actor actor;  /* from its hello */
+    char **client_urls; /* from its last hello or Members; under peer_net.info_mu */
     size_t nclient_urls;
     uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
     uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
@@ -852,8 +852,7 @@ static void on_close(plink *l)
     if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
         cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
-                  "peer %s: stream ended: %s",
-                  peer_name(l), d);
+                  "peer %s: stream ended: %s", peer_name(l), d);
         gpr_free(d);
     }
     link_kill(l, "the stream ended");
