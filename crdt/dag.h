@@ -77,10 +77,12 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
  * Fails (and rejects the change as cairn_dag_reject does; changes depending
- * on it stay pending) with CAIRN_ESEQGAP or CAIRN_EFORK. *index (if not NULL) receives its index.
- * The DAG lets go of the decoded change: *body (if not NULL) receives it, owned by the caller (the
- * pointer cairn_dag_peek_ready gave); with |body| NULL it is freed. CAIRN_ESTATE if nothing is
- * ready; CAIRN_ENOMEM leaves the change ready and the DAG unchanged (retry or discard it). */
+ * on it stay pending) with CAIRN_ESEQGAP or CAIRN_EFORK. *index (if not
+ * NULL) receives its index. The DAG lets go of the decoded change: *body
+ * (if not NULL) receives it, owned by the caller (the pointer
+ * cairn_dag_peek_ready gave); with |body| NULL it is freed. CAIRN_ESTATE if
+ * nothing is ready; CAIRN_ENOMEM leaves the change ready and the DAG
+ * unchanged (retry or discard it). */
 int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body);
 
 /* Drops the peeked ready change for now (the document could not take it:

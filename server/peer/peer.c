@@ -112,12 +112,14 @@ typedef struct plink {
     ptag t_send, t_recv, t_close;
     int pending; /* batches in flight */
     int sending;
-    int hello_in;        /* the peer's hello was accepted */
-    int dead;            /* cancelled: freed once nothing is pending */
-    int bye;             /* this side said goodbye (shutting down) */
-    int refusing;        /* a refusal's goodbye is due or sent: the peer's messages are ignored */
-    const char *bye_due; /* that goodbye's reason, while a send is in flight */
-    int closed;          /* its status / close completed */
+    int hello_in; /* the peer's hello was accepted */
+    int dead;     /* cancelled: freed once nothing is pending */
+    int bye;      /* this side said goodbye (shutting down) */
+    int closed;   /* its status / close completed */
+    /* A refusal's goodbye is due or sent: the peer's messages are ignored. */
+    int refusing;
+    /* That goodbye's reason, while a send is in flight. */
+    const char *bye_due;
     size_t sbuf_len;
     grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
@@ -141,13 +143,8 @@ typedef struct ppeer {
     atomic_int answer_due; /* a received message is durable: answer now */
     atomic_int connected;  /* the subscriber queues pushes only then */
     int linked;            /* in --peer-links (every member without it) */
-    /* It does not list us in its --peer-links (its goodbye said so): we
-     * dial it at the longest backoff and log its comings and goings at
-     * debug level, until it sends a sync message (it lists us now). */
-    int not_linked;
-    int refused_logged; /* we refused it for our --peer-links: said once */
-    cairn_actor actor;  /* from its hello */
-    char **client_urls; /* from its last hello or Members; under peer_net.info_mu */
+    cairn_actor actor;     /* from its hello */
+    char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
     size_t nclient_urls;
     uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
     uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
@@ -157,6 +154,12 @@ typedef struct ppeer {
     /* peer_stats: bumped by the peer thread (dropped: by the committer) */
     _Atomic uint64_t connects, msgs_sent, bytes_sent, msgs_received, bytes_received, pushes,
         dropped, sync_rounds;
+    /* It does not list us in its --peer-links (its goodbye said so): we
+     * dial it at the longest backoff and log its comings and goings at
+     * debug level, until it sends a sync message (it lists us now). */
+    int not_linked;
+    /* We refused it for our --peer-links: said once. */
+    int refused_logged;
 } ppeer;
 
 struct peer_net {
