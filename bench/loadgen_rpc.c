@@ -37,6 +37,7 @@
 
 #include "etcdserverpb/rpc.pb-c.h"
 #include "mvccpb/kv.pb-c.h"
+#include "server/rpc/unary_ops.h"
 
 #define NS_PER_S 1000000000ull
 #define LATE_NS 1000000ull
@@ -295,19 +296,7 @@ static void send_step(op_ctx *c)
                                        grpc_slice_from_static_string(method), NULL,
                                        deadline_in(e->cfg->timeout_s), NULL);
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = c->send_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->md_init;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &c->recv_bb;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &c->md_trail;
-    ops[5].data.recv_status_on_client.status = &c->status;
-    ops[5].data.recv_status_on_client.status_details = &c->details;
+    rpc_unary_ops(ops, c->send_bb, &c->md_init, &c->recv_bb, &c->md_trail, &c->status, &c->details);
     c->sent_ns = now_ns();
     if (c->call == NULL || grpc_call_start_batch(c->call, ops, 6, c, NULL) != GRPC_CALL_OK) {
         fprintf(stderr, "cairn-loadgen: could not start a call\n");

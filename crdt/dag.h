@@ -155,6 +155,15 @@ int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cai
 int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
                             size_t nheads);
 
+/* Sets bit i - |floor| of |bits| for every ordered ancestor i >= |floor| of
+ * the ordered changes among |heads| (inclusive; unknown heads are skipped).
+ * |bits| holds (count - floor) / 64 + 1 words, zeroed by the caller. The
+ * walk never goes below |floor|, so it costs the ancestors it marks: with a
+ * floor under which the caller knows everything is an ancestor, about the
+ * changes since then. */
+int cairn_dag_mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *heads,
+                             size_t nheads, uint64_t floor);
+
 /* 1 if ordered change |h| is an ancestor of (or equal to) one of |heads|,
  * else 0 (also when out of memory). Unknown heads are ignored. Cost: the
  * ancestors of |heads| ordered after |h|. */
@@ -184,5 +193,7 @@ int cairn_dag_restore_(cairn_dag **out, struct wire_rd *r);
  * index, deps point backwards, heads are exactly the changes no change
  * depends on, authors' seqs add up), else CAIRN_ECORRUPT. Tests, fuzzers. */
 int cairn_dag_check_(const cairn_dag *d);
+/* Changes the ancestry walks have visited so far (a cost counter). */
+uint64_t cairn_dag_walk_steps_(const cairn_dag *d);
 
 #endif

@@ -101,6 +101,9 @@ struct cairn_dag {
      * pending changes wait for it). Allocated on the first rejection. */
     cairn_hash *rej;
     size_t rej_head, rej_n;
+    /* Changes the ancestry walks visited (a cost counter the tests read;
+     * the walks are const, callers serialise them). */
+    uint64_t walk_steps;
 };
 
 struct ustack {

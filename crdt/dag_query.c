@@ -161,6 +161,7 @@ static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *
 {
     struct ustack st = {0};
     int rc = 0;
+    uint64_t *steps = &((cairn_dag *)d)->walk_steps;
 #define SEEN(i) (bits[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
 #define SET(i) (bits[((i)-floor) >> 6] |= (uint64_t)1 << (((i)-floor) & 63))
     for (size_t i = 0; i < nheads; i++) {
@@ -191,6 +192,7 @@ static int mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *
             if (dep < floor || SEEN(dep))
                 continue;
             SET(dep);
+            ++*steps;
             if (dep == target) {
                 rc = 1;
                 goto out;
@@ -222,6 +224,17 @@ static int collect(uint64_t **out, size_t *n, const uint64_t *bits, uint64_t cou
     *out = v;
     *n = k;
     return 0;
+}
+
+int cairn_dag_mark_ancestors(uint64_t *bits, const cairn_dag *d, const cairn_hash *heads,
+                             size_t nheads, uint64_t floor)
+{
+    return mark_ancestors(bits, d, heads, nheads, 0, floor, UINT64_MAX);
+}
+
+uint64_t cairn_dag_walk_steps_(const cairn_dag *d)
+{
+    return d->walk_steps;
 }
 
 int cairn_dag_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_hash *heads,
@@ -331,6 +344,7 @@ int cairn_dag_not_ancestors(uint64_t **out, size_t *n, const cairn_dag *d, const
     }
     while (mine) {
         uint64_t i = heap_pop(&h);
+        ((cairn_dag *)d)->walk_steps++;
         int t = BIT(theirs, i);
         if (!t) {
             mine--;

@@ -933,6 +933,7 @@ void cairn_doc_free(cairn_doc *d)
     for (uint32_t i = 0; i < d->nactors; i++)
         free(d->runs[i].v);
     free(d->runs);
+    free(d->cc);
     free(d->aslots);
     cairn_change_free(d->last_commit);
     cairn_dag_free(d->dag);

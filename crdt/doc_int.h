@@ -146,6 +146,11 @@ typedef struct arun {
     size_t n, cap;
 } arun;
 
+/* A set of apply indices as ascending disjoint ranges [lo, hi). */
+typedef struct irange {
+    uint64_t lo, hi;
+} irange;
+
 /* A pending local op in document actor indices; key/value bytes and preds
  * are owned here until commit. */
 typedef struct pop {
@@ -180,6 +185,14 @@ struct cairn_doc {
     size_t npp, pp_cap;
 
     cairn_change *last_commit; /* what cairn_doc_commit handed out */
+
+    /* Receive's memo of one change's concurrent set (doc_receive.c): while
+     * |cc_ok|, the ordered changes not in the causal past of the change at
+     * apply index |cc_at| are those below cc_at in |cc|, plus all above. */
+    int cc_ok;
+    uint64_t cc_at;
+    irange *cc;
+    size_t ncc, cc_cap;
 
     /* while applying */
     int local;

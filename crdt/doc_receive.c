@@ -17,9 +17,11 @@
  * here that are not ancestors — the concurrent ones — are a suffix of each
  * actor's chain; the document's per-actor runs (doc_int.h) give, walking
  * back over that suffix, the bound. The concurrent set costs nothing when
- * the change's deps are our heads (the common case: then it is empty) and
- * otherwise about the changes made since the fork (cairn_dag_not_ancestors
- * stops when only ancestors are left).
+ * the change's deps are our heads (the common case: then it is empty) or
+ * its one dep is the change whose set the memo holds (a peer's run of
+ * changes while local writes interleave), and otherwise about the changes
+ * made since the fork (cairn_dag_not_ancestors stops when only ancestors
+ * are left).
  */
 #include "crdt/doc.h"
 
@@ -52,66 +54,194 @@ static int check_ref(const cairn_change *c, size_t i, cairn_opid r, ptrdiff_t *o
     return 0;
 }
 
-/* What validate knows of a ready change's causal past, computed on the
- * first reference that needs it. */
+/* What validate knows of a ready change's causal past. The concurrent set
+ * itself lives in the document's memo (doc->cc), which this change's
+ * becomes once it is ordered. */
 typedef struct past {
-    int known;      /* conc/empty computed */
-    int empty;      /* no deps: the past is empty */
-    uint64_t *conc; /* ordered here and not ancestors, ascending */
-    size_t nconc;
+    int known;       /* doc->cc is this change's concurrent set */
+    int empty;       /* no deps: the past is empty */
     uint64_t *bound; /* per actor index of the change; UINT64_MAX = not yet */
 } past;
 
-static int in_sorted(const uint64_t *v, size_t n, uint64_t x)
+/* The memo's range that holds |x|, or d->ncc. */
+static size_t cc_find(const cairn_doc *d, uint64_t x)
 {
-    size_t lo = 0, hi = n;
+    size_t lo = 0, hi = d->ncc;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (v[mid] == x)
-            return 1;
-        if (v[mid] < x)
+        if (x < d->cc[mid].lo)
+            hi = mid;
+        else if (x >= d->cc[mid].hi)
             lo = mid + 1;
         else
-            hi = mid;
+            return mid;
     }
+    return d->ncc;
+}
+
+static int cc_has(const cairn_doc *d, uint64_t x)
+{
+    return cc_find(d, x) < d->ncc;
+}
+
+/* Appends [lo, hi) (lo >= the last range's end). */
+static int cc_add(cairn_doc *d, uint64_t lo, uint64_t hi)
+{
+    if (d->ncc && d->cc[d->ncc - 1].hi == lo) {
+        d->cc[d->ncc - 1].hi = hi;
+        return 0;
+    }
+    int rc = grow((void **)&d->cc, &d->cc_cap, d->ncc + 1, sizeof *d->cc);
+    if (rc)
+        return rc;
+    d->cc[d->ncc++] = (irange){lo, hi};
     return 0;
 }
 
-static int past_compute(const cairn_doc *d, const cairn_change *c, past *p)
+/* Takes out of the memo the other deps of |c| (all but deps[skip]) and
+ * their ancestors. The walk stops at changes the memo does not hold: they
+ * are in the past already, and so are their ancestors. So it costs what
+ * the other deps add to the past (for a peer's change made on top of ours
+ * and of the peer's own run: the changes in between). */
+static int cc_remove_past(cairn_doc *d, const cairn_change *c, size_t skip)
 {
-    p->known = 1;
+    uint64_t *stack = NULL, deps[CAIRN_CHANGE_MAX_DEPS];
+    size_t nst = 0, capst = 0;
+    int rc = 0;
+    for (size_t k = 0; k < c->ndeps && !rc; k++) {
+        uint64_t x;
+        if (k != skip && cairn_dag_find(d->dag, &c->deps[k], &x) == 0 &&
+            !(rc = grow((void **)&stack, &capst, nst + 1, sizeof *stack)))
+            stack[nst++] = x;
+    }
+    while (nst && !rc) {
+        uint64_t x = stack[--nst];
+        size_t lo = cc_find(d, x);
+        if (lo == d->ncc)
+            continue;
+        /* out now, so it is not visited twice */
+        irange *g = &d->cc[lo];
+        if (g->lo == x) {
+            g->lo++;
+        } else if (g->hi == x + 1) {
+            g->hi--;
+        } else {
+            if ((rc = grow((void **)&d->cc, &d->cc_cap, d->ncc + 1, sizeof *d->cc)))
+                break;
+            g = &d->cc[lo];
+            memmove(g + 1, g, (d->ncc - lo) * sizeof *g);
+            d->ncc++;
+            g[0].hi = x;
+            g[1].lo = x + 1;
+        }
+        if (d->cc[lo].lo == d->cc[lo].hi) {
+            memmove(&d->cc[lo], &d->cc[lo + 1], (d->ncc - lo - 1) * sizeof *d->cc);
+            d->ncc--;
+        }
+        size_t nd = cairn_dag_deps_at(deps, CAIRN_CHANGE_MAX_DEPS, d->dag, x);
+        if (nd > CAIRN_CHANGE_MAX_DEPS)
+            nd = CAIRN_CHANGE_MAX_DEPS;
+        if ((rc = grow((void **)&stack, &capst, nst + nd, sizeof *stack)))
+            break;
+        for (size_t j = 0; j < nd; j++)
+            stack[nst++] = deps[j];
+    }
+    free(stack);
+    return rc;
+}
+
+/*
+ * The cheap ways to a ready change's concurrent set, tried before it is
+ * validated: no deps (an empty past); deps equal to our heads (nothing is
+ * concurrent); or a dep that is the change the memo describes: its
+ * concurrent set plus everything ordered after it (none of which can be
+ * its ancestor), less what the other deps bring into the past. The last is what makes a long run of
+ * a peer's changes cheap while local writes interleave (a catch-up): each one's past is the
+ * previous one's plus the previous one, so the memo carries over at the
+ * cost of one range, where a walk would cost every change since the fork.
+ * Extending the memo in place keeps it right for its own change too: what
+ * it adds lies above that change. Out of memory here only means the walk.
+ */
+static void past_quick(cairn_doc *d, const cairn_change *c, past *p)
+{
     if (c->ndeps == 0) {
-        p->empty = 1;
-        return 0;
+        p->known = p->empty = 1;
+        return;
     }
     const cairn_hash *h;
     size_t nh = cairn_dag_heads(d->dag, &h);
-    if (nh == c->ndeps && memcmp(h, c->deps, nh * sizeof *h) == 0)
-        return 0; /* deps are our heads: everything ordered is its past */
-    return cairn_dag_not_ancestors(&p->conc, &p->nconc, d->dag, c->deps, c->ndeps);
+    if (nh == c->ndeps && memcmp(h, c->deps, nh * sizeof *h) == 0) {
+        d->cc_ok = 0;
+        d->ncc = 0;
+        p->known = 1;
+        return;
+    }
+    if (!d->cc_ok)
+        return;
+    size_t k = 0;
+    uint64_t at = UINT64_MAX;
+    for (; k < c->ndeps; k++)
+        if (cairn_dag_find(d->dag, &c->deps[k], &at) == 0 && at == d->cc_at)
+            break;
+    if (k == c->ndeps)
+        return;
+    uint64_t n = cairn_dag_count(d->dag);
+    if (c->ndeps > 1)
+        d->cc_ok = 0; /* no longer the memo's change's set: until this one is ordered */
+    if ((at + 1 < n && cc_add(d, at + 1, n)) || (c->ndeps > 1 && cc_remove_past(d, c, k))) {
+        d->cc_ok = 0;
+        return;
+    }
+    p->known = 1;
+}
+
+/* The concurrent set the long way: every ordered change that is not an
+ * ancestor of the deps (cairn_dag_not_ancestors stops once only ancestors
+ * are left, so it costs about the changes since the fork). */
+static int past_walk(cairn_doc *d, const cairn_change *c, past *p)
+{
+    uint64_t *v;
+    size_t n;
+    d->cc_ok = 0;
+    int rc = cairn_dag_not_ancestors(&v, &n, d->dag, c->deps, c->ndeps);
+    if (rc)
+        return rc;
+    d->ncc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = cc_add(d, v[i], v[i] + 1);
+    free(v);
+    if (!rc)
+        p->known = 1;
+    return rc;
 }
 
 /* 0 if op |r| (change actor index, counter >= 1, not of |c| itself) lies in
  * the causal past of |c|, else CAIRN_ENOTPAST. */
-static int in_past(const cairn_doc *d, const cairn_change *c, past *p, const uint32_t *amap,
-                   cairn_opid r)
+static int in_past(cairn_doc *d, const cairn_change *c, past *p, const uint32_t *amap, cairn_opid r)
 {
     int rc;
-    if (!p->known && (rc = past_compute(d, c, p)) != 0)
+    if (!p->known && (rc = past_walk(d, c, p)) != 0)
         return rc;
     uint64_t b = p->bound[r.actor];
     if (b == UINT64_MAX) {
+        /* The actor's changes in the past are a prefix of its run (each
+         * has the one before among its ancestors): binary search. */
         const arun *run = &d->runs[amap[r.actor]];
-        size_t i = p->empty ? 0 : run->n;
-        while (i > 0 && in_sorted(p->conc, p->nconc, run->v[i - 1].index))
-            i--;
-        b = p->bound[r.actor] = i ? run->v[i - 1].end : 0;
+        size_t lo = 0, hi = p->empty ? 0 : run->n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (cc_has(d, run->v[mid].index))
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        b = p->bound[r.actor] = lo ? run->v[lo - 1].end : 0;
     }
     return r.counter <= b ? 0 : CAIRN_ENOTPAST;
 }
 
 static int elem_exists(const cairn_change *c, size_t i, const obj *list, cairn_opid e,
-                       const uint32_t *amap, const cairn_doc *d, past *p)
+                       const uint32_t *amap, cairn_doc *d, past *p)
 {
     ptrdiff_t own;
     int rc = check_ref(c, i, e, &own);
@@ -295,8 +425,8 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
     past p = {0};
     const cairn_change *r;
     while ((r = cairn_dag_peek_ready(doc->dag)) != NULL) {
-        free(p.conc);
         p = (past){.bound = p.bound};
+        past_quick(doc, r, &p);
         rc = grow((void **)&amap, &amap_cap, r->nactors + 1, sizeof *amap);
         if (!rc)
             rc = grow((void **)&p.bound, &bound_cap, r->nactors + 1, sizeof *p.bound);
@@ -327,6 +457,10 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
         uint64_t index;
         cairn_change *body;
         rc = cairn_dag_order(doc->dag, &index, &body);
+        if (!rc && p.known && !p.empty) {
+            doc->cc_ok = 1; /* the memo now describes this change */
+            doc->cc_at = index;
+        }
         if (rc) {
             /* the sequence rule discarded it; out of memory leaves it ready,
              * and retrying here could spin: drop it (a peer resends) */
@@ -347,7 +481,6 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
             doc->broken = rc; /* half-applied: nothing can be trusted now */
             cairn_change_free(body);
             free(amap);
-            free(p.conc);
             free(p.bound);
             return rc;
         }
@@ -358,7 +491,6 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
         cairn_change_free(body);
     }
     free(amap);
-    free(p.conc);
     free(p.bound);
     return first;
 }

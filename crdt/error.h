@@ -64,7 +64,15 @@
     /* the Replication service */                                                                  \
     X(ENOTHERE, 9, "cairn: not here yet")                                                          \
     X(EREPLAY, 8, "cairn: too many changes to replay for these heads")                             \
-    X(ENOTREPLICATED, 4, "cairn: not replicated before the deadline")
+    X(ENOTREPLICATED, 4, "cairn: not replicated before the deadline")                              \
+    /* etcd: membership (rpctypes), added last too. */                                             \
+    X(EMEMBEREXIST, 9, "etcdserver: member ID already exist")                                      \
+    X(EPEERURLEXIST, 9, "etcdserver: Peer URLs already exists")                                    \
+    X(EMEMBERBADURLS, 3, "etcdserver: given member URLs are invalid")                              \
+    X(EMEMBERNOTLEARNER, 9, "etcdserver: can only promote a learner member")                       \
+    X(ELEARNERNOTREADY, 9, "etcdserver: can only promote a learner member which is in sync with leader") \
+    X(ETOOMANYLEARNERS, 9, "etcdserver: too many learner members in cluster")                      \
+    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")
 
 enum {
     CAIRN_OK = 0,

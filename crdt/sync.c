@@ -102,7 +102,8 @@ struct cairn_sync_state {
     size_t nlast_heads;
     cairn_hash *last_need;
     size_t nlast_need;
-    uint8_t *sent; /* bitmap over our apply indices: sent, not acknowledged */
+    uint8_t *sent;  /* bitmap over our apply indices: sent, not acknowledged */
+    uint64_t floor; /* every change below it is an ancestor of the peer's */
     size_t sent_bytes;
     /* The last message's filter base and sample, sorted: hashes the peer
      * has, common as soon as we have them too (cairn_sync_applied). */
@@ -574,6 +575,7 @@ void cairn_sync_reset(cairn_sync_state *s)
     if (s->sent)
         memset(s->sent, 0, s->sent_bytes);
     s->their_changed = 1;
+    s->floor = 0;
 }
 
 size_t cairn_sync_their_heads(const cairn_sync_state *s, const cairn_hash **heads)
@@ -659,65 +661,84 @@ static int compute_need(cairn_hash **out, size_t *n, const cairn_dag *d, const c
     return 0;
 }
 
-/* Apply-order indices of the changes to send now, ascending. */
+/*
+ * Apply-order indices of the changes to send now, ascending: the first
+ * max_changes the peer lacks that are not in flight, then what it asked for
+ * by hash. What it lacks is every change that is not an ancestor of its
+ * heads, when we know them all; otherwise every change since the filter's
+ * base that the filter does not contain, and their descendants.
+ *
+ * Cost. Everything below s->floor is known to be an ancestor of what the
+ * peer has (it only ever gains changes within a session), so the walk marks
+ * only the peer's ancestors above it, and the floor then moves up over the
+ * prefix the peer has. The scan stops at max_changes. So a round costs
+ * about what the peer lacks and what is in flight, up to one message, not
+ * the history nor the whole backlog of a peer far behind.
+ */
 static int changes_to_send(uint64_t **out, size_t *n, const cairn_dag *d, cairn_sync_state *s)
 {
     *out = NULL;
     *n = 0;
-    uint64_t *cand = NULL;
-    size_t ncand = 0;
-    uint8_t *mark = NULL;
+    uint64_t *cand = NULL, *anc = NULL, *mark = NULL;
+    cairn_hash *base = NULL;
+    size_t ncand = 0, nbase = 0;
     int rc = 0;
     uint64_t count = cairn_dag_count(d);
+    int known = their_all_known(d, s);
 
-    if (their_all_known(d, s)) {
-        rc = cairn_dag_not_ancestors(&cand, &ncand, d, s->their, s->ntheir);
+    if (known || s->have_filter) {
+        if (known)
+            rc = hashes_set(&base, &nbase, s->their, s->ntheir);
+        else
+            rc = peer_base(&base, &nbase, d, s, s->their_since, s->ntheir_since,
+                           s->ntheir + s->ntheir_since);
         if (rc)
             goto done;
-    } else if (s->have_filter) {
-        cairn_hash *base;
-        size_t nbase;
-        rc = peer_base(&base, &nbase, d, s, s->their_since, s->ntheir_since,
-                       s->ntheir + s->ntheir_since);
-        if (rc)
+        uint64_t floor = s->floor <= count ? s->floor : 0;
+        size_t words = (size_t)((count - floor) / 64 + 1);
+        anc = calloc(words, sizeof *anc);
+        mark = known ? NULL : calloc(words, sizeof *mark);
+        if (!anc || (!known && !mark)) {
+            rc = CAIRN_ENOMEM;
             goto done;
-        uint64_t *all = NULL;
-        size_t nall = 0;
-        rc = cairn_dag_not_ancestors(&all, &nall, d, base, nbase);
-        free(base);
-        if (rc)
+        }
+        if ((rc = cairn_dag_mark_ancestors(anc, d, base, nbase, floor)))
             goto done;
-        mark = calloc((size_t)(count / 8 + 1), 1);
-        if (!mark) {
-            free(all);
+#define SPAN_BIT(b, i) ((b)[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+        uint64_t w = floor;
+        while (w < count && SPAN_BIT(anc, w))
+            w++;
+        s->floor = w;
+        uint64_t cap = s->lim.max_changes, left = count - w;
+        cand = malloc((size_t)(left < cap ? left : cap) * sizeof *cand + sizeof *cand);
+        if (!cand) {
             rc = CAIRN_ENOMEM;
             goto done;
         }
         /* Not in the filter, or a descendant of one that is not. Indices are
-         * a topological order, so deps are decided before their dependents. */
-        size_t k = 0;
+         * a topological order, so deps are decided before their dependents;
+         * a dep below the floor is the peer's. */
         uint64_t deps[CAIRN_CHANGE_MAX_DEPS];
-        for (size_t i = 0; i < nall; i++) {
-            int send = !cairn_bloom_contains(&s->their_filter, cairn_dag_hash_at(d, all[i]));
-            size_t nd = send ? 0 : cairn_dag_deps_at(deps, CAIRN_CHANGE_MAX_DEPS, d, all[i]);
-            for (size_t j = 0; !send && j < nd; j++)
-                if (bit_get(mark, count / 8 + 1, deps[j]))
-                    send = 1;
-            if (send) {
-                mark[all[i] >> 3] |= (uint8_t)(1u << (all[i] & 7));
-                all[k++] = all[i];
+        for (uint64_t i = w; i < count && ncand < cap; i++) {
+            if (SPAN_BIT(anc, i))
+                continue;
+            if (!known) {
+                int send = !cairn_bloom_contains(&s->their_filter, cairn_dag_hash_at(d, i));
+                size_t nd = send ? 0 : cairn_dag_deps_at(deps, CAIRN_CHANGE_MAX_DEPS, d, i);
+                for (size_t j = 0; !send && j < nd; j++)
+                    if (deps[j] >= floor && SPAN_BIT(mark, deps[j]))
+                        send = 1;
+                if (!send)
+                    continue;
+                mark[(i - floor) >> 6] |= (uint64_t)1 << ((i - floor) & 63);
             }
+            if (!bit_get(s->sent, s->sent_bytes, i)) /* in flight: not again */
+                cand[ncand++] = i;
         }
-        cand = all;
-        ncand = k;
+#undef SPAN_BIT
     }
 
-    /* Skip what is in flight; add what the peer asked for by hash. */
-    size_t k = 0;
-    for (size_t i = 0; i < ncand; i++)
-        if (!bit_get(s->sent, s->sent_bytes, cand[i]))
-            cand[k++] = cand[i];
-    ncand = k;
+    /* Add what the peer asked for by hash. */
     if (s->ntheir_need) {
         uint64_t *nc = realloc(cand, (ncand + s->ntheir_need) * sizeof *nc);
         if (!nc) {
@@ -731,7 +752,7 @@ static int changes_to_send(uint64_t **out, size_t *n, const cairn_dag *d, cairn_
                 cand[ncand++] = idx;
         }
         qsort(cand, ncand, sizeof *cand, u64_cmp_q);
-        k = 0;
+        size_t k = 0;
         for (size_t i = 0; i < ncand; i++)
             if (k == 0 || cand[k - 1] != cand[i])
                 cand[k++] = cand[i];
@@ -742,7 +763,9 @@ static int changes_to_send(uint64_t **out, size_t *n, const cairn_dag *d, cairn_
     cand = NULL;
 done:
     free(cand);
+    free(anc);
     free(mark);
+    free(base);
     return rc;
 }
 
@@ -799,6 +822,51 @@ static int fit_changes(cairn_change **out, size_t *k, const cairn_dag *d,
     return 0;
 }
 
+/*
+ * What a filter holds: our changes that are not ancestors of its base.
+ * The peer sends back every change of its own since the base that the
+ * filter lacks, so the filter is only worth the changes the peer may have;
+ * those it lacks (a backlog we are sending it) cost a bloom entry each and
+ * a walk over them every round, for nothing. Above the floor (below it the
+ * peer has everything, and the base covers it), the peer has what reached
+ * it from elsewhere: the other members stream the same backlog from the
+ * same end and relay the newest changes, so the filter takes the oldest
+ * and the newest max_changes of them. A change the peer has from the
+ * middle of a larger backlog comes back once more: bytes, never a loss.
+ * Costs the base's ancestors above the floor plus those entries.
+ */
+static int filter_entries(uint64_t **out, size_t *n, const cairn_dag *d, const cairn_sync_state *s,
+                          const cairn_hash *base, size_t nbase)
+{
+    *out = NULL;
+    *n = 0;
+    uint64_t count = cairn_dag_count(d), floor = s->floor <= count ? s->floor : 0;
+    size_t edge = s->lim.max_changes, k = 0;
+    uint64_t *anc = calloc((size_t)((count - floor) / 64 + 1), sizeof *anc);
+    uint64_t *v = malloc((2 * edge + 1) * sizeof *v);
+    int rc = anc && v ? cairn_dag_mark_ancestors(anc, d, base, nbase, floor) : CAIRN_ENOMEM;
+    if (rc) {
+        free(anc);
+        free(v);
+        return rc;
+    }
+#define ANC(i) (anc[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+    uint64_t i = floor;
+    for (; i < count && k < edge; i++)
+        if (!ANC(i))
+            v[k++] = i;
+    for (uint64_t j = count; j > i && k < 2 * edge;) {
+        j--;
+        if (!ANC(j))
+            v[k++] = j;
+    }
+#undef ANC
+    free(anc);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
 int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_sync_state *s,
                         const uint8_t salt[CAIRN_BLOOM_SALT_LEN])
 {
@@ -834,7 +902,11 @@ int cairn_sync_generate(uint8_t **out, size_t *len, const cairn_doc *doc, cairn_
         if ((rc = peer_base(&base, &nbase, d, s, s->shared, s->nshared, s->lim.max_heads)))
             goto done;
         size_t nf = 0;
-        if ((rc = cairn_dag_not_ancestors(&fidx, &nf, d, base, nbase)))
+        if (nbase)
+            rc = filter_entries(&fidx, &nf, d, s, base, nbase);
+        else
+            rc = cairn_dag_not_ancestors(&fidx, &nf, d, base, nbase);
+        if (rc)
             goto done;
         if (nbase == 0 && nf > s->lim.sample_min_changes && !s->sample_sent) {
             /* No common base yet: a sample instead of a whole-history filter. */
@@ -1157,17 +1229,33 @@ void cairn_sync_changes_free(cairn_change **changes, size_t n)
     free(changes);
 }
 
+int cairn_sync_receive_decode(cairn_sync_msg *m, const cairn_sync_state *s, const uint8_t *msg,
+                              size_t len)
+{
+    int rc = cairn_sync_msg_decode(m, msg, len, &s->lim);
+    if (!rc && (rc = dep_order(m->changes, m->nchanges)))
+        cairn_sync_msg_destroy(m);
+    return rc;
+}
+
 int cairn_sync_receive(cairn_change ***changes, size_t *nchanges, cairn_sync_state *s,
                        const cairn_doc *doc, const uint8_t *msg, size_t len)
 {
     *changes = NULL;
     *nchanges = 0;
     cairn_sync_msg m;
-    int rc = cairn_sync_msg_decode(&m, msg, len, &s->lim);
-    if (rc)
-        return rc;
-    if ((rc = dep_order(m.changes, m.nchanges)))
-        goto done;
+    int rc = cairn_sync_receive_decode(&m, s, msg, len);
+    return rc ? rc : cairn_sync_receive_msg(changes, nchanges, s, doc, &m);
+}
+
+int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync_state *s,
+                           const cairn_doc *doc, cairn_sync_msg *mp)
+{
+    *changes = NULL;
+    *nchanges = 0;
+    cairn_sync_msg m = *mp;
+    memset(mp, 0, sizeof *mp);
+    int rc;
     /* Everything that can fail comes before the state changes. */
     cairn_hash *common = NULL;
     size_t ncommon = m.nsince + m.nsample;
@@ -1192,6 +1280,7 @@ int cairn_sync_receive(cairn_change ***changes, size_t *nchanges, cairn_sync_sta
         if (s->sent)
             memset(s->sent, 0, s->sent_bytes);
         s->poke = 1;
+        s->floor = 0; /* it may be a new copy of the member, with less */
     }
     s->heard = 1;
     if (!s->their_valid || !hashes_eq(m.heads, m.nheads, s->their, s->ntheir))

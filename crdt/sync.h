@@ -194,4 +194,15 @@ int cairn_sync_msg_encode(uint8_t **out, size_t *len, const cairn_sync_msg *m);
  * entry to NULL to keep it). */
 void cairn_sync_msg_destroy(cairn_sync_msg *m);
 
+/* cairn_sync_receive in two steps, so that the costly one (decoding and
+ * hashing every change, ordering them) needs neither the document nor a
+ * lock on it: cairn_sync_receive_decode reads only |s|'s limits (fixed at
+ * creation) and fills |m| (empty on failure), its changes ordered as
+ * cairn_sync_receive orders them; cairn_sync_receive_msg does the rest and
+ * takes what |m| owns (|m| is left empty, also on failure). */
+int cairn_sync_receive_decode(cairn_sync_msg *m, const cairn_sync_state *s, const uint8_t *msg,
+                              size_t len);
+int cairn_sync_receive_msg(cairn_change ***changes, size_t *n, cairn_sync_state *s,
+                           const cairn_doc *doc, cairn_sync_msg *m);
+
 #endif

@@ -51,6 +51,7 @@ enum flag_kind {
     F_U64,
     F_I64,
     F_U32,
+    F_STREAMS, /* --max-concurrent-streams */
     F_LOGLEVEL,
     F_INT,
     F_BATCH,
@@ -116,8 +117,10 @@ static const struct flag flags[] = {
      "Maximum number of operations permitted in a transaction (default 128).", 0, NULL},
     {"max-request-bytes", F_U64, T_UINT,
      "Maximum client request size in bytes the server will accept (default 1572864).", 0, NULL},
-    {"max-concurrent-streams", F_IGNORED, T_UINT,
-     "not applied yet: gRPC's default limit on streams per connection holds", 0, NULL},
+    {"max-concurrent-streams", F_STREAMS, T_UINT,
+     "Maximum concurrent streams that each client can open at a time (default: no limit); "
+     "the JSON gateway's calls share one connection, so it bounds them too.",
+     0, NULL},
     {"grpc-keepalive-min-time", F_IGNORED, T_DURATION,
      "not applied yet: gRPC's default keepalive policy holds", 0, NULL},
     {"grpc-keepalive-interval", F_IGNORED, T_DURATION,
@@ -743,6 +746,12 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
         if (parse_u64(&u, v) != 0 || u == 0 || u > UINT32_MAX)
             return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
         cfg->max_txn_ops = (uint32_t)u;
+        break;
+    case F_STREAMS:
+        /* etcd: a uint32 (its default, 2^32-1, is no limit) */
+        if (parse_u64(&u, v) != 0 || u > UINT32_MAX)
+            return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
+        cfg->max_concurrent_streams = (uint32_t)u;
         break;
     case F_I64:
         if (parse_i64(&i, v) != 0 || i < 0)

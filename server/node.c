@@ -95,6 +95,21 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     int rc = ensure_dir(cfg->data_dir, err, errlen);
     if (rc != 0)
         return rc;
+    /* etcd: a restart on an existing data dir ignores --initial-cluster*;
+     * a new one with "existing" would join a running cluster, which needs
+     * the cluster's member and cluster ids from a peer first (not yet):
+     * refused, so that it never builds a document of its own */
+    char db[4096];
+    struct stat dst;
+    snprintf(db, sizeof db, "%s/db/CURRENT", cfg->data_dir);
+    if (cfg->initial_cluster_state && strcmp(cfg->initial_cluster_state, "existing") == 0 &&
+        stat(db, &dst) != 0) {
+        snprintf(err, errlen,
+                 "--initial-cluster-state existing with a new data dir (%s): joining a running "
+                 "cluster is not supported yet",
+                 cfg->data_dir);
+        return CAIRN_EINVAL;
+    }
     cairn_store_member *members = calloc(cfg->ninitial_cluster, sizeof *members);
     if (!members)
         return CAIRN_ENOMEM;
@@ -117,9 +132,18 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
-    if (rc != 0)
+    if (rc != 0) {
         snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
-    return rc;
+        return rc;
+    }
+    /* etcd: a member publishes its name and client URLs when it starts */
+    int prc = cairn_store_member_publish(srv->store, cfg->name,
+                                         (const char *const *)cfg->advertise_client_urls,
+                                         cfg->nadvertise_client_urls);
+    if (prc != 0)
+        cairn_log(CAIRN_LOG_WARN, "cannot publish this member's client URLs: %s",
+                  cairn_strerror(prc));
+    return 0;
 }
 
 /* ---- quota, alarms ------------------------------------------------------- */

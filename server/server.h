@@ -91,6 +91,7 @@ typedef struct cairn_config {
     char *initial_cluster_token;
     uint64_t max_request_bytes;
     uint32_t max_txn_ops;
+    uint32_t max_concurrent_streams; /* per gRPC connection; 0 (or 2^32-1): no limit */
     int64_t quota_backend_bytes; /* 0 = etcd's default, 2 GiB */
     int log_level;
     int threads; /* gRPC worker threads; 0 = one per core */

@@ -74,6 +74,7 @@ static void on_patch(void *arg, const cairn_patch *p)
         return;
     if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor) {
         /* leases / members / cluster: no revision; the lease table follows */
+        atomic_fetch_add(&s->members_gen, 1);
         int rc = cairn_store_lease_patch(s, p);
         if (rc)
             s->obs_rc = rc;
@@ -237,6 +238,7 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
         /* the genesis made the root maps: learn their ids once */
         if (cairn_store_find_root_map(s->doc, &s->kvs, "kvs") == 0 &&
             cairn_store_find_root_map(s->doc, &s->leases, "leases") == 0 &&
+            cairn_store_find_root_map(s->doc, &s->members, "members") == 0 &&
             cairn_doc_actor_of(s->doc, &s->kvs_actor, s->kvs) == 0)
             s->kvs_known = 1;
     }
@@ -324,10 +326,9 @@ static void on_fork(void *arg, const cairn_change *c, const cairn_hash *held)
 {
     cairn_store *s = arg;
     atomic_fetch_add(&s->n_forks, 1);
-    if (!s->fork_note || s->fork_noted)
-        return;
-    s->fork_noted = 1;
     cairn_store_fork *f = s->fork_note;
+    if (!f || f->seq)
+        return; /* not noted, or not the burst's first */
     f->rejected = c->hash;
     f->actor = c->actor;
     f->seq = c->seq;

@@ -24,9 +24,11 @@ static int strcmp_p(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token)
+/* etcd: sha1(sorted peer URLs ++ cluster token [++ decimal unix seconds]),
+ * first 8 bytes BE (membership.newMember; the time only for added members) */
+static uint64_t member_id(const char *const *peer_urls, size_t n, const char *token,
+                          const char *suffix)
 {
-    /* etcd: sha1(sorted peer URLs ++ cluster token), first 8 bytes BE */
     const char **s = malloc((n ? n : 1) * sizeof *s);
     store_buf b = {0};
     uint64_t id = 0;
@@ -39,6 +41,8 @@ uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const 
         rc = cairn_store_buf_put(&b, s[i], strlen(s[i]));
     if (!rc && token)
         rc = cairn_store_buf_put(&b, token, strlen(token));
+    if (!rc && suffix)
+        rc = cairn_store_buf_put(&b, suffix, strlen(suffix));
     if (!rc) {
         uint8_t h[20];
         cairn_store_sha1(h, b.p ? b.p : (const uint8_t *)"", b.len);
@@ -47,6 +51,19 @@ uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const 
     cairn_store_buf_free(&b);
     free(s);
     return id;
+}
+
+uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token)
+{
+    return member_id(peer_urls, n, token, NULL);
+}
+
+uint64_t cairn_store_member_id_at(const char *const *peer_urls, size_t n, const char *token,
+                                  int64_t unix_s)
+{
+    char sfx[24];
+    snprintf(sfx, sizeof sfx, "%lld", (long long)unix_s);
+    return member_id(peer_urls, n, token, sfx);
 }
 
 static int u64cmp(const void *a, const void *b)
@@ -95,7 +112,7 @@ void cairn_store_actor(const cairn_store *s, cairn_actor *out)
     *out = s->actor;
 }
 
-static int make_genesis(cairn_change **out, const char *token)
+int cairn_store_make_genesis(cairn_change **out, const char *token)
 {
     cairn_change t;
     memset(&t, 0, sizeof t);
@@ -167,16 +184,18 @@ int cairn_store_create_fresh(cairn_store *s, const cairn_store_options *o)
     if (rc)
         return rc;
     cairn_change *g;
-    rc = make_genesis(&g, token);
+    rc = cairn_store_make_genesis(&g, token);
     if (rc)
         return rc;
     cairn_doc_observer obs;
     rc = cairn_doc_receive(s->doc, g, cairn_store_observer(s, &obs));
     if (!rc)
         rc = s->obs_rc;
+    if (!rc)
+        rc = cairn_store_members_seed(s, o, token);
     if (rc)
         return rc;
-    /* The genesis records are in s->batch; add the identity and write it all
+    /* The genesis and members records are in s->batch; add the identity and write it all
      * at once, so a crash leaves either nothing or a whole new store. */
     uint8_t fv[4] = {0, 0, 0, STORE_FORMAT};
     cairn_store_meta_put(s->batch, "actor", s->actor.b, CAIRN_ACTOR_LEN);

@@ -1275,3 +1275,13 @@ int cairn_store_txn(cairn_store *s, cairn_txn_resp *resp, const cairn_txn_req *r
     SYNC_CALL(cairn_store_txn_async(s, resp, req, cairn_store_sync_done, &w_),
               cairn_txn_resp_destroy(resp));
 }
+
+uint64_t cairn_store_key_count(cairn_store *s)
+{
+    size_t n = 0;
+    pthread_rwlock_rdlock(&s->rw);
+    if (s->kvs_known && cairn_doc_length(s->doc, &n, s->kvs) != 0)
+        n = 0;
+    pthread_rwlock_unlock(&s->rw);
+    return n;
+}

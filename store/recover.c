@@ -397,6 +397,7 @@ static int load_checkpoint(cairn_store *s, uint64_t *start, int64_t compacted)
     size_t ndoc = 0;
     if (cairn_store_find_root_map(d, &s->kvs, "kvs") ||
         cairn_store_find_root_map(d, &s->leases, "leases") ||
+        cairn_store_find_root_map(d, &s->members, "members") ||
         cairn_doc_actor_of(d, &s->kvs_actor, s->kvs) || cairn_doc_length(d, &ndoc, s->kvs) ||
         ndoc != side.live.nlive) {
         why = "its document and key index disagree";

@@ -1,7 +1,8 @@
 /*
  * The store's side of replication. Changes from peers go through the same
- * observer path as local writes (apply.c): a burst of them takes one write
- * lock and one group commit, and its completion reports the store's heads
+ * observer path as local writes (apply.c): a burst of them is applied in
+ * slices of about a millisecond, each one write lock and one group commit
+ * (local writers go between them), and its completion reports the store's heads
  * once everything it applied is durable, so a node never tells a peer it
  * has a change before its disk does. The sync protocol itself stays in
  * crdt/, sans I/O; the per-peer sessions below (replica.h) drive it
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -38,38 +40,96 @@
 #include "store/replica.h"
 #include "store/store_int.h"
 
-/* Applies |n| received changes under the write lock (caller holds it),
- * taking ownership of them; verdicts[i] (may be NULL) as in
- * cairn_store_receive_changes. Returns CAIRN_EIO / ENOMEM when the store
- * broke (the rest are freed unapplied). The burst's records are held back
- * from the committer until the last one is batched: one group commit. */
-static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
-                          cairn_store_fork *note)
+/* A burst is applied in slices, each under its own write lock and in its
+ * own group: a slice takes at least RECV_SLICE_MIN changes (so a burst is
+ * still a few group commits, not one per change), then stops once
+ * RECV_SLICE_NS have passed or RECV_SLICE_MAX changes are in. Between
+ * slices the writers waiting for the lock (local clients) go first, so a
+ * catch-up of a million changes costs a local put at most about one slice
+ * of waiting, and the records they queued commit with the next group. */
+#define RECV_SLICE_MIN 16
+#define RECV_SLICE_MAX 1024
+#define RECV_SLICE_NS 1000000 /* 1 ms */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Applies one slice of chs[*i..n) under the write lock (caller holds it),
+ * taking ownership of each change it reaches and moving *i past them;
+ * verdicts[j] (may be NULL) as in cairn_store_receive_changes. Returns
+ * CAIRN_EIO / ENOMEM when the store broke. The slice's records are held
+ * back from the committer until its last one is batched: one group. The
+ * first fork the burst meets goes to |note| (may be NULL). */
+static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i, int *verdicts,
+                         cairn_store_fork *note)
 {
     int rc = cairn_store_failed_rc(s);
     s->fork_note = note;
-    s->fork_noted = 0;
     pthread_mutex_lock(&s->qmu);
     s->holding++;
     pthread_mutex_unlock(&s->qmu);
-    size_t i = 0;
-    for (; i < n && !rc; i++) {
+    size_t first = *i;
+    uint64_t t0 = n - first > RECV_SLICE_MIN ? mono_ns() : 0;
+    for (; *i < n && !rc; ++*i) {
+        size_t done = *i - first;
+        if (done >= RECV_SLICE_MIN && (done >= RECV_SLICE_MAX || mono_ns() - t0 >= RECV_SLICE_NS))
+            break;
         cairn_doc_observer obs;
-        int v = cairn_doc_receive(s->doc, chs[i], cairn_store_observer(s, &obs));
+        int v = cairn_doc_receive(s->doc, chs[*i], cairn_store_observer(s, &obs));
         rc = s->obs_rc;
         if (verdicts)
-            verdicts[i] = rc ? rc : v;
-    }
-    for (; i < n; i++) {
-        cairn_change_free(chs[i]);
-        if (verdicts)
-            verdicts[i] = rc;
+            verdicts[*i] = rc ? rc : v;
     }
     s->fork_note = NULL;
     pthread_mutex_lock(&s->qmu);
     s->holding--;
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
+    return rc;
+}
+
+/* With the write side released: lets the writers that wait for it go
+ * first. The rwlock prefers writers (store.c), so its read side is granted
+ * only once none waits; bounded, so a steady stream of local writes slows
+ * a catch-up down but cannot stop it. */
+static void let_writers_in(cairn_store *s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 2 * RECV_SLICE_NS;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    if (pthread_rwlock_timedrdlock(&s->rw, &until) == 0)
+        pthread_rwlock_unlock(&s->rw);
+}
+
+/* Applies |n| received changes slice by slice (the caller holds the write
+ * lock, and holds it again on return), taking ownership of them. Returns
+ * CAIRN_EIO / ENOMEM when the store broke (the rest are freed unapplied). */
+static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                          cairn_store_fork *note)
+{
+    size_t i = 0;
+    int rc;
+    for (;;) {
+        rc = receive_slice(s, chs, n, &i, verdicts, note);
+        if (rc || i == n)
+            break;
+        pthread_rwlock_unlock(&s->rw);
+        let_writers_in(s);
+        pthread_rwlock_wrlock(&s->rw);
+    }
+    for (; i < n; i++) {
+        cairn_change_free(chs[i]);
+        if (verdicts)
+            verdicts[i] = rc;
+    }
     return rc;
 }
 
@@ -220,9 +280,18 @@ static void replica_unref(cairn_replica *r)
 
 /* Takes the read side, with |durable| once everything the document holds
  * is durable; then doc_mu. Returns the store's failure code (nothing held)
- * or 0. */
+ * or 0. With |durable| it first waits for the committer without the read
+ * side (at most two of its groups: writers keep coming), so that what is
+ * left to wait for under it, where it holds writers up, is only what they
+ * queued meanwhile: during a catch-up the groups are large. */
 static int doc_read_lock(cairn_store *s, int durable)
 {
+    if (durable) {
+        pthread_mutex_lock(&s->qmu);
+        for (int i = 0; i < 2 && (s->batch_n || s->writing) && !cairn_store_failed_rc(s); i++)
+            pthread_cond_wait(&s->dcv, &s->qmu);
+        pthread_mutex_unlock(&s->qmu);
+    }
     pthread_rwlock_rdlock(&s->rw);
     pthread_mutex_lock(&s->qmu);
     while (durable && (s->batch_n || s->writing) && !cairn_store_failed_rc(s))
@@ -380,14 +449,24 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
     memset(&r->fork, 0, sizeof r->fork);
     cairn_change **chs = NULL;
     size_t n = 0;
+    /* Decoding (hashing every change) needs no lock: a long message does
+     * not hold writers up. */
+    cairn_sync_msg m;
+    int rc = cairn_sync_receive_decode(&m, r->st, msg, len);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&r->mu);
     /* receive only reads the document; what the session then says goes
      * out through generate or push, which wait for durability */
-    int rc = doc_read_lock(r->s, 0);
+    rc = doc_read_lock(r->s, 0);
+    if (rc)
+        cairn_sync_msg_destroy(&m);
     if (!rc) {
         rc = settle_applied(r);
-        if (!rc)
-            rc = cairn_sync_receive(&chs, &n, r->st, r->s->doc, msg, len);
+        if (rc)
+            cairn_sync_msg_destroy(&m);
+        else
+            rc = cairn_sync_receive_msg(&chs, &n, r->st, r->s->doc, &m);
         doc_read_unlock(r->s);
     }
     if (!rc && n && !r->from_peer)

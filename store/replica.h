@@ -13,7 +13,7 @@
  * side only once nothing applied is still waiting for the committer (no
  * writer can apply while the read side is held; the wait is at most the
  * group being written plus the one queued behind it). Received changes go
- * to cairn_store_receive_changes (one write lock, one group commit); only
+ * to cairn_store_receive_changes (slices of one write lock and one group commit each); only
  * after its durable completion is cairn_sync_applied called, so the peer is
  * never told we hold a change before it is on our disk.
  *

@@ -203,6 +203,8 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         if (!rc)
             rc = cairn_store_move_old_records(s);
     }
+    if (!rc && replayed && s->kvs_known)
+        rc = cairn_store_members_upgrade(s, o);
     if (!rc && replayed)
         rc = reopen_db(s);
     if (rc)

@@ -176,6 +176,14 @@
  * keepalive concurrent with a revoke sets a field of a deleted map and the
  * revoke wins. A scalar at leases[id] (older data dirs) is a lease with
  * that INT as TTL and deadline 0; a non-INT field reads as 0.
+ * members[u64 BE member id] is a map (members.c)
+ *   "name"    CAIRN_V_STR  the member's --name ("" until it published)
+ *   "peer"    CAIRN_V_STR  peer URLs, sorted, joined by '\n'
+ *   "client"  CAIRN_V_STR  client URLs joined by '\n' (set by the member)
+ *   "learner" CAIRN_V_BOOL 1 for a learner until promoted
+ * A new cluster's initial members are set by a second deterministic change
+ * (after the genesis, same on every node: members.c); add makes a map,
+ * remove deletes the key, update/promote/publish set one field each.
  *
  * IDENTITY. member id = first 8 bytes (BE) of SHA-1(sorted peer URLs
  * concatenated ++ cluster token); cluster id = first 8 bytes of SHA-1(the
@@ -660,9 +668,11 @@ int cairn_store_receive(cairn_store *s, const uint8_t *bytes, size_t len);
 typedef void (*cairn_store_heads_cb)(void *arg, int rc, const cairn_hash *heads, size_t nheads);
 
 /* A burst of changes from a peer (decoded: hash and encoding checked), in
- * ONE write lock and ONE group commit (one fsync), however many there are.
- * Takes ownership of chs[0..n-1] whatever it returns. Each change goes
- * through the same observer path as a local write (revisions, index,
+ * slices of about a millisecond of applying (at least 16 changes), each
+ * under one write lock and in one group commit (one fsync; consecutive
+ * slices may share one); writers waiting for the lock go between slices,
+ * so a long burst does not hold local clients up. Takes ownership of chs[0..n-1] whatever it
+ * returns. Each change goes through the same observer path as a local write (revisions, index,
  * events, leases), in the order given; one whose dependencies are missing
  * is buffered (not durable, not an error) and applied when a later change,
  * in this burst or another, completes its past.
@@ -707,6 +717,59 @@ int64_t cairn_store_compacted_rev(cairn_store *s);
 uint64_t cairn_store_member_id_of(const char *const *peer_urls, size_t n, const char *token);
 uint64_t cairn_store_cluster_id_of(const uint64_t *member_ids, size_t n);
 
+/* ---- membership (members.c) ----------------------------------------------
+ * The member table is a view of the document's members map. Every change
+ * below is one CRDT change taking no revision, durable before the call
+ * returns (blocking; membership changes are rare). Merges of concurrent
+ * changes follow the map rules: a remove deletes the member's whole map, so
+ * it wins over a concurrent update, promote or publish of that member; two
+ * updates of one field: the greater op id (the later clock) wins; changes
+ * to different fields (update vs promote vs publish) all stay. */
+typedef struct cairn_member_info {
+    uint64_t id;
+    char *name; /* "" until the member published */
+    char **peer_urls;
+    size_t npeer_urls;
+    char **client_urls;
+    size_t nclient_urls;
+    int learner;
+} cairn_member_info;
+
+/* The members sorted by id (etcd's order). *out owned by the caller:
+ * cairn_store_member_list_free. */
+int cairn_store_member_list(cairn_store *s, cairn_member_info **out, size_t *n);
+void cairn_store_member_list_free(cairn_member_info *m, size_t n);
+/* etcd's URL rule for member peer URLs (types.NewURLs): at least one, each
+ * scheme http/https/unix/unixs, host:port, no path. 0 or EMEMBERBADURLS. */
+int cairn_store_member_urls_valid(const char *const *urls, size_t n);
+/* etcd: the id of an added member is the member id rule with the time in
+ * seconds (decimal) appended after the token. */
+uint64_t cairn_store_member_id_at(const char *const *peer_urls, size_t n, const char *token,
+                                  int64_t unix_s);
+/* MemberAdd: *id is the new member's. EMEMBERBADURLS, EMEMBEREXIST,
+ * EPEERURLEXIST, ETOOMANYLEARNERS (etcd allows one learner). */
+int cairn_store_member_add(cairn_store *s, uint64_t *id, const char *const *peer_urls, size_t n,
+                           int learner);
+/* EMEMBERNOTFOUND for an id not in the table. */
+int cairn_store_member_remove(cairn_store *s, uint64_t id);
+/* Sets the peer URLs. EMEMBERBADURLS, EMEMBERNOTFOUND, EPEERURLEXIST (held
+ * by another member). The learner flag stays (etcd 3.4 drops it; see
+ * tests/conformance/checks_member.py). */
+int cairn_store_member_update(cairn_store *s, uint64_t id, const char *const *peer_urls, size_t n);
+/* EMEMBERNOTFOUND, EMEMBERNOTLEARNER, ELEARNERNOTREADY (the learner has
+ * not published yet: it never started, or its first change has not
+ * reached this node). */
+int cairn_store_member_promote(cairn_store *s, uint64_t id);
+/* This member's own name and client URLs, written only if they differ
+ * (etcd publishes its attributes at start). ENOTFOUND if this member is not
+ * in the table. */
+int cairn_store_member_publish(cairn_store *s, const char *name, const char *const *client_urls,
+                               size_t n);
+/* 1 if |id| is in the table as a learner, 0 if a voter, ENOTFOUND if absent. */
+int cairn_store_member_state(cairn_store *s, uint64_t id);
+/* Moves whenever the member table may have changed. */
+uint64_t cairn_store_members_gen(const cairn_store *s);
+
 /* Counters since open, for metrics: group writes (one fsync each) and the
  * changes they carried; changes / syncs is the group-commit factor. */
 #define CAIRN_STORE_SYNC_BUCKETS 14
@@ -722,6 +785,10 @@ typedef struct cairn_store_stats {
     uint64_t forks;
 } cairn_store_stats;
 void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
+/* The live keys (etcd_debugging_mvcc_keys_total): the document's count
+ * of its kvs map, O(1) under the read lock, so a scrape costs nothing per
+ * key. Includes changes applied and not yet durable. */
+uint64_t cairn_store_key_count(cairn_store *s);
 
 /* Bytes of the database on disk: every file of <data dir>/db, LevelDB's
  * write-ahead log included, its info log not (etcd's backend size). One

@@ -345,7 +345,10 @@ struct cairn_store {
     int64_t ckpt_compacted;
 
     cairn_doc *doc;
-    cairn_objid kvs, leases;
+    cairn_objid kvs, leases, members;
+    /* Bumped by every applied patch outside kvs (members, leases): the peer
+     * thread re-reads the member table when it moved (members.c). */
+    _Atomic uint64_t members_gen;
     cairn_actor kvs_actor; /* the author of kvs's make-map op (genesis) */
     int kvs_known;         /* set once the genesis is applied */
     kindex idx;
@@ -407,7 +410,6 @@ struct cairn_store {
     /* Where the observer notes the first fork of a burst (under rw
      * write; NULL: only counted). */
     cairn_store_fork *fork_note;
-    int fork_noted;
     _Atomic uint64_t sync_le[CAIRN_STORE_SYNC_BUCKETS + 1], sync_ns;
     pthread_t committer;
     int committer_started;
@@ -544,6 +546,16 @@ extern const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_
 int cairn_store_find_root_map(cairn_doc *d, cairn_objid *out, const char *name);
 /* Frees the events of the change being applied. */
 void cairn_store_ev_clear(cairn_store *s);
+
+/* members.c: the members change every node of a new cluster builds alike
+ * from |o|'s token and initial cluster, received into s->doc (its records
+ * go to s->batch like the genesis's). */
+/* identity.c: the genesis change for |token| (new, caller frees). */
+int cairn_store_make_genesis(cairn_change **out, const char *token);
+int cairn_store_members_seed(cairn_store *s, const cairn_store_options *o, const char *token);
+/* An existing dir whose members map is empty gets the members change
+ * (written at once). */
+int cairn_store_members_upgrade(cairn_store *s, const cairn_store_options *o);
 
 /* commit.c */
 int cairn_store_commit_start(cairn_store *s);

@@ -51,6 +51,10 @@ int etcd_entry_too_large(rpc_call *c, size_t len);
 /* Fails |c| UNIMPLEMENTED with "cairn: <Method> is not supported<why>". */
 void etcd_unsupported(rpc_call *c, const char *why);
 
+/* etcd: a learner serves only serializable Range and Status; anything else
+ * fails UNAVAILABLE "etcdserver: rpc not supported for learner". Fails |c|
+ * and returns 1 if this member is a learner (cluster.c). */
+int etcd_learner_refuses(rpc_call *c);
 /* Fills a protobuf ResponseHeader from the store's (|h| NULL: current). */
 void etcd_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cairn_header *h);
 /* Sends a response whose only field is the header (field 1 of every etcd

@@ -570,7 +570,7 @@ static void kv_range(rpc_call *c, const uint8_t *req, size_t len)
 {
     Etcdserverpb__RangeRequest *m = (Etcdserverpb__RangeRequest *)rpc_unpack(
         c, &etcdserverpb__range_request__descriptor, req, len);
-    if (!m)
+    if (!m || (!m->serializable && etcd_learner_refuses(c)))
         return;
     cairn_range_req r;
     range_from_pb(&r, m);
@@ -620,6 +620,8 @@ static void kv_put(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, CAIRN_EUNMARSHAL, NULL);
         return;
     }
+    if (etcd_learner_refuses(c))
+        return;
     int rc = check_put(m);
     if (rc == 0)
         rc = node_quota_check(etcd_node(c), len);
@@ -663,7 +665,7 @@ static void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__DeleteRangeRequest *m = (Etcdserverpb__DeleteRangeRequest *)rpc_unpack(
         c, &etcdserverpb__delete_range_request__descriptor, req, len);
-    if (!m)
+    if (!m || etcd_learner_refuses(c))
         return;
     cairn_delete_req r;
     delete_from_pb(&r, m);
@@ -699,7 +701,7 @@ static void kv_txn(rpc_call *c, const uint8_t *req, size_t len)
     }
     Etcdserverpb__TxnRequest *m =
         (Etcdserverpb__TxnRequest *)rpc_unpack(c, &etcdserverpb__txn_request__descriptor, req, len);
-    if (!m)
+    if (!m || etcd_learner_refuses(c))
         return;
     int rc = check_txn(m, etcd_node(c)->cfg->max_txn_ops);
     if (rc != 0) {
@@ -753,7 +755,7 @@ static void kv_compact(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__CompactionRequest *m = (Etcdserverpb__CompactionRequest *)rpc_unpack(
         c, &etcdserverpb__compaction_request__descriptor, req, len);
-    if (!m)
+    if (!m || etcd_learner_refuses(c))
         return;
     int rc = cairn_store_compact_async(etcd_node(c)->store, &resp_of(c)->compact, m->revision,
                                        m->physical, compact_done, c);

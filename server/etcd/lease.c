@@ -44,7 +44,7 @@ static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__LeaseGrantRequest *m = (Etcdserverpb__LeaseGrantRequest *)rpc_unpack(
         c, &etcdserverpb__lease_grant_request__descriptor, req, len);
-    if (!m)
+    if (!m || etcd_learner_refuses(c))
         return;
     cairn_server *srv = etcd_node(c);
     /* etcd: LeaseGrant is refused while NOSPACE is raised. */
@@ -81,7 +81,7 @@ static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__LeaseRevokeRequest *m = (Etcdserverpb__LeaseRevokeRequest *)rpc_unpack(
         c, &etcdserverpb__lease_revoke_request__descriptor, req, len);
-    if (!m)
+    if (!m || etcd_learner_refuses(c))
         return;
     cairn_header *h = (cairn_header *)(void *)c->scratch;
     int rc = cairn_store_lease_revoke_async(etcd_node(c)->store, h, m->id, revoke_done, c);

@@ -79,6 +79,7 @@ typedef struct conn {
     size_t inlen, incap;
     http_buf out;
     size_t outoff;
+    front_flow *flow; /* a streaming answer's: one reference */
 } conn;
 
 typedef struct adopted {
@@ -89,6 +90,8 @@ typedef struct adopted {
 typedef struct completed {
     uint64_t token;
     http_buf answer;
+    int last;       /* the answer is whole: the request is no longer pending */
+    front_flow *fl; /* the first part of a stream: one reference */
 } completed;
 
 struct front {
@@ -345,11 +348,21 @@ static int conn_add(front *f, int fd, int li)
     return 0;
 }
 
+/* A stream's connection is gone: the producer stops, the reference goes. */
+static void flow_gone(front_flow *fl)
+{
+    atomic_store(&fl->closed, 1);
+    fl->wake_cb(fl);
+    fl->release_cb(fl);
+}
+
 /* Removes conns[i] (the last one takes its place); closes its socket
  * unless it was handed over (|keep_fd|). */
 static void conn_drop(front *f, size_t i, int keep_fd)
 {
     conn *c = f->conns[i];
+    if (c->flow)
+        flow_gone(c->flow);
     if (c->state == C_SNIFF)
         f->nsniff--;
     else
@@ -508,6 +521,8 @@ static int http_write(conn *c)
             return -1;
         }
         c->outoff += (size_t)n;
+        if (c->flow && atomic_fetch_sub(&c->flow->unsent, (size_t)n) - (size_t)n < FRONT_FLOW_LOW)
+            c->flow->wake_cb(c->flow);
     }
     c->out.len = c->outoff = 0;
     if (!c->closing)
@@ -570,6 +585,11 @@ static int conn_event(front *f, size_t i, short rev)
             return http_write(c) < 0 ? (conn_drop(f, i, 0), 1) : 0;
         }
     }
+    /* etcd (Go's server): a client that goes away cancels its stream */
+    if (c->flow && (rev & (POLLRDHUP | POLLHUP | POLLERR))) {
+        conn_drop(f, i, 0);
+        return 1;
+    }
     if ((rev & POLLIN) && !c->closing && !c->pending && c->out.len - c->outoff < FRONT_OUT_HIGH &&
         http_read(f, c) != 0) {
         conn_drop(f, i, 0);
@@ -594,6 +614,18 @@ static int conn_event(front *f, size_t i, short rev)
     return 0;
 }
 
+/* The answers queued by front_send, in order (the caller frees the array). */
+static completed *take_done(front *f, size_t *n)
+{
+    pthread_mutex_lock(&f->mu);
+    completed *d = f->done;
+    *n = f->ndone;
+    f->done = NULL;
+    f->ndone = f->capdone = 0;
+    pthread_mutex_unlock(&f->mu);
+    return d;
+}
+
 static void take_adopted(front *f)
 {
     uint64_t v;
@@ -607,25 +639,38 @@ static void take_adopted(front *f)
     for (size_t i = 0; i < n; i++)
         take(f, a[i].listener, a[i].fd);
     free(a);
-    pthread_mutex_lock(&f->mu);
-    completed *d = f->done;
-    size_t nd = f->ndone;
-    f->done = NULL;
-    f->ndone = f->capdone = 0;
-    pthread_mutex_unlock(&f->mu);
+    size_t nd;
+    completed *d = take_done(f, &nd);
     for (size_t k = 0; k < nd; k++) {
         size_t i = 0;
         while (i < f->nconns && f->conns[i]->id != d[k].token)
             i++;
         if (i == f->nconns || !f->conns[i]->pending) {
             http_buf_free(&d[k].answer); /* its connection closed meanwhile */
+            if (d[k].fl)
+                flow_gone(d[k].fl);
             continue;
         }
         conn *c = f->conns[i];
+        if (d[k].fl && !c->flow) {
+            c->flow = d[k].fl;
+            if (c->flow->close_at_end)
+                c->closing_after = 1;
+        } else if (d[k].fl)
+            flow_gone(d[k].fl); /* one stream per request: not reached */
         http_buf_add(&c->out, d[k].answer.data, d[k].answer.len);
         if (d[k].answer.failed)
             c->out.failed = 1;
         http_buf_free(&d[k].answer);
+        if (!d[k].last) {
+            if (c->out.failed || http_write(c) != 0)
+                conn_drop(f, i, 0);
+            continue;
+        }
+        if (c->flow) {
+            c->flow->release_cb(c->flow);
+            c->flow = NULL;
+        }
         c->pending = 0;
         c->closing = c->closing_after;
         c->deadline_ms = now_ms() + f->o.idle_timeout_ms;
@@ -640,10 +685,17 @@ static void take_adopted(front *f)
 
 void front_complete(front *f, uint64_t token, http_buf *answer)
 {
+    front_send(f, token, answer, 1, NULL);
+}
+
+void front_send(front *f, uint64_t token, http_buf *answer, int last, front_flow *fl)
+{
     pthread_mutex_lock(&f->mu);
     if (atomic_load(&f->stopping)) {
         pthread_mutex_unlock(&f->mu);
         http_buf_free(answer);
+        if (fl)
+            flow_gone(fl);
         return;
     }
     if (f->ndone == f->capdone) {
@@ -652,6 +704,8 @@ void front_complete(front *f, uint64_t token, http_buf *answer)
         if (!d) {
             pthread_mutex_unlock(&f->mu);
             http_buf_free(answer); /* the connection times out */
+            if (fl)
+                flow_gone(fl);
             return;
         }
         f->done = d;
@@ -659,6 +713,8 @@ void front_complete(front *f, uint64_t token, http_buf *answer)
     }
     f->done[f->ndone].token = token;
     f->done[f->ndone].answer = *answer;
+    f->done[f->ndone].last = last;
+    f->done[f->ndone].fl = fl;
     f->ndone++;
     memset(answer, 0, sizeof *answer);
     pthread_mutex_unlock(&f->mu);
@@ -724,6 +780,8 @@ static void *front_main(void *arg)
                 ev |= POLLIN;
             if (c->outoff < c->out.len)
                 ev |= POLLOUT;
+            if (c->flow)
+                ev |= POLLRDHUP;
             pfd[1 + f->nls + i] = (struct pollfd){c->fd, ev, 0};
             if (c->deadline_ms < next)
                 next = c->deadline_ms;
@@ -777,6 +835,16 @@ void front_stop(front *f)
     }
     while (f->nconns > 0)
         conn_drop(f, f->nconns - 1, 0);
+    /* answers that came too late: their streams must hear of it now (the
+     * gateway waits for them) */
+    size_t nd;
+    completed *d = take_done(f, &nd);
+    for (size_t k = 0; k < nd; k++) {
+        http_buf_free(&d[k].answer);
+        if (d[k].fl)
+            flow_gone(d[k].fl);
+    }
+    free(d);
     for (int i = 0; i < f->nls; i++)
         if (f->ls[i].fd >= 0) {
             close(f->ls[i].fd);
@@ -792,8 +860,11 @@ void front_free(front *f)
     for (size_t i = 0; i < f->nadopt; i++)
         close(f->adopt[i].fd);
     free(f->adopt);
-    for (size_t i = 0; i < f->ndone; i++)
+    for (size_t i = 0; i < f->ndone; i++) {
         http_buf_free(&f->done[i].answer);
+        if (f->done[i].fl)
+            flow_gone(f->done[i].fl);
+    }
     free(f->done);
     for (int i = 0; i < f->nls; i++) {
         if (f->ls[i].unix_path)

@@ -17,6 +17,7 @@
  * Without a front_tls, https:// URLs are refused.
  */
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +83,33 @@ void front_adopt(front *f, int listener, int fd);
  * |answer| (its contents; *answer is zeroed), which is dropped if the
  * connection has closed meanwhile. Any thread. */
 void front_complete(front *f, uint64_t token, http_buf *answer);
+/* A streaming answer (the gateway's /v3/watch): flow control shared by the
+ * front and the producer, which embeds it. The producer adds each chunk's
+ * length to |unsent| before front_send; the front takes it off as the
+ * socket accepts the bytes, so the producer can stop making chunks while
+ * |unsent| is high (bounded memory for a slow client). */
+typedef struct front_flow {
+    atomic_size_t unsent;
+    atomic_int closed; /* the connection is gone: produce nothing more */
+    int close_at_end;  /* set before the first part: the end is the close
+                          (an HTTP/1.0 answer without a length) */
+    /* Front thread (or front_stop's): |unsent| fell below FRONT_FLOW_LOW
+     * after a write, or |closed| was set. Must not block, nor call into
+     * the front. */
+    void (*wake_cb)(struct front_flow *fl);
+    /* The front's reference (see front_send) is dropped; once. */
+    void (*release_cb)(struct front_flow *fl);
+} front_flow;
+#define FRONT_FLOW_LOW (64u * 1024u)
+
+/* Part of the answer to the request left pending with |token|: takes
+ * |chunk|'s contents like front_complete, but the request stays pending
+ * (more parts follow) unless |last|. The first part of a stream passes
+ * |fl| and hands the front one reference to it, given back through
+ * fl->release_cb when the last part is out or the connection closes
+ * (fl->closed set, fl->wake_cb called first); later parts pass NULL. Any
+ * thread, never with a lock wake_cb takes. */
+void front_send(front *f, uint64_t token, http_buf *chunk, int last, front_flow *fl);
 /* Stops accepting, closes every HTTP/1.1 connection and joins the thread
  * (before rpc_engine_stop). Idempotent. */
 void front_stop(front *f);

@@ -12,6 +12,20 @@
  * v1's HTTP status for the gRPC code (NotFound 404, ResourceExhausted 429,
  * InvalidArgument and OutOfRange 400 measured); a request that is not
  * valid JSON gets code 3 and 400 before any call.
+ *
+ * Streams (/v3/watch, /v3/lease/keepalive), as measured on etcd 3.4: the
+ * body is a sequence of JSON requests, each sent on one bidirectional
+ * call (a first one that does not parse is answered 500, code 2; a later
+ * one ends the sending); the answer is chunked, one chunk per response,
+ * {"result":...} and a newline; the stream ends with the call (a last
+ * error as a {"error":{"grpc_code":...}} chunk). etcd's gateway closes
+ * its sending side after the body: etcd's Watch goes on, its
+ * LeaseKeepAlive ends, so does cairn's KeepAlive; cairn's Watch ends on
+ * that close, so a watch keeps its side open until the HTTP client goes.
+ * A call receives its next response only while less than
+ * GATEWAY_STREAM_HIGH bytes of its answer wait for the client (front_flow):
+ * a slow reader holds back the gRPC stream (its flow control, then the
+ * watch's own slow-stream handling), never this process's memory.
  */
 #include "server/http/gateway.h"
 
@@ -20,6 +34,7 @@
 #include "server/http/front.h"
 #include "server/http/json.h"
 #include "server/rpc/rpc.h"
+#include "server/rpc/unary_ops.h"
 #include "server/server.h"
 
 #include <grpc/byte_buffer_reader.h>
@@ -35,55 +50,83 @@
 
 /* A gateway call that takes longer is answered DeadlineExceeded (504). */
 #define GATEWAY_DEADLINE_S 60
+/* A stream stops receiving while this much of its answer is unsent. */
+#define GATEWAY_STREAM_HIGH (1u << 20)
+/* Requests one stream's body may hold. */
+#define GATEWAY_STREAM_MAX_REQS 1024
+
+enum { UNARY = 0, STREAM_OPEN = 1, STREAM_CLOSE = 2 };
 
 typedef struct route {
     const char *path; /* after /v3 */
     const char *method;
     const ProtobufCMessageDescriptor *req, *resp;
+    int kind; /* UNARY, or a stream that keeps (STREAM_OPEN) or closes its sending side */
 } route;
 
 /* etcd 3.4's rpc.proto google.api.http bindings */
 static const route routes[] = {
     {"/kv/range", "/etcdserverpb.KV/Range", &etcdserverpb__range_request__descriptor,
-     &etcdserverpb__range_response__descriptor},
+     &etcdserverpb__range_response__descriptor, UNARY},
     {"/kv/put", "/etcdserverpb.KV/Put", &etcdserverpb__put_request__descriptor,
-     &etcdserverpb__put_response__descriptor},
+     &etcdserverpb__put_response__descriptor, UNARY},
     {"/kv/deleterange", "/etcdserverpb.KV/DeleteRange",
      &etcdserverpb__delete_range_request__descriptor,
-     &etcdserverpb__delete_range_response__descriptor},
+     &etcdserverpb__delete_range_response__descriptor, UNARY},
     {"/kv/txn", "/etcdserverpb.KV/Txn", &etcdserverpb__txn_request__descriptor,
-     &etcdserverpb__txn_response__descriptor},
+     &etcdserverpb__txn_response__descriptor, UNARY},
     {"/kv/compaction", "/etcdserverpb.KV/Compact", &etcdserverpb__compaction_request__descriptor,
-     &etcdserverpb__compaction_response__descriptor},
+     &etcdserverpb__compaction_response__descriptor, UNARY},
     {"/lease/grant", "/etcdserverpb.Lease/LeaseGrant",
      &etcdserverpb__lease_grant_request__descriptor,
-     &etcdserverpb__lease_grant_response__descriptor},
+     &etcdserverpb__lease_grant_response__descriptor, UNARY},
     {"/lease/revoke", "/etcdserverpb.Lease/LeaseRevoke",
      &etcdserverpb__lease_revoke_request__descriptor,
-     &etcdserverpb__lease_revoke_response__descriptor},
+     &etcdserverpb__lease_revoke_response__descriptor, UNARY},
     {"/kv/lease/revoke", "/etcdserverpb.Lease/LeaseRevoke",
      &etcdserverpb__lease_revoke_request__descriptor,
-     &etcdserverpb__lease_revoke_response__descriptor},
+     &etcdserverpb__lease_revoke_response__descriptor, UNARY},
     {"/lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive",
      &etcdserverpb__lease_time_to_live_request__descriptor,
-     &etcdserverpb__lease_time_to_live_response__descriptor},
+     &etcdserverpb__lease_time_to_live_response__descriptor, UNARY},
     {"/kv/lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive",
      &etcdserverpb__lease_time_to_live_request__descriptor,
-     &etcdserverpb__lease_time_to_live_response__descriptor},
+     &etcdserverpb__lease_time_to_live_response__descriptor, UNARY},
     {"/lease/leases", "/etcdserverpb.Lease/LeaseLeases",
      &etcdserverpb__lease_leases_request__descriptor,
-     &etcdserverpb__lease_leases_response__descriptor},
+     &etcdserverpb__lease_leases_response__descriptor, UNARY},
     {"/kv/lease/leases", "/etcdserverpb.Lease/LeaseLeases",
      &etcdserverpb__lease_leases_request__descriptor,
-     &etcdserverpb__lease_leases_response__descriptor},
+     &etcdserverpb__lease_leases_response__descriptor, UNARY},
     {"/maintenance/status", "/etcdserverpb.Maintenance/Status",
-     &etcdserverpb__status_request__descriptor, &etcdserverpb__status_response__descriptor},
+     &etcdserverpb__status_request__descriptor, &etcdserverpb__status_response__descriptor, UNARY},
     {"/maintenance/alarm", "/etcdserverpb.Maintenance/Alarm",
-     &etcdserverpb__alarm_request__descriptor, &etcdserverpb__alarm_response__descriptor},
+     &etcdserverpb__alarm_request__descriptor, &etcdserverpb__alarm_response__descriptor, UNARY},
     {"/cluster/member/list", "/etcdserverpb.Cluster/MemberList",
      &etcdserverpb__member_list_request__descriptor,
-     &etcdserverpb__member_list_response__descriptor},
+     &etcdserverpb__member_list_response__descriptor, UNARY},
+    {"/watch", "/etcdserverpb.Watch/Watch", &etcdserverpb__watch_request__descriptor,
+     &etcdserverpb__watch_response__descriptor, STREAM_OPEN},
+    {"/lease/keepalive", "/etcdserverpb.Lease/LeaseKeepAlive",
+     &etcdserverpb__lease_keep_alive_request__descriptor,
+     &etcdserverpb__lease_keep_alive_response__descriptor, STREAM_CLOSE},
 };
+
+/* etcd's v3election and v3lock services, which cairn does not serve:
+ * answered as grpc-go answers a service it lacks. */
+static const struct {
+    const char *path, *service;
+} unserved[] = {
+    {"/election/campaign", "v3electionpb.Election"},
+    {"/election/proclaim", "v3electionpb.Election"},
+    {"/election/leader", "v3electionpb.Election"},
+    {"/election/observe", "v3electionpb.Election"},
+    {"/election/resign", "v3electionpb.Election"},
+    {"/lock/lock", "v3lockpb.Lock"},
+    {"/lock/unlock", "v3lockpb.Lock"},
+};
+
+typedef struct gw_stream gw_stream;
 
 typedef struct gw_call {
     gateway *g;
@@ -96,7 +139,33 @@ typedef struct gw_call {
     grpc_metadata_array md, trailing;
     grpc_status_code status;
     grpc_slice details;
+    gw_stream *st; /* a streaming call's state, or NULL */
+    struct gw_tag {
+        struct gw_call *c;
+        int kind; /* T_UNARY, T_SEND, T_RECV, T_STATUS */
+    } tunary;
 } gw_call;
+
+/* A streaming call: three batches in flight at most (sending, receiving,
+ * the status), each completing with a tag that names it. */
+typedef struct gw_tag gw_tag;
+enum { T_UNARY = 0, T_SEND, T_RECV, T_STATUS };
+
+struct gw_stream {
+    front_flow fl; /* first: the front's callbacks find the stream */
+    gw_tag tsend, trecv, tstatus;
+    grpc_byte_buffer **reqs; /* the body's requests, sent in order */
+    size_t nreqs, nsent;
+    int outstanding; /* batches in flight (g->mu) */
+    int front_ref;   /* the front holds fl (g->mu) */
+    int stalled;     /* a response waits for the client to read (g->mu) */
+    int ended;       /* the status came (g->mu) */
+    int md_sent;     /* the first send batch was started (g->mu) */
+    int close_sent;  /* SEND_CLOSE_FROM_CLIENT was started (g->mu) */
+    int finishing;   /* the answer's end is being made (g->mu) */
+    int finished;    /* ... and this thread is done with the call (g->mu) */
+    int head_sent;   /* the answer's head went to the front (gateway thread) */
+};
 
 struct gateway {
     rpc_engine *rpc;
@@ -147,6 +216,23 @@ static void json_error(http_buf *out, int minor, int close, int code, const char
     http_buf_free(&body);
 }
 
+/* The response in |bb| as JSON text (malloc()ed), or NULL. */
+static char *response_json(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
+{
+    ProtobufCMessage *m = NULL;
+    grpc_byte_buffer_reader rd;
+    if (bb && grpc_byte_buffer_reader_init(&rd, bb)) {
+        grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+        m = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        grpc_slice_unref(s);
+    }
+    char *json = m ? pbjson_encode(m) : NULL;
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
+    return json;
+}
+
 static void answer_call(gw_call *c, int ok)
 {
     http_buf out = {0};
@@ -157,20 +243,7 @@ static void answer_call(gw_call *c, int ok)
         json_error(&out, c->minor, c->close, (int)c->status,
                    (const char *)GRPC_SLICE_START_PTR(c->details), GRPC_SLICE_LENGTH(c->details));
     } else {
-        ProtobufCMessage *m = NULL;
-        if (c->recv) {
-            grpc_byte_buffer_reader rd;
-            if (grpc_byte_buffer_reader_init(&rd, c->recv)) {
-                grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
-                grpc_byte_buffer_reader_destroy(&rd);
-                m = protobuf_c_message_unpack(c->rt->resp, NULL, GRPC_SLICE_LENGTH(s),
-                                              GRPC_SLICE_START_PTR(s));
-                grpc_slice_unref(s);
-            }
-        }
-        char *json = m ? pbjson_encode(m) : NULL;
-        if (m)
-            protobuf_c_message_free_unpacked(m, NULL);
+        char *json = response_json(c->rt->resp, c->recv);
         if (json)
             /* etcd: grpc-gateway forwards the call's metadata */
             http_answer(&out, c->minor, 200, "application/json",
@@ -186,8 +259,19 @@ static void answer_call(gw_call *c, int ok)
     http_buf_free(&out);
 }
 
+static void stream_free(gw_stream *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->nreqs; i++)
+        grpc_byte_buffer_destroy(st->reqs[i]);
+    free(st->reqs);
+    free(st);
+}
+
 static void call_free(gw_call *c)
 {
+    stream_free(c->st);
     if (c->call)
         grpc_call_unref(c->call);
     if (c->send)
@@ -200,6 +284,202 @@ static void call_free(gw_call *c)
     free(c);
 }
 
+/* ---- streams ------------------------------------------------------------- */
+
+static void call_done(gateway *g, gw_call *c)
+{
+    call_free(c);
+    pthread_mutex_lock(&g->mu);
+    if (--g->inflight == 0)
+        pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Starts the next send: the initial metadata with the first request, a
+ * request, or the close of the sending side. g->mu held. */
+static void post_send(gw_call *c)
+{
+    gw_stream *st = c->st;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!st->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        st->md_sent = 1;
+    }
+    if (st->nsent < st->nreqs) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = st->reqs[st->nsent++];
+    } else if (c->rt->kind == STREAM_CLOSE && !st->close_sent) {
+        ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        st->close_sent = 1;
+    }
+    if (n > 0 && grpc_call_start_batch(c->call, ops, n, &st->tsend, NULL) == GRPC_CALL_OK)
+        st->outstanding++;
+}
+
+/* Asks for the next response (with the initial metadata the first time).
+ * g->mu held. */
+static void post_recv(gw_call *c, int first)
+{
+    gw_stream *st = c->st;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (first) {
+        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[n++].data.recv_initial_metadata.recv_initial_metadata = &c->md;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &c->recv;
+    if (grpc_call_start_batch(c->call, ops, n, &st->trecv, NULL) == GRPC_CALL_OK)
+        st->outstanding++;
+}
+
+/* Front thread: the client read enough, or went away. */
+static void flow_wake(front_flow *fl)
+{
+    gw_stream *st = (gw_stream *)fl;
+    gw_call *c = st->tsend.c;
+    pthread_mutex_lock(&c->g->mu);
+    if (atomic_load(&fl->closed)) {
+        if (!st->ended)
+            grpc_call_cancel(c->call, NULL);
+    } else if (st->stalled && atomic_load(&fl->unsent) < FRONT_FLOW_LOW) {
+        st->stalled = 0;
+        post_recv(c, 0);
+    }
+    pthread_mutex_unlock(&c->g->mu);
+}
+
+static int stream_over(const gw_stream *st)
+{
+    return st->finished && st->outstanding == 0 && !st->front_ref;
+}
+
+static void flow_release(front_flow *fl)
+{
+    gw_stream *st = (gw_stream *)fl;
+    gw_call *c = st->tsend.c;
+    gateway *g = c->g;
+    pthread_mutex_lock(&g->mu);
+    st->front_ref = 0;
+    int over = stream_over(st);
+    pthread_mutex_unlock(&g->mu);
+    if (over)
+        call_done(g, c);
+}
+
+/* grpc-gateway v1's stream error chunk (runtime.streamChunk) */
+static void error_chunk(http_buf *out, int minor, int code, const char *msg, size_t len)
+{
+    int http = http_status_of(code);
+    char *q = pbjson_quote(msg, len);
+    http_buf body = {0};
+    http_buf_printf(&body,
+                    "{\"error\":{\"grpc_code\":%d,\"http_code\":%d,\"message\":%s,"
+                    "\"http_status\":\"%s\"}}",
+                    code, http, q ? q : "\"\"", http_reason(http));
+    free(q);
+    http_chunk(out, minor, body.data, body.len);
+    http_buf_free(&body);
+}
+
+/* The end of the answer, once the call is over. Gateway thread. */
+static void stream_finish(gw_call *c)
+{
+    gw_stream *st = c->st;
+    if (atomic_load(&st->fl.closed))
+        return;
+    http_buf out = {0};
+    const char *m = (const char *)GRPC_SLICE_START_PTR(c->details);
+    size_t mlen = GRPC_SLICE_LENGTH(c->details);
+    if (c->status != GRPC_STATUS_OK && !st->head_sent) {
+        /* etcd: the call failed before its headers: an HTTP error */
+        json_error(&out, c->minor, c->close, (int)c->status, m, mlen);
+    } else {
+        if (!st->head_sent) /* etcd: no response at all, Trailers-Only */
+            http_stream_head(&out, c->minor, 200, "application/json", NULL, c->close);
+        if (c->status != GRPC_STATUS_OK)
+            error_chunk(&out, c->minor, (int)c->status, m, mlen);
+        http_chunk_end(&out, c->minor);
+    }
+    front_send(c->g->f, c->token, &out, 1, NULL);
+    http_buf_free(&out);
+}
+
+/* A response: one chunk to the front. Gateway thread. */
+static void stream_response(gw_call *c, grpc_byte_buffer *bb)
+{
+    gw_stream *st = c->st;
+    char *json = response_json(c->rt->resp, bb);
+    if (!json) {
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_INTERNAL, "cannot encode the answer",
+                                     NULL);
+        return;
+    }
+    http_buf out = {0};
+    if (!st->head_sent) {
+        /* etcd: grpc-gateway forwards the call's metadata */
+        http_stream_head(&out, c->minor, 200, "application/json",
+                         "Grpc-Metadata-Content-Type: application/grpc\r\n", c->close);
+        st->head_sent = 1;
+    }
+    http_buf body = {0};
+    http_buf_printf(&body, "{\"result\":%s}\n", json);
+    free(json);
+    http_chunk(&out, c->minor, body.data, body.len);
+    http_buf_free(&body);
+    atomic_fetch_add(&st->fl.unsent, out.len);
+    front_send(c->g->f, c->token, &out, 0, NULL);
+    http_buf_free(&out);
+}
+
+static void stream_event(gw_tag *t, int ok)
+{
+    gw_call *c = t->c;
+    gw_stream *st = c->st;
+    gateway *g = c->g;
+    grpc_byte_buffer *bb = NULL;
+    if (t->kind == T_RECV) {
+        bb = c->recv;
+        c->recv = NULL;
+        if (ok && bb && !atomic_load(&st->fl.closed))
+            stream_response(c, bb);
+    }
+    pthread_mutex_lock(&g->mu);
+    st->outstanding--;
+    if (t->kind == T_SEND && ok && !st->ended)
+        post_send(c);
+    else if (t->kind == T_RECV && bb && !atomic_load(&st->fl.closed)) {
+        if (atomic_load(&st->fl.unsent) >= GATEWAY_STREAM_HIGH)
+            st->stalled = 1; /* flow_wake goes on */
+        else
+            post_recv(c, 0);
+    } else if (t->kind == T_STATUS)
+        st->ended = 1;
+    /* a stalled stream's responses are still to be read, unless no one is
+     * there to read them */
+    int finish = st->ended && st->outstanding == 0 && !st->finishing &&
+                 (!st->stalled || atomic_load(&st->fl.closed));
+    if (finish)
+        st->finishing = 1;
+    pthread_mutex_unlock(&g->mu);
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    if (!finish)
+        return;
+    stream_finish(c);
+    /* |finished| is set last, in the same hold of the lock as the check,
+     * so that this thread or flow_release frees the call, once */
+    pthread_mutex_lock(&g->mu);
+    st->finished = 1;
+    int over = stream_over(st);
+    pthread_mutex_unlock(&g->mu);
+    if (over)
+        call_done(g, c);
+}
+
 static void *gateway_main(void *arg)
 {
     gateway *g = arg;
@@ -209,13 +489,13 @@ static void *gateway_main(void *arg)
             break;
         if (ev.type != GRPC_OP_COMPLETE)
             continue;
-        gw_call *c = ev.tag;
-        answer_call(c, ev.success);
-        call_free(c);
-        pthread_mutex_lock(&g->mu);
-        if (--g->inflight == 0)
-            pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
+        gw_tag *t = ev.tag;
+        if (t->kind != T_UNARY) {
+            stream_event(t, ev.success);
+            continue;
+        }
+        answer_call(t->c, ev.success);
+        call_done(g, t->c);
     }
     return NULL;
 }
@@ -264,6 +544,128 @@ static void text_error(http_buf *out, const http_request *r, int status, const c
     http_buf_free(&body);
 }
 
+static void call_init(gw_call *c, gateway *g, const route *rt, const http_request *r,
+                      uint64_t token)
+{
+    c->g = g;
+    c->rt = rt;
+    c->token = token;
+    c->minor = r->minor;
+    c->close = !r->keep_alive;
+    c->tunary.c = c;
+    grpc_metadata_array_init(&c->md);
+    grpc_metadata_array_init(&c->trailing);
+    c->details = grpc_empty_slice();
+}
+
+/* The body's JSON requests as protobuf messages into |st|: 0; or, if the
+ * first does not parse, CAIRN_EINVAL with etcd's message in |err| (a
+ * later one ends the list, as etcd's gateway stops sending there). */
+static int stream_requests(gw_stream *st, const route *rt, const http_request *r, char *err,
+                           size_t errlen)
+{
+    const char *p = (const char *)r->body;
+    size_t left = r->body_len;
+    while (st->nreqs < GATEWAY_STREAM_MAX_REQS) {
+        wire_wr w = {0};
+        size_t used;
+        int rc = pbjson_decode_next(&w, &used, rt->req, p, left, err, errlen);
+        if (rc != 0) {
+            free(w.p);
+            if (rc == CAIRN_ENOMEM)
+                return rc;
+            return rc == PBJSON_END || st->nreqs > 0 ? 0 : rc;
+        }
+        if (st->nreqs % 16 == 0) {
+            grpc_byte_buffer **q = realloc(st->reqs, (st->nreqs + 16) * sizeof *q);
+            if (!q) {
+                free(w.p);
+                return CAIRN_ENOMEM;
+            }
+            st->reqs = q;
+        }
+        grpc_slice s = grpc_slice_from_copied_buffer((const char *)w.p, w.len);
+        free(w.p);
+        st->reqs[st->nreqs++] = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        p += used;
+        left -= used;
+    }
+    return 0;
+}
+
+static int stream_start(gateway *g, const route *rt, const http_request *r, http_buf *out,
+                        uint64_t token)
+{
+    gw_call *c = calloc(1, sizeof *c);
+    gw_stream *st = calloc(1, sizeof *st);
+    if (!c || !st) {
+        free(c);
+        free(st);
+        static const char m[] = "out of memory";
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_RESOURCE_EXHAUSTED, m, sizeof m - 1);
+        return 0;
+    }
+    call_init(c, g, rt, r, token);
+    c->st = st;
+    st->tsend = (gw_tag){c, T_SEND};
+    st->trecv = (gw_tag){c, T_RECV};
+    st->tstatus = (gw_tag){c, T_STATUS};
+    st->fl.wake_cb = flow_wake;
+    st->fl.release_cb = flow_release;
+    st->fl.close_at_end = r->minor < 1;
+    char err[256];
+    int rc = stream_requests(st, rt, r, err, sizeof err);
+    if (rc != 0) {
+        call_free(c);
+        /* etcd: the stream's decoder fails with a plain error: Unknown, 500 */
+        if (rc == CAIRN_ENOMEM)
+            snprintf(err, sizeof err, "out of memory");
+        json_error(out, r->minor, !r->keep_alive,
+                   rc == CAIRN_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNKNOWN, err,
+                   strlen(err));
+        return 0;
+    }
+    grpc_slice method = grpc_slice_from_static_string(rt->method);
+    c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (!c->call) {
+        call_free(c);
+        static const char m[] = "cannot start the gateway call";
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_INTERNAL, m, sizeof m - 1);
+        return 0;
+    }
+    /* the front learns of the stream first, so that a client that goes
+     * away before any response cancels it */
+    st->front_ref = 1;
+    pthread_mutex_lock(&g->mu);
+    g->inflight++;
+    pthread_mutex_unlock(&g->mu);
+    http_buf none = {0};
+    front_send(g->f, token, &none, 0, &st->fl);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &c->trailing;
+    op.data.recv_status_on_client.status = &c->status;
+    op.data.recv_status_on_client.status_details = &c->details;
+    pthread_mutex_lock(&g->mu);
+    if (grpc_call_start_batch(c->call, &op, 1, &st->tstatus, NULL) != GRPC_CALL_OK) {
+        /* not pending after all: the front gives the flow back, which
+         * frees the call */
+        st->ended = st->finishing = st->finished = 1;
+        pthread_mutex_unlock(&g->mu);
+        static const char m[] = "cannot start the gateway call";
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_INTERNAL, m, sizeof m - 1);
+        return 0;
+    }
+    st->outstanding++;
+    post_send(c);
+    post_recv(c, 1);
+    pthread_mutex_unlock(&g->mu);
+    return FRONT_PENDING;
+}
+
 int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t token)
 {
     const char *p = r->path + 3;
@@ -276,7 +678,11 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
         if (strlen(routes[i].path) == n && memcmp(routes[i].path, p, n) == 0)
             rt = &routes[i];
-    if (!rt) {
+    const char *service = NULL;
+    for (size_t i = 0; i < sizeof unserved / sizeof unserved[0] && !rt && !service; i++)
+        if (strlen(unserved[i].path) == n && memcmp(unserved[i].path, p, n) == 0)
+            service = unserved[i].service;
+    if (!rt && !service) {
         text_error(out, r, 404, "Not Found");
         return 0;
     }
@@ -289,6 +695,15 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
         json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_UNAVAILABLE, m, sizeof m - 1);
         return 0;
     }
+    if (service) {
+        /* grpc-go's answer for a service it does not have */
+        char m[96];
+        int len = snprintf(m, sizeof m, "unknown service %s", service);
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_UNIMPLEMENTED, m, (size_t)len);
+        return 0;
+    }
+    if (rt->kind != UNARY)
+        return stream_start(g, rt, r, out, token);
     wire_wr w = {0};
     char err[256];
     int rc = pbjson_decode(&w, rt->req, (const char *)r->body, r->body_len, err, sizeof err);
@@ -309,14 +724,7 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
         json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_RESOURCE_EXHAUSTED, m, sizeof m - 1);
         return 0;
     }
-    c->g = g;
-    c->rt = rt;
-    c->token = token;
-    c->minor = r->minor;
-    c->close = !r->keep_alive;
-    grpc_metadata_array_init(&c->md);
-    grpc_metadata_array_init(&c->trailing);
-    c->details = grpc_empty_slice();
+    call_init(c, g, rt, r, token);
     grpc_slice s = grpc_slice_from_copied_buffer((const char *)w.p, w.len);
     free(w.p);
     c->send = grpc_raw_byte_buffer_create(&s, 1);
@@ -327,23 +735,11 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
                                        deadline, NULL);
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = c->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &c->recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &c->trailing;
-    ops[5].data.recv_status_on_client.status = &c->status;
-    ops[5].data.recv_status_on_client.status_details = &c->details;
+    rpc_unary_ops(ops, c->send, &c->md, &c->recv, &c->trailing, &c->status, &c->details);
     pthread_mutex_lock(&g->mu);
     g->inflight++;
     pthread_mutex_unlock(&g->mu);
-    if (!c->call || grpc_call_start_batch(c->call, ops, 6, c, NULL) != GRPC_CALL_OK) {
+    if (!c->call || grpc_call_start_batch(c->call, ops, 6, &c->tunary, NULL) != GRPC_CALL_OK) {
         pthread_mutex_lock(&g->mu);
         g->inflight--;
         pthread_mutex_unlock(&g->mu);

@@ -13,6 +13,7 @@
 #include "server/http/http.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,24 +317,61 @@ const char *http_reason(int status)
     }
 }
 
-void http_answer(http_buf *out, int minor, int status, const char *ctype, const char *extra,
-                 const void *body, size_t len, int close)
+/* The status line and headers; |len| is the Content-Length, or SIZE_MAX
+ * for a chunked answer (none on HTTP/1.0, which the close delimits). */
+static void head(http_buf *out, int minor, int status, const char *ctype, const char *extra,
+                 size_t len, int close)
 {
     char date[64];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    /* etcd: every answer on the client URL passes its CORS handler */
+    char length[48] = "";
+    if (len != SIZE_MAX)
+        snprintf(length, sizeof length, "Content-Length: %zu\r\n", len);
+    /* etcd: every answer on the client URL passes its CORS handler; Go
+     * puts Transfer-Encoding last, and closes an HTTP/1.0 connection
+     * without saying so */
     http_buf_printf(out,
                     "HTTP/1.%d %d %s\r\n"
                     "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
                     "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
                     "Access-Control-Allow-Origin: *\r\n"
-                    "Content-Type: %s\r\n%sDate: %s\r\nContent-Length: %zu\r\n%s\r\n",
-                    minor, status, http_reason(status), ctype, extra ? extra : "", date, len,
-                    close ? "Connection: close\r\n" : "");
+                    "Content-Type: %s\r\n%sDate: %s\r\n%s%s%s\r\n",
+                    minor, status, http_reason(status), ctype, extra ? extra : "", date, length,
+                    close && minor >= 1 ? "Connection: close\r\n" : "",
+                    len == SIZE_MAX && minor >= 1 ? "Transfer-Encoding: chunked\r\n" : "");
+}
+
+void http_answer(http_buf *out, int minor, int status, const char *ctype, const char *extra,
+                 const void *body, size_t len, int close)
+{
+    head(out, minor, status, ctype, extra, len, close);
     http_buf_add(out, body, len);
+}
+
+void http_stream_head(http_buf *out, int minor, int status, const char *ctype, const char *extra,
+                      int close)
+{
+    head(out, minor, status, ctype, extra, SIZE_MAX, close || minor < 1);
+}
+
+void http_chunk(http_buf *out, int minor, const void *data, size_t len)
+{
+    if (len == 0)
+        return; /* a zero-length chunk would end the answer */
+    if (minor >= 1)
+        http_buf_printf(out, "%zx\r\n", len);
+    http_buf_add(out, data, len);
+    if (minor >= 1)
+        http_buf_add(out, "\r\n", 2);
+}
+
+void http_chunk_end(http_buf *out, int minor)
+{
+    if (minor >= 1)
+        http_buf_add(out, "0\r\n\r\n", 5);
 }
 
 void http_answer_error(http_buf *out, int status, const char *why)

@@ -69,6 +69,14 @@ const char *http_reason(int status);
  * Content-Length and |body|. |close| adds "Connection: close". */
 void http_answer(http_buf *out, int minor, int status, const char *ctype, const char *extra,
                  const void *body, size_t len, int close);
+/* A streaming answer: the head of http_answer with "Transfer-Encoding:
+ * chunked" for Content-Length (HTTP/1.0: neither, and the connection
+ * closes after it), then http_chunk for each part (framed as a chunk;
+ * empty parts are skipped) and http_chunk_end once. */
+void http_stream_head(http_buf *out, int minor, int status, const char *ctype, const char *extra,
+                      int close);
+void http_chunk(http_buf *out, int minor, const void *data, size_t len);
+void http_chunk_end(http_buf *out, int minor);
 /* Go's net/http answer to a request it could not parse: "400 Bad
  * Request" in plain text, then close. */
 void http_answer_error(http_buf *out, int status, const char *why);

@@ -366,16 +366,11 @@ static int encode_message(dec *d, wire_wr *w, const ProtobufCMessageDescriptor *
     return 0;
 }
 
-int pbjson_decode(wire_wr *out, const ProtobufCMessageDescriptor *desc, const char *json,
-                  size_t len, char *err, size_t errlen)
+/* Takes |root| (a reference). */
+static int decode_root(wire_wr *out, const ProtobufCMessageDescriptor *desc, json_t *root,
+                       char *err, size_t errlen)
 {
     dec d = {err, errlen};
-    json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_DECODE_ANY, &je);
-    if (!root) {
-        snprintf(err, errlen, "%s", je.text);
-        return CAIRN_EINVAL;
-    }
     int rc;
     if (json_is_null(root))
         rc = 0;
@@ -391,6 +386,42 @@ int pbjson_decode(wire_wr *out, const ProtobufCMessageDescriptor *desc, const ch
     if (rc == 0 && out->err)
         rc = out->err;
     return rc;
+}
+
+int pbjson_decode(wire_wr *out, const ProtobufCMessageDescriptor *desc, const char *json,
+                  size_t len, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_DECODE_ANY, &je);
+    if (!root) {
+        snprintf(err, errlen, "%s", je.text);
+        return CAIRN_EINVAL;
+    }
+    return decode_root(out, desc, root, err, errlen);
+}
+
+int pbjson_decode_next(wire_wr *out, size_t *used, const ProtobufCMessageDescriptor *desc,
+                       const char *json, size_t len, char *err, size_t errlen)
+{
+    *used = 0;
+    size_t skip = 0;
+    while (skip < len &&
+           (json[skip] == ' ' || json[skip] == '\t' || json[skip] == '\n' || json[skip] == '\r'))
+        skip++;
+    if (skip == len)
+        return PBJSON_END;
+    json_error_t je;
+    json_t *root =
+        json_loadb(json + skip, len - skip, JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, &je);
+    if (!root) {
+        snprintf(err, errlen, "%s", je.text);
+        return CAIRN_EINVAL;
+    }
+    /* jansson: with the EOF check off, the position is the bytes read */
+    *used = skip + (size_t)je.position;
+    if (*used > len)
+        *used = len;
+    return decode_root(out, desc, root, err, errlen);
 }
 
 /* ---- encoding ------------------------------------------------------------ */

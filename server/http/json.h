@@ -27,6 +27,14 @@
 int pbjson_decode(wire_wr *out, const ProtobufCMessageDescriptor *desc, const char *json,
                   size_t len, char *err, size_t errlen);
 
+/* A stream's requests (etcd's gateway reads a body of several JSON
+ * values, one message each): decodes the first value of |json| like
+ * pbjson_decode and sets |*used| to the bytes it took. Returns
+ * PBJSON_END when only whitespace is left. */
+enum { PBJSON_END = 1 };
+int pbjson_decode_next(wire_wr *out, size_t *used, const ProtobufCMessageDescriptor *desc,
+                       const char *json, size_t len, char *err, size_t errlen);
+
 /* |m| as compact JSON text (malloc()ed, NUL-terminated; the caller frees
  * it), or NULL when out of memory. */
 char *pbjson_encode(const ProtobufCMessage *m);

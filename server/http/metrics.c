@@ -34,18 +34,35 @@ static void value(http_buf *b, double v)
         http_buf_printf(b, " %.15g\n", v);
 }
 
-static void gauge(http_buf *b, const char *name, const char *help, double v)
+/* A family of one sample without labels. */
+static void metric(http_buf *b, const char *type, const char *name, const char *help, double v)
 {
-    family(b, name, "gauge", help);
+    family(b, name, type, help);
     http_buf_printf(b, "%s", name);
     value(b, v);
 }
+#define gauge(b, name, help, v) metric(b, "gauge", name, help, v)
+#define counter(b, name, help, v) metric(b, "counter", name, help, v)
 
-static void counter(http_buf *b, const char *name, const char *help, double v)
+/* A field of a stats struct, described by its offset and size (an int or
+ * a uint64_t), as a sample value. */
+typedef struct field {
+    const char *name, *type, *help;
+    size_t off, size;
+} field;
+#define FIELD(st, m) offsetof(st, m), sizeof(((st *)0)->m)
+
+static double field_value(const void *base, const field *f)
 {
-    family(b, name, "counter", help);
-    http_buf_printf(b, "%s", name);
-    value(b, v);
+    const char *p = (const char *)base + f->off;
+    if (f->size == sizeof(int)) {
+        int v;
+        memcpy(&v, p, sizeof v);
+        return (double)v;
+    }
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return (double)v;
 }
 
 /* A label value as the exposition format wants it: \\, \" and \n escaped. */
@@ -70,45 +87,37 @@ static void peer_metrics(http_buf *b, peer_net *n)
     if (!ps)
         return;
     np = peer_net_stats(n, ps, np);
-    static const struct {
-        const char *name, *type, *help;
-        size_t off;
-    } fs[] = {
+    static const field fs[] = {
         {"cairn_peer_connected", "gauge", "1 while a stream to the member is up.",
-         offsetof(peer_stats, connected)},
+         FIELD(peer_stats, connected)},
         {"cairn_peer_connects_total", "counter",
          "Streams to the member that passed both hellos and went live.",
-         offsetof(peer_stats, connects)},
+         FIELD(peer_stats, connects)},
         {"cairn_peer_sent_messages_total", "counter", "Peer messages sent to the member.",
-         offsetof(peer_stats, msgs_sent)},
+         FIELD(peer_stats, msgs_sent)},
         {"cairn_peer_sent_bytes_total", "counter", "Bytes of those messages (protobuf framing).",
-         offsetof(peer_stats, bytes_sent)},
+         FIELD(peer_stats, bytes_sent)},
         {"cairn_peer_received_messages_total", "counter",
-         "Peer messages received from the member and decoded.",
-         offsetof(peer_stats, msgs_received)},
+         "Peer messages received from the member and decoded.", FIELD(peer_stats, msgs_received)},
         {"cairn_peer_received_bytes_total", "counter", "Bytes of those messages.",
-         offsetof(peer_stats, bytes_received)},
+         FIELD(peer_stats, bytes_received)},
         {"cairn_peer_pushes_total", "counter", "Optimistic pushes sent to the member.",
-         offsetof(peer_stats, pushes)},
+         FIELD(peer_stats, pushes)},
         {"cairn_peer_pushes_dropped_total", "counter",
          "Changes not queued for the member because its queue was full (periodic sync sent "
          "them later).",
-         offsetof(peer_stats, pushes_dropped)},
+         FIELD(peer_stats, pushes_dropped)},
         {"cairn_peer_sync_rounds_total", "counter",
          "Sync messages sent to the member: periodic, after a reconnect, and answers.",
-         offsetof(peer_stats, sync_rounds)},
+         FIELD(peer_stats, sync_rounds)},
     };
     for (size_t f = 0; f < sizeof fs / sizeof fs[0]; f++) {
         family(b, fs[f].name, fs[f].type, fs[f].help);
         for (size_t i = 0; i < np; i++) {
-            const char *field = (const char *)&ps[i] + fs[f].off;
-            double v = fs[f].off == offsetof(peer_stats, connected)
-                           ? (double)*(const int *)(const void *)field
-                           : (double)*(const uint64_t *)(const void *)field;
             http_buf_printf(b, "%s{peer=\"", fs[f].name);
             label_value(b, ps[i].name);
             http_buf_printf(b, "\"}");
-            value(b, v);
+            value(b, field_value(&ps[i], &fs[f]));
         }
     }
     free(ps);
@@ -169,47 +178,26 @@ static void grpc_metrics(http_buf *b, const rpc_method_counts *ms, size_t n, uin
                 method_labels(b, &ms[i]);
                 http_buf_printf(b, "} %llu\n", (unsigned long long)ms[i].handled[k]);
             }
-    static const struct {
-        const char *name, *help;
-        size_t off;
-    } simple[] = {
-        {"grpc_server_msg_received_total",
+    static const field simple[] = {
+        {"grpc_server_msg_received_total", "counter",
          "Total number of RPC stream messages received on the server.",
-         offsetof(rpc_method_counts, msg_received)},
-        {"grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server.",
-         offsetof(rpc_method_counts, msg_sent)},
-        {"grpc_server_started_total", "Total number of RPCs started on the server.",
-         offsetof(rpc_method_counts, started)},
+         FIELD(rpc_method_counts, msg_received)},
+        {"grpc_server_msg_sent_total", "counter",
+         "Total number of gRPC stream messages sent by the server.",
+         FIELD(rpc_method_counts, msg_sent)},
+        {"grpc_server_started_total", "counter", "Total number of RPCs started on the server.",
+         FIELD(rpc_method_counts, started)},
     };
     for (size_t s = 0; s < sizeof simple / sizeof simple[0]; s++) {
-        family(b, simple[s].name, "counter", simple[s].help);
+        family(b, simple[s].name, simple[s].type, simple[s].help);
         for (size_t i = 0; i < n; i++)
             if (ms[i].path) {
                 http_buf_printf(b, "%s{", simple[s].name);
                 method_labels(b, &ms[i]);
-                uint64_t v;
-                memcpy(&v, (const char *)&ms[i] + simple[s].off, sizeof v);
-                http_buf_printf(b, "} %llu\n", (unsigned long long)v);
+                http_buf_printf(b, "}");
+                value(b, field_value(&ms[i], &simple[s]));
             }
     }
-}
-
-/* Every key, counted (a scan of the index: O(keys) per scrape). */
-static int64_t key_count(cairn_store *s)
-{
-    static const uint8_t zero = 0;
-    cairn_range_req req;
-    memset(&req, 0, sizeof req);
-    req.key = &zero;
-    req.key_len = 1;
-    req.range_end = &zero;
-    req.range_end_len = 1;
-    req.count_only = 1;
-    cairn_range_resp resp;
-    memset(&resp, 0, sizeof resp);
-    int64_t n = cairn_store_range(s, &resp, &req) == 0 ? resp.count : 0;
-    cairn_range_resp_destroy(&resp);
-    return n;
 }
 
 /* ---- process_* ----------------------------------------------------------- */
@@ -314,7 +302,7 @@ void metrics_write(cairn_server *srv, http_buf *b)
     gauge(b, "etcd_server_proposals_pending", "The current number of pending proposals to commit.",
           0);
     gauge(b, "etcd_debugging_mvcc_keys_total", "Total number of keys.",
-          (double)key_count(srv->store));
+          (double)cairn_store_key_count(srv->store));
     sync_histogram(b, "etcd_disk_backend_commit_duration_seconds",
                    "The latency distributions of commit called by backend.", &st);
     sync_histogram(b, "etcd_disk_wal_fsync_duration_seconds",

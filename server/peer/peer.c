@@ -42,6 +42,22 @@
  * atomics the peer thread and the committer bump and any thread reads;
  * the line logged when a stream closes carries them.
  *
+ * MEMBERSHIP. The peers start as --initial-cluster names them and then
+ * follow the store's member table (store/members.c) on this thread: a
+ * member added there gets a peer (dialed and accepted like the others), a
+ * member whose peer URLs changed is dialed at the new address (its dialed
+ * stream is closed so the next dial goes there; a --peer-dials address
+ * stands for the member's --initial-cluster URL only), and a removed
+ * member is still pushed to for PEER_REMOVE_GRACE_MS (the table moves when
+ * the removal is applied, its push follows the fsync: so the removal
+ * reaches it), then sent what is left queued and a Goodbye; after that it
+ * is never dialed or synced with again and its hellos are refused with
+ * etcd's "the member has been permanently removed from the cluster". A
+ * node that sees itself removed (from its table, once it was in it, or in
+ * such a refusal) logs that line and stops as on SIGTERM, as etcd's
+ * removed member exits. Peer slots are never reused (etcd never reuses a
+ * removed id either), at most PEER_MAX_MEMBERS per process.
+ *
  * TLS. An https:// peer URL is served and dialed with gRPC's TLS
  * credentials from the --peer-* flags; the server asks for a client
  * certificate but leaves every check of it to tls/ (cairn_tls_check_pem,
@@ -62,11 +78,13 @@
 #include <grpc/support/time.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cairnpb/peer.pb-c.h"
 #include "crdt/error.h"
@@ -88,6 +106,15 @@
  * since the peer transport landed. */
 #define PEER_IDLE_MS 100
 #define PEER_GOODBYE_MS 500
+/* Peer slots for the life of the process (members ever known, this one
+ * excluded): slots are filled in place, so other threads may walk them. */
+#define PEER_MAX_MEMBERS 64
+/* etcd's line and refusal for a removed member (measured: etcd logs it
+ * and exits). */
+/* A removed member is still pushed to this long before its Goodbye: the
+ * table moves when the removal is applied, the push follows its fsync. */
+#define PEER_REMOVE_GRACE_MS 1000
+#define PEER_REMOVED "the member has been permanently removed from the cluster"
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
 
@@ -120,6 +147,8 @@ typedef struct plink {
     int refusing;
     /* That goodbye's reason, while a send is in flight. */
     const char *bye_due;
+    /* the goodbye was to a removed member: kill on close */
+    int bye_removed;
     size_t sbuf_len;
     grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
@@ -143,6 +172,9 @@ typedef struct ppeer {
     atomic_int answer_due; /* a received message is durable: answer now */
     atomic_int connected;  /* the subscriber queues pushes only then */
     int linked;            /* in --peer-links (every member without it) */
+    atomic_int removed;    /* gone from the member table: never dialed again */
+    uint64_t removed_ms;   /* when this node saw it go */
+    char *url;             /* the peer URL addr came from */
     cairn_actor actor;     /* from its hello */
     char **client_urls;    /* from its last hello or Members; under peer_net.info_mu */
     size_t nclient_urls;
@@ -178,8 +210,11 @@ struct peer_net {
     grpc_metadata_array amd;
     int accepting;
     int shut_done; /* the server's shutdown completed */
+    /* PEER_MAX_MEMBERS slots, the first npeers filled */
     ppeer *peers;
-    size_t npeers;
+    _Atomic size_t npeers;
+    uint64_t members_gen; /* the store's members_gen last followed + 1 */
+    int saw_self, self_removed;
     plink *links;
     pthread_t th;
     int started, stopped;
@@ -199,6 +234,10 @@ struct peer_net {
     char *tls_ca, *tls_cert, *tls_key;
     cairn_tls_checker *checker;
 };
+
+static void removed_self(peer_net *n);
+static void say_goodbye(plink *l, const char *reason);
+static grpc_channel *open_channel(peer_net *n, const char *addr, const char *url);
 
 static uint64_t now_ms(void)
 {
@@ -494,8 +533,6 @@ static void refuse(plink *l, const char *what)
     link_kill(l, what);
 }
 
-static void send_bye(plink *l, const char *reason);
-
 /* A hello from a member this node's --peer-links leaves out: a Goodbye that
  * says so (PEER_BYE_NOT_LINKED), so that the member backs off for good
  * instead of redialing at once; logged once per member, then at debug
@@ -512,7 +549,7 @@ static void refuse_unlinked(plink *l, ppeer *p)
     if (l->sending)
         l->bye_due = "member is " PEER_BYE_NOT_LINKED;
     else
-        send_bye(l, "member is " PEER_BYE_NOT_LINKED);
+        say_goodbye(l, "member is " PEER_BYE_NOT_LINKED);
 }
 
 /* tls/'s checks on the certificate |l|'s peer presented; 0 if it passes
@@ -606,6 +643,10 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
         snprintf(why, sizeof why, "member id %016" PRIx64 " is not another member of this cluster",
                  h->member_id);
         refuse(l, why);
+        return;
+    }
+    if (atomic_load(&p->removed)) {
+        refuse(l, PEER_REMOVED);
         return;
     }
     if (l->dialed && l->p != p) {
@@ -876,12 +917,14 @@ static void on_close(plink *l)
         link_kill(l, "refused");
         return;
     }
-    if (l->bye)
+    if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
     if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
         cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
                   "peer %s: stream ended: %s", peer_name(l), d);
+        if (strstr(d, PEER_REMOVED))
+            removed_self(l->n);
         gpr_free(d);
     }
     link_kill(l, "the stream ended");
@@ -953,7 +996,7 @@ static void on_event(peer_net *n, ptag *t, int ok)
         if (!ok && !l->bye)
             link_kill(l, "a send failed");
         else if (l->bye_due && !l->dead)
-            send_bye(l, l->bye_due);
+            say_goodbye(l, l->bye_due);
         return;
     case T_RECV:
         l->pending--;
@@ -1006,15 +1049,187 @@ static int push_queued(peer_net *n, ppeer *p, uint8_t **out, size_t *len)
     return rc;
 }
 
+/* ---- the member table ---------------------------------------------------- */
+
+static void removed_self(peer_net *n)
+{
+    if (n->self_removed)
+        return;
+    n->self_removed = 1;
+    /* etcd: logs this and stops serving */
+    cairn_log(CAIRN_LOG_ERROR, "%s", PEER_REMOVED);
+    kill(getpid(), SIGTERM); /* main's sigwait: the clean shutdown */
+}
+
+/* A removed member: what is queued for it (the removal among it) goes out,
+ * then a Goodbye; its dialed stream in the making is dropped. */
+static void leave_removed(ppeer *p)
+{
+    if (p->dial && p->dial != p->live)
+        link_kill(p->dial, PEER_REMOVED);
+    plink *l = p->live;
+    if (!l || l->dead || l->bye || l->sending)
+        return;
+    uint8_t *msg = NULL;
+    size_t len = 0;
+    if (push_queued(l->n, p, &msg, &len) == 0 && msg) {
+        atomic_fetch_add(&p->pushes, 1);
+        if (send_sync(l, msg, len))
+            link_kill(l, "cannot send");
+        return;
+    }
+    free(msg);
+    l->bye_removed = 1;
+    say_goodbye(l, "removed from the cluster");
+    if (!l->bye) /* could not send: nothing to wait for */
+        link_kill(l, PEER_REMOVED);
+}
+
+/* Fills the next slot for member |m|. */
+static int add_member(peer_net *n, const cairn_member_info *m)
+{
+    if (n->npeers >= PEER_MAX_MEMBERS) {
+        cairn_log(CAIRN_LOG_ERROR,
+                  "member %016" PRIx64 ": more than %d members known since start: "
+                  "not linked (restart this node)",
+                  m->id, PEER_MAX_MEMBERS);
+        return CAIRN_ELIMIT;
+    }
+    char addr[256];
+    if (!m->npeer_urls || cairn_url_to_addr(addr, sizeof addr, m->peer_urls[0]))
+        return CAIRN_EINVAL;
+    ppeer *p = &n->peers[n->npeers];
+    memset(p, 0, sizeof *p);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016" PRIx64, m->id);
+    p->name = strdup(m->name[0] ? m->name : hex);
+    p->addr = strdup(addr);
+    p->url = strdup(m->peer_urls[0]);
+    p->id = m->id;
+    pthread_mutex_init(&p->qmu, NULL);
+    p->qtail = &p->qhead;
+    p->backoff_ms = PEER_BACKOFF_MIN_MS;
+    p->linked = !n->cfg->peer_links;
+    for (size_t j = 0; j < n->cfg->npeer_links; j++)
+        p->linked |= strcmp(n->cfg->peer_links[j], m->name) == 0;
+    if (p->name && p->addr && p->url && cairn_replica_new(&p->rep, n->store, NULL) == 0)
+        p->ch = open_channel(n, p->addr, p->url);
+    if (!p->ch) { /* the slot stays unfilled */
+        cairn_replica_free(p->rep);
+        pthread_mutex_destroy(&p->qmu);
+        free(p->name);
+        free(p->addr);
+        free(p->url);
+        memset(p, 0, sizeof *p);
+        return CAIRN_ENOMEM;
+    }
+    n->npeers++; /* seq_cst: the slot is whole before other threads see it */
+    cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): added to the cluster, at %s", p->name,
+              p->id, p->url);
+    return 0;
+}
+
+/* Member |m|'s peer URLs changed: dial the new address from now on. */
+static void readdress(peer_net *n, ppeer *p, const cairn_member_info *m)
+{
+    if (!m->npeer_urls)
+        return;
+    for (size_t j = 0; j < m->npeer_urls; j++)
+        if (p->url && strcmp(p->url, m->peer_urls[j]) == 0)
+            return; /* still one of its URLs */
+    char addr[256];
+    char *url = strdup(m->peer_urls[0]);
+    if (!url || cairn_url_to_addr(addr, sizeof addr, url)) {
+        free(url);
+        return;
+    }
+    char *a = strdup(addr);
+    grpc_channel *ch = a ? open_channel(n, a, url) : NULL;
+    if (!ch) {
+        free(a);
+        free(url);
+        return;
+    }
+    if (p->dial)
+        link_kill(p->dial, "the member's peer URLs changed");
+    if (p->live && p->live->dialed)
+        link_kill(p->live, "the member's peer URLs changed");
+    /* the old channel's calls are all cancelled; it goes at peer_net_free */
+    grpc_channel_destroy(p->ch);
+    p->ch = ch;
+    free(p->addr);
+    free(p->url);
+    p->addr = a;
+    p->url = url;
+    p->next_dial_ms = 0;
+    p->backoff_ms = PEER_BACKOFF_MIN_MS;
+    cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): peer URLs changed, dialing %s", p->name,
+              p->id, url);
+}
+
+/* The peer set after the store's member table, when that moved. Bounded:
+ * one list read of the table (a few entries) per change of it. */
+static void follow_members(peer_net *n)
+{
+    uint64_t gen = cairn_store_members_gen(n->store) + 1;
+    if (gen == n->members_gen)
+        return;
+    cairn_member_info *v;
+    size_t k;
+    if (cairn_store_member_list(n->store, &v, &k))
+        return; /* again at the next tick */
+    n->members_gen = gen;
+    if (k == 0) { /* a store without a table (no members change): keep the flags' */
+        cairn_store_member_list_free(v, k);
+        return;
+    }
+    int self = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (v[i].id == n->my_id) {
+            self = 1;
+            continue;
+        }
+        ppeer *p = peer_by_id(n, v[i].id);
+        if (!p)
+            add_member(n, &v[i]);
+        else if (!atomic_load(&p->removed))
+            readdress(n, p, &v[i]);
+    }
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        int in = 0;
+        for (size_t j = 0; j < k && !in; j++)
+            in = v[j].id == p->id;
+        if (!in && !atomic_load(&p->removed)) {
+            p->removed_ms = now_ms();
+            atomic_store(&p->removed, 1);
+            cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): removed from the cluster", p->name,
+                      p->id);
+        }
+    }
+    cairn_store_member_list_free(v, k);
+    if (self)
+        n->saw_self = 1;
+    else if (n->saw_self)
+        removed_self(n);
+}
+
 static void tick(peer_net *n)
 {
     uint64_t now = now_ms();
+    follow_members(n);
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
+        int gone = atomic_load(&p->removed);
+        if (gone && now >= p->removed_ms + PEER_REMOVE_GRACE_MS) {
+            leave_removed(p);
+            continue;
+        }
         if (!p->linked)
             continue;
         if (!p->live && !p->dial && now >= p->next_dial_ms) {
-            dial(n, p);
+            if (!gone)
+                dial(n, p);
             continue;
         }
         plink *l = p->live;
@@ -1062,7 +1277,7 @@ static void drain(peer_net *n, int ms)
 
 /* A Goodbye saying |reason| (static) and the stream's clean close on |l|,
  * which sends nothing now. */
-static void send_bye(plink *l, const char *reason)
+static void say_goodbye(plink *l, const char *reason)
 {
     Cairnpb__Goodbye g = CAIRNPB__GOODBYE__INIT;
     l->bye_due = NULL;
@@ -1114,7 +1329,7 @@ static void say_goodbyes(peer_net *n)
             if (!l || l->dead || l->closed)
                 continue;
             if (!l->bye && !l->sending)
-                send_bye(l, "shutting down");
+                say_goodbye(l, "shutting down");
             waiting |= l->bye || l->sending;
         }
         if (!waiting || now_ms() >= until)
@@ -1329,9 +1544,13 @@ static grpc_server_credentials *server_creds(peer_net *n, const char *url, char 
 static int add_peers(peer_net *n, char *err, size_t errlen)
 {
     const cairn_config *cfg = n->cfg;
-    n->peers = calloc(cfg->ninitial_cluster ? cfg->ninitial_cluster : 1, sizeof *n->peers);
+    n->peers = calloc(PEER_MAX_MEMBERS, sizeof *n->peers);
     if (!n->peers)
         return CAIRN_ENOMEM;
+    if (cfg->ninitial_cluster > PEER_MAX_MEMBERS) {
+        snprintf(err, errlen, "more than %d members in --initial-cluster", PEER_MAX_MEMBERS);
+        return CAIRN_EINVAL;
+    }
     for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
         const cairn_config_member *m = &cfg->initial_cluster[i];
         if (strcmp(m->name, cfg->name) == 0)
@@ -1351,6 +1570,7 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         }
         p->name = strdup(m->name);
         p->addr = strdup(dial_at);
+        p->url = m->npeer_urls ? strdup(m->peer_urls[0]) : NULL;
         p->id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
                                          cfg->initial_cluster_token);
         pthread_mutex_init(&p->qmu, NULL);
@@ -1576,6 +1796,7 @@ void peer_net_free(peer_net *n)
         free(p->acked);
         free(p->name);
         free(p->addr);
+        free(p->url);
     }
     free(n->peers);
     if (n->server)

@@ -572,7 +572,7 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o)
     uint64_t limit = 2 * o->max_recv_bytes;
     if (limit > INT32_MAX)
         limit = INT32_MAX;
-    grpc_arg args[3];
+    grpc_arg args[4];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -584,7 +584,14 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o)
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
-    grpc_channel_args cargs = {3, args};
+    size_t nargs = 3;
+    if (o->max_streams > 0 && o->max_streams <= INT32_MAX) {
+        args[3].type = GRPC_ARG_INTEGER;
+        args[3].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
+        args[3].value.integer = (int)o->max_streams;
+        nargs = 4;
+    }
+    grpc_channel_args cargs = {nargs, args};
     e->grpc = grpc_server_create(&cargs, NULL);
 
     int n = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);

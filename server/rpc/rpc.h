@@ -130,6 +130,9 @@ typedef struct rpc_engine_options {
     /* etcd: grpc-go's receive limit (--max-request-bytes + 512 KiB): a
      * bigger request fails with RESOURCE_EXHAUSTED before its handler. */
     uint64_t max_recv_bytes;
+    /* --max-concurrent-streams: calls at once per HTTP/2 connection (more
+     * wait in the client's queue, as grpc-go's clients wait); 0 none */
+    uint32_t max_streams;
 } rpc_engine_options;
 
 /* Calls grpc_init (rpc_engine_free the matching grpc_shutdown). */

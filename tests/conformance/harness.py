@@ -552,10 +552,11 @@ def err(e):
 from checks_kv import CHECKS, SUITES  # noqa: E402
 import checks_watch  # noqa: E402,F401  (registers the suite "watch")
 import checks_lease  # noqa: E402,F401  (registers the suite "lease")
+import checks_member  # noqa: E402,F401  (registers the suite "member")
 
 # Suites run only when named with --suite (cairn does not serve Watch and
 # Lease yet). Remove a name here to run that suite by default.
-OPT_IN_SUITES = {"watch", "lease"}
+OPT_IN_SUITES = {"watch", "lease", "member"}
 
 
 # --------------------------------------------------------------------------

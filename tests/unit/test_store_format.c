@@ -267,12 +267,12 @@ START_TEST(records_of_format_3)
         ck_assert_int_eq(cairn_store_rev_hash(s, &h, 1), CAIRN_ENOTFOUND);
         ck_assert_int_eq(cairn_store_rev_hash(s, &h, 6), CAIRN_EFUTUREREV);
         cairn_store_close(s);
-        /* the raw records: a body per change (genesis + 4), a history
+        /* the raw records: a body per change (genesis + members + 4), a history
          * record per event after the body of its change, nothing under
          * 'C', 'K' or 'R'; Puts point into the body and hold no value */
-        ck_assert_uint_eq(count_tag(d, BODY), 5);
+        ck_assert_uint_eq(count_tag(d, BODY), 6);
         order_check o = raw_order(d);
-        ck_assert_uint_eq(o.nbody, 5);
+        ck_assert_uint_eq(o.nbody, 6);
         ck_assert_uint_eq(o.nhist, 4);
         ck_assert_uint_eq(count_tag(d, 'C'), 0);
         ck_assert_uint_eq(count_tag(d, 'K'), 0);
@@ -513,7 +513,7 @@ START_TEST(format_2_opens_and_moves_its_records)
         ck_assert_uint_eq(raw_format(d), 3);
         ck_assert_uint_eq(count_tag(d, 'K'), 0);
         order_check o = raw_order(d);
-        ck_assert_uint_eq(o.nbody, 23);
+        ck_assert_uint_eq(o.nbody, 24); /* genesis, members, 22 writes */
         ck_assert_uint_eq(o.nhist, 22);
         rm_rf(d);
         free(d);
@@ -573,7 +573,7 @@ START_TEST(compaction_deletes_history_records)
     cairn_store_close(s);
     ck_assert_uint_eq(k_records(d, NULL).n, 301 - 248 + 1);
     /* the bodies stay: peers and replay need them */
-    ck_assert_uint_eq(count_tag(d, BODY), 301);
+    ck_assert_uint_eq(count_tag(d, BODY), 302);
     s = open_store(d);
     ck_assert_int_eq(value_at(s, "y", 250, got, sizeof got), 0);
     ck_assert_str_eq(got, "value-247");
@@ -634,14 +634,15 @@ START_TEST(history_without_its_body_is_corruption)
 {
     char *d = make_tmpdir();
     cairn_store *s = open_store(d);
-    put_kv(s, "a", "1"); /* change 1, revision 2 */
-    put_kv(s, "b", "2"); /* change 2, revision 3 */
-    put_kv(s, "c", "3"); /* change 3, revision 4 */
-    put_kv(s, "b", "4"); /* change 4, revision 5: b at 3 is history now */
+    /* change 0 is the genesis, 1 the initial members */
+    put_kv(s, "a", "1"); /* change 2, revision 2 */
+    put_kv(s, "b", "2"); /* change 3, revision 3 */
+    put_kv(s, "c", "3"); /* change 4, revision 4 */
+    put_kv(s, "b", "4"); /* change 5, revision 5: b at 3 is history now */
     uint64_t n = cairn_dag_count(cairn_doc_dag(s->doc));
     cairn_store_close(s);
     leveldb_t *db = raw_open(d);
-    uint8_t k[9] = {'O', 0, 0, 0, 0, 0, 0, 0, 2};
+    uint8_t k[9] = {'O', 0, 0, 0, 0, 0, 0, 0, 3};
     leveldb_writeoptions_t *wo = leveldb_writeoptions_create();
     char *err = NULL;
     leveldb_delete(db, wo, (const char *)k, 9, &err);
@@ -694,17 +695,18 @@ START_TEST(stored_revision_mismatch_is_corruption)
     for (int i = 0; i < 3; i++) {
         char *d = make_tmpdir();
         cairn_store *s = open_store(d);
-        put_kv(s, "a", "1"); /* change 1, revision 2 */
-        put_kv(s, "b", "2"); /* change 2, revision 3 */
-        put_kv(s, "c", "3"); /* change 3, revision 4 */
+        /* change 0 is the genesis, 1 the initial members */
+        put_kv(s, "a", "1"); /* change 2, revision 2 */
+        put_kv(s, "b", "2"); /* change 3, revision 3 */
+        put_kv(s, "c", "3"); /* change 4, revision 4 */
         cairn_store_close(s);
-        set_stored_rev(d, 3, bad[i]);
+        set_stored_rev(d, 4, bad[i]);
         cairn_store_options o;
         cairn_store_options_init(&o);
         o.dir = d;
         o.clock_ms = test_clock_ms;
         ck_assert_int_eq(cairn_store_open(&s, &o), CAIRN_ECORRUPT);
-        set_stored_rev(d, 3, 4); /* and the right one opens again */
+        set_stored_rev(d, 4, 4); /* and the right one opens again */
         s = open_store(d);
         ck_assert_int_eq(cur_rev(s), 4);
         cairn_store_close(s);

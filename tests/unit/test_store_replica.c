@@ -205,8 +205,9 @@ START_TEST(burst_of_1000)
     int msgs = sync_link(ab, ba);
     cairn_store_get_stats(b, &after);
     ck_assert_int_le(msgs, 8);
-    /* one group commit per message that carried changes, not per change */
-    ck_assert_uint_le(after.syncs - before.syncs, (uint64_t)msgs);
+    /* a few group commits per message (its slices of at least 16 changes),
+     * not one per change */
+    ck_assert_uint_le(after.syncs - before.syncs, (uint64_t)msgs + 1000 / 16);
     ck_assert_uint_ge(after.changes - before.changes, 1000);
     ck_same_heads(a, b);
     ck_same_keys(a, b);
