@@ -50,6 +50,9 @@ typedef enum lg_kind { LG_KIND_READ, LG_KIND_WRITE, LG_KIND_CAS, LG_KIND_COUNT }
 typedef struct lg_config {
     char target[300];   /* gRPC target built from the endpoint */
     char endpoint[256]; /* as given, for the report */
+    /* TLS (--cacert, --cert, --key): PEM file paths, borrowed from argv;
+     * cacert NULL = plaintext */
+    const char *cacert, *cert, *key;
     lg_workload workload;
     int open_loop;    /* 1: fixed --rate; 0: --clients as fast as possible */
     double rate;      /* ops/s, open loop */

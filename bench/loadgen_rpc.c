@@ -599,6 +599,42 @@ static void *poll_main(void *arg)
 
 /* ---- setup ---------------------------------------------------------------- */
 
+static char *read_pem(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? malloc(1 << 20) : NULL;
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    if (!buf || !n) {
+        fprintf(stderr, "cairn-loadgen: cannot read %s\n", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Plaintext, or TLS with --cacert (and a client certificate with --cert
+ * and --key). NULL with a message when a file does not read. */
+static grpc_channel_credentials *channel_creds(const lg_config *cfg)
+{
+    if (!cfg->cacert)
+        return grpc_insecure_credentials_create();
+    char *ca = read_pem(cfg->cacert);
+    char *cert = ca && cfg->cert ? read_pem(cfg->cert) : NULL;
+    char *key = cert && cfg->key ? read_pem(cfg->key) : NULL;
+    grpc_channel_credentials *cr = NULL;
+    if (ca && (!cfg->cert || (cert && key))) {
+        grpc_ssl_pem_key_cert_pair kp = {key, cert};
+        cr = grpc_ssl_credentials_create_ex(ca, cert ? &kp : NULL, NULL, NULL);
+    }
+    free(ca);
+    free(cert);
+    free(key);
+    return cr;
+}
+
 static int connect_all(engine *e)
 {
     const lg_config *cfg = e->cfg;
@@ -614,7 +650,9 @@ static int connect_all(engine *e)
     args[2].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[2].value.integer = -1;
     grpc_channel_args ca = {3, args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = channel_creds(cfg);
+    if (!creds)
+        return -1;
     for (int i = 0; i < cfg->conns; i++)
         e->chans[i] = grpc_channel_create(cfg->target, creds, &ca);
     grpc_channel_credentials_release(creds);

@@ -49,6 +49,16 @@
 #               run by run), nothing pinned. Table: results.md's "Cluster"
 #               section (also cluster.md), raw rows cl-* in raw.tsv,
 #               timelines in cluster/.
+#   tls         client TLS: fresh etcd and cairn on an https:// client URL
+#               with the same certificates (made by
+#               tests/integration/tls_fixtures.py with openssl: a CA, the
+#               server's, a client's; --client-cert-auth), cairn-loadgen
+#               with --cacert/--cert/--key: put (64 clients) and
+#               serializable range (32 clients) closed loop, and the
+#               handshake cost, new TLS connections per second from
+#               `openssl s_time -new` (a full handshake each, client
+#               certificate included) for --duration seconds. Medians,
+#               ratios against etcd's.
 # With 2+ cores every part but etcd-bench pins the servers to CPU 0 and the
 # clients to CPU 1 (taskset).
 #
@@ -57,7 +67,7 @@
 #                        keys for big, etcd-bench totals / 20; cluster: 3
 #                        nodes only, 500 ops/s, a 3 s cut, 20,000 catch-up
 #                        changes. Not a measurement.
-#   --parts "P ..."      the parts to run (default: all eight)
+#   --parts "P ..."      the parts to run (default: all nine)
 #   --reps N             repetitions, medians over them (default 3)
 #   --duration S         seconds per cairn-loadgen run (default 5)
 #   --rates "R ..."      YCSB A rates (default 250 500 1000 ... 12000)
@@ -98,7 +108,8 @@
 # minutes, installing its Go packages (deps.sh --bench) a few more.
 # cluster took 912 s (15 minutes) on a quiet machine in the run
 # 2026-12-02T0216Z-cluster, 196 s of it cairn's 200,000-change catch-up
-# (etcd's: 3 s), so a full run of all eight parts takes about 33 minutes;
+# (etcd's: 3 s), so a full run of all eight parts takes about 33 minutes
+# (tls, the ninth, about 2 more, estimated: its --quick form took 69 s loaded);
 # --catchup-changes 1000000 adds cairn's catch-up five times over until
 # that is fixed.
 # Its --quick form took 176 s on this machine at load average 12-45 (one
@@ -111,7 +122,7 @@ REPO=$(pwd)
 
 QUICK=0 BUILD=build REPS="" DURATION="" BIG_KEYS="" RATES="" NOPIN=0 NOSETUP=0 OUTDIR="" KEEP=""
 EB_PUT_TOTAL="" EB_RANGE_TOTAL="" EB="" CLUSTER_RATE="" CATCHUP=""
-ALL_PARTS="peak mixed ycsb watch etcd-bench batch big cluster"
+ALL_PARTS="peak mixed ycsb watch etcd-bench batch big cluster tls"
 PARTS=$ALL_PARTS
 ARGS=("$@")
 lib_parse bench.sh "quick=QUICK parts:PARTS reps:REPS duration:DURATION rates:RATES big-keys:BIG_KEYS
@@ -522,6 +533,80 @@ if want cluster; then
     --out "$OUTDIR" --work "$WORK" --reps "$REPS" --duration "$DURATION" --rate "$CLUSTER_RATE" \
     --catchup-changes "$CATCHUP" "${CLUSTER_FLAGS[@]}" </dev/null || say "the cluster part failed"
   part_end cluster
+fi
+
+# -------------------------------------------------------------------- tls
+# The same certificates for both; the client URL is https:// only. Rows:
+# tls-put and tls-range-ser (throughput, latency), tls-handshake.per_s (new
+# connections per second).
+if want tls; then
+  part_begin "tls: client TLS, put and serializable range, $REPS x $DURATION s a case; handshakes"
+  "$PY" "$REPO/tests/integration/tls_fixtures.py" "$WORK/tls" >/dev/null
+  TCA=$WORK/tls/ca/ca.pem
+  TCERT=$WORK/tls/ca/good.pem
+  TKEY=$WORK/tls/ca/good-key.pem
+  TLS_SRV=(--cert-file "$WORK/tls/ca/server.pem" --key-file "$WORK/tls/ca/server-key.pem"
+    --trusted-ca-file "$TCA" --client-cert-auth)
+  TLS_CLI=(--cacert "$TCA" --cert "$TCERT" --key "$TKEY")
+  # tls_start SYSTEM: like start, on an https:// client URL.
+  tls_start() {
+    local s=$1 cport pid
+    local -a args
+    rm -rf "$WORK/$s.data"
+    cport=$(lib_pick_port)
+    mapfile -t args < <(lib_server_args "$cport" "$WORK/$s.data" |
+      sed "s|^http://127.0.0.1:$cport\$|https://127.0.0.1:$cport|")
+    "${SERVER_PIN[@]}" "${BIN[$s]}" "${args[@]}" "${TLS_SRV[@]}" >"$WORK/$s.log" 2>&1 &
+    pid=$!
+    LIB_PIDS+=("$pid")
+    PID[$s]=$pid
+    EP[$s]=https://127.0.0.1:$cport
+    PORT[$s]=$cport
+    for _ in $(seq 60); do
+      kill -0 "$pid" 2>/dev/null || { tail -n 20 "$WORK/$s.log"; echo "bench.sh: $s exited" >&2; exit 1; }
+      if ETCDCTL_API=3 timeout 3 etcdctl --endpoints "${EP[$s]}" --cacert "$TCA" --cert "$TCERT" \
+        --key "$TKEY" --dial-timeout=1s --command-timeout=1s get bench-probe >/dev/null 2>&1; then
+        echo "$s (pid $pid) ready on ${EP[$s]} (TLS)"
+        return 0
+      fi
+      sleep 0.5
+    done
+    tail -n 20 "$WORK/$s.log"
+    echo "bench.sh: $s not ready on TLS after 30 s" >&2
+    exit 1
+  }
+  for s in "${SYSTEMS[@]}"; do
+    tls_start "$s"
+    "${LOAD_PIN[@]}" "$LOADGEN" --endpoint "${EP[$s]}" "${TLS_CLI[@]}" --workload load --keys "$KEYS" \
+      --clients 32 --duration 120 >"$WORK/preload.txt" 2>&1 || { cat "$WORK/preload.txt"; exit 1; }
+  done
+  for rep in $(seq "$REPS"); do
+    while IFS='|' read -r c flags; do
+      [ -n "$c" ] || continue
+      for s in "${SYSTEMS[@]}"; do
+        # shellcheck disable=SC2086
+        if lg "$s" "$c" "$rep" "${TLS_CLI[@]}" $flags; then rec_cols "$c" "$s" "$rep" tput p50 p99; fi
+      done
+    done <<'EOF'
+tls-put|--workload put --clients 64
+tls-range-ser|--workload range --clients 32 --serializable
+EOF
+    for s in "${SYSTEMS[@]}"; do
+      # "N connections in T real seconds; ...": one full handshake each
+      out=$("${LOAD_PIN[@]}" timeout $((DURATION + 30)) openssl s_time -connect "127.0.0.1:${PORT[$s]}" \
+        -new -time "$DURATION" -CAfile "$TCA" -cert "$TCERT" -key "$TKEY" </dev/null 2>&1 || true)
+      n=$(echo "$out" | sed -n 's/^\([0-9]*\) connections in \([0-9.]*\) real seconds.*/\1 \2/p' | head -1)
+      if [ -n "$n" ]; then
+        v=$(echo "$n" | awk '{ printf "%.1f", ($2 > 0 ? $1 / $2 : 0) }')
+        rec tls-handshake.per_s "$s" "$rep" "$v"
+        echo "  $s/tls-handshake/$rep          $v new TLS connections/s"
+      else
+        echo "  $s/tls-handshake/$rep FAILED: $(echo "$out" | tail -n 2)"
+      fi
+    done
+  done
+  stop_all
+  part_end tls
 fi
 
 # ----------------------------------------------------------------- report

@@ -51,7 +51,6 @@ enum flag_kind {
     F_U64,
     F_I64,
     F_U32,
-    F_STREAMS, /* --max-concurrent-streams */
     F_LOGLEVEL,
     F_INT,
     F_BATCH,
@@ -63,8 +62,10 @@ enum flag_kind {
     F_TLS_BOOL,    /* an int in cairn_tls_config, at |off| */
     F_CIPHERS,
     F_PEER_LINKS,
-    F_IGNORED, /* accepted; a note says why it does not apply (|help|) */
-    F_REFUSED  /* accepted at |dflt| (or empty); any other value is refused (|help|) */
+    F_DURATION_MS, /* an int64_t of ms in cairn_config, at |off| */
+    F_STREAMS,     /* --max-concurrent-streams */
+    F_IGNORED,     /* accepted; a note says why it does not apply (|help|) */
+    F_REFUSED      /* accepted at |dflt| (or empty); any other value is refused (|help|) */
 };
 
 struct flag {
@@ -73,7 +74,7 @@ struct flag {
     enum flag_type type;
     /* --help text; for F_IGNORED and F_REFUSED the reason. */
     const char *help;
-    size_t off;       /* F_TLS_*: offset in cairn_config */
+    size_t off;       /* F_TLS_*, F_DURATION_MS: offset in cairn_config */
     const char *dflt; /* F_REFUSED: the one value accepted besides "" */
 };
 
@@ -118,15 +119,20 @@ static const struct flag flags[] = {
     {"max-request-bytes", F_U64, T_UINT,
      "Maximum client request size in bytes the server will accept (default 1572864).", 0, NULL},
     {"max-concurrent-streams", F_STREAMS, T_UINT,
-     "Maximum concurrent streams that each client can open at a time (default: no limit); "
-     "the JSON gateway's calls share one connection, so it bounds them too.",
+     "Maximum concurrent streams that each client can open at a time (default 4294967295;\n"
+     "        0 = no limit).",
      0, NULL},
-    {"grpc-keepalive-min-time", F_IGNORED, T_DURATION,
-     "not applied yet: gRPC's default keepalive policy holds", 0, NULL},
-    {"grpc-keepalive-interval", F_IGNORED, T_DURATION,
-     "not applied yet: gRPC's default keepalive policy holds", 0, NULL},
-    {"grpc-keepalive-timeout", F_IGNORED, T_DURATION,
-     "not applied yet: gRPC's default keepalive policy holds", 0, NULL},
+    {"grpc-keepalive-min-time", F_DURATION_MS, T_DURATION,
+     "Minimum duration interval that a client should wait before pinging server (default 5s).",
+     offsetof(cairn_config, grpc_keepalive_min_time_ms), NULL},
+    {"grpc-keepalive-interval", F_DURATION_MS, T_DURATION,
+     "Frequency duration of server-to-client ping to check if a connection is alive (default\n"
+     "        2h; 0 = gRPC's default, 2h).",
+     offsetof(cairn_config, grpc_keepalive_interval_ms), NULL},
+    {"grpc-keepalive-timeout", F_DURATION_MS, T_DURATION,
+     "Additional duration of wait before closing a non-responsive connection (default 20s;\n"
+     "        0 = gRPC's default, 20s).",
+     offsetof(cairn_config, grpc_keepalive_timeout_ms), NULL},
     /* Clustering */
     {"initial-advertise-peer-urls", F_URLS, T_STRING,
      "List of this member's peer URLs to advertise (default \"" DEFAULT_ADVERTISE_PEER "\").", 0,
@@ -568,17 +574,25 @@ static int parse_bool(int *out, const char *s)
 }
 
 /* Go's time.ParseDuration: "0", or [-+] then one or more <number><unit>
- * with a decimal fraction allowed and units ns us µs ms s m h. */
-static int check_duration(const char *s)
+ * with a decimal fraction allowed and units ns us µs ms s m h. The value
+ * goes to *ms (NULL: only checked), rounded down and clamped to +-INT64_MAX
+ * ns as Go's would overflow. */
+static int parse_duration(const char *s, int64_t *ms)
 {
     static const char *const units[] = {"ns", "us", "\xc2\xb5s", "\xce\xbcs", "ms", "s", "m", "h"};
+    static const double unit_ns[] = {1, 1e3, 1e3, 1e3, 1e6, 1e9, 60e9, 3600e9};
+    double sign = 1, ns = 0;
     if (*s == '-' || *s == '+')
-        s++;
-    if (strcmp(s, "0") == 0)
+        sign = *s++ == '-' ? -1 : 1;
+    if (strcmp(s, "0") == 0) {
+        if (ms)
+            *ms = 0;
         return 0;
+    }
     if (!*s)
         return CAIRN_EINVAL;
     while (*s) {
+        const char *num = s;
         size_t digits = strspn(s, "0123456789");
         s += digits;
         if (*s == '.') {
@@ -588,17 +602,28 @@ static int check_duration(const char *s)
             s += 1 + frac;
         } else if (digits == 0)
             return CAIRN_EINVAL;
-        size_t best = 0;
+        double v = strtod(num, NULL);
+        size_t best = 0, bi = 0;
         for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
             size_t ul = strlen(units[i]);
             if (ul > best && strncmp(s, units[i], ul) == 0)
-                best = ul;
+                best = ul, bi = i;
         }
         if (best == 0)
             return CAIRN_EINVAL; /* Go: missing or unknown unit */
         s += best;
+        ns += v * unit_ns[bi];
     }
+    if (ns > 9.2e18)
+        return CAIRN_EINVAL; /* Go: "invalid duration" */
+    if (ms)
+        *ms = (int64_t)(sign * ns / 1e6);
     return 0;
+}
+
+static int check_duration(const char *s)
+{
+    return parse_duration(s, NULL);
 }
 
 /* Checks |v| as Go's flag of type |t| would parse it (base 0 integers). */
@@ -747,12 +772,6 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
             return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
         cfg->max_txn_ops = (uint32_t)u;
         break;
-    case F_STREAMS:
-        /* etcd: a uint32 (its default, 2^32-1, is no limit) */
-        if (parse_u64(&u, v) != 0 || u > UINT32_MAX)
-            return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
-        cfg->max_concurrent_streams = (uint32_t)u;
-        break;
     case F_I64:
         if (parse_i64(&i, v) != 0 || i < 0)
             return fail(err, errlen, "invalid value \"%s\" for flag --%s", v, name);
@@ -780,6 +799,20 @@ static int apply(cairn_config *cfg, const struct flag *f, const char *v, char *e
         break;
     case F_PEER_DIAL:
         return add_peer_dial(cfg, v, err, errlen);
+    case F_DURATION_MS:
+        parse_duration(v, (int64_t *)((char *)cfg + f->off));
+        return 0;
+    case F_STREAMS: {
+        /* etcd: a uint32 flag, base 0 as Go's strconv */
+        char *end;
+        errno = 0;
+        u = strtoull(v, &end, 0);
+        if (errno || *end || u > UINT32_MAX)
+            return fail(err, errlen, "invalid value \"%s\" for flag --%s: value out of range", v,
+                        name);
+        cfg->max_concurrent_streams = u;
+        break;
+    }
     case F_PEER_LINKS:
         rc = set_urls(&cfg->peer_links, &cfg->npeer_links, v);
         if (rc == CAIRN_EINVAL)
@@ -1005,6 +1038,11 @@ static int parse_one(cairn_config *cfg, int argc, char **argv, int *a, unsigned 
         return 1;
     }
     const char *name = arg + 1 + (arg[1] == '-');
+    /* etcd: Go's flag package exits 2 on what it cannot parse on the
+     * command line (bad syntax, an unknown flag, a missing value, a value
+     * the flag's type refuses); the checks etcd makes after parsing exit 1
+     * (measured, etcd 3.4.23) */
+    cfg->usage_error = 1;
     if (name[0] == '-' || name[0] == '=')
         return fail(err, errlen, "bad flag syntax: %s", arg);
     const char *eq = strchr(name, '=');
@@ -1027,7 +1065,13 @@ static int parse_one(cairn_config *cfg, int argc, char **argv, int *a, unsigned 
     else
         return fail(err, errlen, "flag needs an argument: -%s", f->name);
     set[f - flags] = 1;
-    return apply(cfg, f, v, err, errlen);
+    /* etcd keeps --initial-cluster and --cipher-suites as strings and
+     * checks them later; a refused flag is one etcd takes */
+    cfg->usage_error = !(f->kind == F_CLUSTER || f->kind == F_CIPHERS || f->kind == F_REFUSED);
+    int rc = apply(cfg, f, v, err, errlen);
+    if (rc == 0 || rc == CAIRN_ENOMEM)
+        cfg->usage_error = 0;
+    return rc;
 }
 
 /* "listen-client-urls" -> "ETCD_LISTEN_CLIENT_URLS" (etcd's pkg/flags). */
@@ -1102,6 +1146,11 @@ static void init_defaults(cairn_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
     cfg->max_txn_ops = DEFAULT_MAX_TXN_OPS;
+    /* etcd's defaults (embed/config.go) */
+    cfg->grpc_keepalive_min_time_ms = 5000;
+    cfg->grpc_keepalive_interval_ms = 2 * 3600 * 1000;
+    cfg->grpc_keepalive_timeout_ms = 20000;
+    cfg->max_concurrent_streams = UINT32_MAX;
     cfg->log_level = CAIRN_LOG_INFO;
     cfg->sync_interval_ms = 100;
 }

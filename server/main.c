@@ -66,9 +66,12 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc < 0) {
+        /* etcd: 2 for a command line its flag package refuses, 1 for
+         * the checks after it */
+        int code = cfg.usage_error ? 2 : 1;
         fprintf(stderr, "cairn: %s\n", err[0] ? err : cairn_strerror(rc));
         cairn_config_destroy(&cfg);
-        return 2;
+        return code;
     }
     cairn_log_set_level(cfg.log_level);
     for (size_t i = 0; i < cfg.nnotes; i++)

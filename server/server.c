@@ -94,7 +94,11 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
     int rc = tls_setup(srv, err, errlen);
     if (rc != 0)
         goto fail;
-    rpc_engine_options eo = {cfg->threads, cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES,
+    rpc_engine_options eo = {cfg->threads,
+                             cfg->max_request_bytes + ETCD_GRPC_OVERHEAD_BYTES,
+                             cfg->grpc_keepalive_min_time_ms,
+                             cfg->grpc_keepalive_interval_ms,
+                             cfg->grpc_keepalive_timeout_ms,
                              cfg->max_concurrent_streams};
     rc = rpc_engine_new(&srv->rpc, &eo);
     if (rc == 0)

@@ -91,7 +91,6 @@ typedef struct cairn_config {
     char *initial_cluster_token;
     uint64_t max_request_bytes;
     uint32_t max_txn_ops;
-    uint32_t max_concurrent_streams; /* per gRPC connection; 0 (or 2^32-1): no limit */
     int64_t quota_backend_bytes; /* 0 = etcd's default, 2 GiB */
     int log_level;
     int threads; /* gRPC worker threads; 0 = one per core */
@@ -101,6 +100,16 @@ typedef struct cairn_config {
      * 0 = off: one change per Put, as etcd numbers them. */
     uint32_t batch_writes;
     uint32_t sync_interval_ms; /* --sync-interval-ms; 100 */
+    /* etcd's gRPC keepalive on client links, in ms: the least time between
+     * a client's pings (5 s), the server's ping interval (2 h) and how long
+     * it waits for the answer (20 s); 0 or less: gRPC's default, as etcd
+     * then leaves grpc-go's. */
+    int64_t grpc_keepalive_min_time_ms;
+    int64_t grpc_keepalive_interval_ms;
+    int64_t grpc_keepalive_timeout_ms;
+    /* --max-concurrent-streams: streams per client connection (etcd's
+     * default math.MaxUint32; 0 = no limit, as grpc-go takes it). */
+    uint64_t max_concurrent_streams;
     cairn_config_dial *peer_dials;
     size_t npeer_dials;
     /* --peer-links: the members this node links to (a partial mesh);
@@ -119,6 +128,9 @@ typedef struct cairn_config {
     cairn_config_note *notes;
     size_t nnotes;
     char *config_file; /* --config-file / ETCD_CONFIG_FILE, or NULL */
+    /* Set with an error from the command line itself, one Go's flag
+     * package would refuse (etcd exits 2); other errors exit 1. */
+    int usage_error;
 } cairn_config;
 
 /* What cairn_config_parse asks the caller to do. */

@@ -211,6 +211,13 @@ def main():
         add(sec, label + ": p99", key + ".p99", "ms")
         add(sec, label + ": seconds a run", key + ".seconds", "s")
 
+    sec = "Client TLS (https://, --client-cert-auth, the same certificates)"
+    for key, label in (("tls-put", "put, 64 clients"), ("tls-range-ser", "range serializable, 32 clients")):
+        add(sec, label + ": ops/s", key + ".tput", "ops/s")
+        add(sec, label + ": p50", key + ".p50", "ms")
+        add(sec, label + ": p99", key + ".p99", "ms")
+    add(sec, "new TLS connections per second (openssl s_time -new)", "tls-handshake.per_s", "conn/s")
+
     sec = "%s keys (18-byte keys, 32-byte values)" % "{:,}".format(a.big_keys)
     add(sec, "load time", "load.seconds", "s")
     add(sec, "load throughput", "load.tput", "ops/s")

@@ -598,6 +598,14 @@ static int check_cert(plink *l, char *why, size_t whylen)
         } else {
             rc = cairn_tls_check_pem(n->checker, pem, len, NULL, 0, r, sizeof r);
         }
+        /* etcd: the listener checks a dialing member's SANs against the
+         * address it came from, unless
+         * --experimental-peer-skip-client-san-verification */
+        if (!rc && leaf && !l->dialed && !n->cfg->peer_tls.skip_client_san_verification) {
+            char *addr = grpc_call_get_peer(l->call);
+            rc = cairn_tls_check_peer_san(pem, len, addr, r, sizeof r);
+            gpr_free(addr);
+        }
         free(pem);
         if (rc)
             snprintf(why, whylen, "certificate refused: %s", r);

@@ -558,6 +558,15 @@ static void *worker_main(void *arg)
 
 /* ---- lifecycle ----------------------------------------------------------- */
 
+/* An integer channel argument, clamped to gRPC's int. */
+static void add_int_arg(grpc_arg *args, size_t *n, const char *key, int64_t v)
+{
+    args[*n].type = GRPC_ARG_INTEGER;
+    args[*n].key = (char *)key;
+    args[*n].value.integer = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int)v;
+    (*n)++;
+}
+
 int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o)
 {
     *out = NULL;
@@ -572,26 +581,32 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o)
     uint64_t limit = 2 * o->max_recv_bytes;
     if (limit > INT32_MAX)
         limit = INT32_MAX;
-    grpc_arg args[4];
+    grpc_arg args[7];
+    size_t na = 0;
     memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)limit;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = -1;
+    add_int_arg(args, &na, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int64_t)limit);
+    add_int_arg(args, &na, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
     /* Two servers on one port would split the clients: never share. */
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
-    args[2].value.integer = 0;
-    size_t nargs = 3;
-    if (o->max_streams > 0 && o->max_streams <= INT32_MAX) {
-        args[3].type = GRPC_ARG_INTEGER;
-        args[3].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
-        args[3].value.integer = (int)o->max_streams;
-        nargs = 4;
+    add_int_arg(args, &na, GRPC_ARG_ALLOW_REUSEPORT, 0);
+    /* etcd: grpc-go's keepalive EnforcementPolicy{MinTime, PermitWithout-
+     * Stream: false} when --grpc-keepalive-min-time > 0: a client that
+     * pings more often (or, with no call open, at all within 2 h) is
+     * struck, and after two strikes gets GOAWAY ENHANCE_YOUR_CALM
+     * "too_many_pings" — gRPC core's policy is the same. */
+    if (o->keepalive_min_time_ms > 0)
+        add_int_arg(args, &na, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                    o->keepalive_min_time_ms);
+    /* etcd: ServerParameters{Time, Timeout} only when both are > 0 */
+    if (o->keepalive_interval_ms > 0 && o->keepalive_timeout_ms > 0) {
+        add_int_arg(args, &na, GRPC_ARG_KEEPALIVE_TIME_MS, o->keepalive_interval_ms);
+        add_int_arg(args, &na, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, o->keepalive_timeout_ms);
     }
-    grpc_channel_args cargs = {nargs, args};
+    /* etcd: grpc.MaxConcurrentStreams, advertised in SETTINGS; clients
+     * wait for a free stream. 0 is no limit to grpc-go; gRPC core's
+     * integer stops at INT32_MAX, which no connection reaches. */
+    if (o->max_concurrent_streams > 0 && o->max_concurrent_streams <= INT32_MAX)
+        add_int_arg(args, &na, GRPC_ARG_MAX_CONCURRENT_STREAMS, (int64_t)o->max_concurrent_streams);
+    grpc_channel_args cargs = {na, args};
     e->grpc = grpc_server_create(&cargs, NULL);
 
     int n = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -130,9 +130,12 @@ typedef struct rpc_engine_options {
     /* etcd: grpc-go's receive limit (--max-request-bytes + 512 KiB): a
      * bigger request fails with RESOURCE_EXHAUSTED before its handler. */
     uint64_t max_recv_bytes;
-    /* --max-concurrent-streams: calls at once per HTTP/2 connection (more
-     * wait in the client's queue, as grpc-go's clients wait); 0 none */
-    uint32_t max_streams;
+    /* etcd's --grpc-keepalive-min-time, -interval, -timeout (ms) and
+     * --max-concurrent-streams, with etcd's meaning: a value etcd would
+     * not give grpc-go (0 or less; no stream limit past INT32_MAX, or 0)
+     * leaves gRPC's default, which is grpc-go's. */
+    int64_t keepalive_min_time_ms, keepalive_interval_ms, keepalive_timeout_ms;
+    uint64_t max_concurrent_streams;
 } rpc_engine_options;
 
 /* Calls grpc_init (rpc_engine_free the matching grpc_shutdown). */

@@ -23,12 +23,22 @@
  * connection). Interest is level-triggered and recomputed after each
  * service of a connection, which makes at most PUMP_ROUNDS passes before
  * yielding to the next ready connection.
+ *
+ * THE CN OF A CALL. gRPC names a connection it was handed by its fd
+ * ("fd:<n>"), and an fd number is reused as soon as it is closed: the
+ * listener's end may be closed and its number given to a later
+ * connection (TLS or not) while the pump still holds the old one, whose
+ * TLS side can stay open. So a connection is found by its fd number and
+ * the socket's cookie (SO_COOKIE, unique for the boot and never reused),
+ * read back from the fd at lookup, and it forgets its CN once the
+ * listener's end is closed.
  */
 #include "server/tls/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -54,6 +64,10 @@
 #define PUMP_BUF 16384
 #define PUMP_ROUNDS 8
 #define PUMP_HANDSHAKE_MS 10000
+
+#ifndef SO_COOKIE
+#define SO_COOKIE 57 /* Linux 4.12 */
+#endif
 
 /* ---- cipher suites ----------------------------------------------------- */
 
@@ -546,6 +560,136 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
     return rc;
 }
 
+/* ---- a dialing member's certificate against its address --------------- */
+
+/* "ipv4:1.2.3.4:5", "ipv6:[::1]:5" (or with %5B %5D) -> the address in
+ * |out|; -1 for any other peer (unix:, fd:). */
+static int grpc_peer_host(char *out, size_t outlen, const char *peer)
+{
+    const char *p;
+    if (strncmp(peer, "ipv4:", 5) == 0) {
+        p = peer + 5;
+        const char *colon = strrchr(p, ':');
+        size_t n = colon ? (size_t)(colon - p) : 0;
+        if (!n || n >= outlen)
+            return -1;
+        memcpy(out, p, n);
+        out[n] = '\0';
+        return 0;
+    }
+    if (strncmp(peer, "ipv6:", 5) != 0)
+        return -1;
+    p = peer + 5;
+    size_t skip = *p == '[' ? 1 : strncmp(p, "%5B", 3) == 0 ? 3 : 0;
+    if (!skip)
+        return -1;
+    p += skip;
+    const char *end = strstr(p, skip == 1 ? "]" : "%5D");
+    size_t n = end ? (size_t)(end - p) : 0;
+    if (!n || n >= outlen)
+        return -1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* Whether |name| resolves to |host| (forward lookup, as etcd's). The
+ * last failure's words go to |err|. */
+static int name_has_addr(const char *name, const char *host, char *err, size_t errlen)
+{
+    unsigned char want[16], got[16];
+    int fam = inet_pton(AF_INET, host, want) == 1 ? AF_INET : AF_INET6;
+    if (fam == AF_INET6 && inet_pton(AF_INET6, host, want) != 1)
+        return 0;
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    int e = getaddrinfo(name, NULL, &hints, &res);
+    if (e) {
+        snprintf(err, errlen, "lookup %.200s: %s", name, gai_strerror(e));
+        return 0;
+    }
+    int ok = 0;
+    for (struct addrinfo *a = res; a && !ok; a = a->ai_next) {
+        if (a->ai_family != fam)
+            continue;
+        if (fam == AF_INET)
+            memcpy(got, &((struct sockaddr_in *)a->ai_addr)->sin_addr, 4);
+        else
+            memcpy(got, &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr, 16);
+        ok = memcmp(got, want, fam == AF_INET ? 4 : 16) == 0;
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
+                             size_t whylen)
+{
+    char host[64];
+    if (!pem || !len || !grpc_peer || grpc_peer_host(host, sizeof host, grpc_peer) != 0)
+        return 0;
+    BIO *b = BIO_new_mem_buf(pem, len > 0x7fffffff ? 0x7fffffff : (int)len);
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    ERR_clear_error();
+    if (!x)
+        return 0; /* the checker refused it already */
+    GENERAL_NAMES *sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+    char ips[256] = "", dns[512] = "", lookup[256] = "";
+    size_t nips = 0, ndns = 0, li = 0, ld = 0;
+    int ok = 0;
+    for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type == GEN_IPADD) {
+            const ASN1_OCTET_STRING *o = g->d.iPAddress;
+            char a[64] = "?";
+            if (o->length == 4 || o->length == 16)
+                inet_ntop(o->length == 4 ? AF_INET : AF_INET6, o->data, a, sizeof a);
+            li += (size_t)snprintf(ips + li, li < sizeof ips ? sizeof ips - li : 0, "%s%s",
+                                   nips ? ", " : "", a);
+            if (li >= sizeof ips)
+                li = sizeof ips - 1;
+            nips++;
+        } else if (g->type == GEN_DNS) {
+            const char *d = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
+            int dl = ASN1_STRING_length(g->d.dNSName);
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", dl, d);
+            ld += (size_t)snprintf(dns + ld, ld < sizeof dns ? sizeof dns - ld : 0, "%s\"%s\"",
+                                   ndns ? " " : "", name);
+            if (ld >= sizeof dns)
+                ld = sizeof dns - 1;
+            ndns++;
+        }
+    }
+    /* etcd: an IP SAN that is the address passes; else a DNS SAN that
+     * resolves to it; a certificate with no SAN passes */
+    if (!nips && !ndns)
+        ok = 1;
+    if (!ok && nips)
+        ok = X509_check_ip_asc(x, host, 0) == 1;
+    for (int i = 0; !ok && ndns && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type != GEN_DNS)
+            continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", ASN1_STRING_length(g->d.dNSName),
+                 (const char *)ASN1_STRING_get0_data(g->d.dNSName));
+        if (strncmp(name, "*.", 2) != 0)
+            ok = name_has_addr(name, host, lookup, sizeof lookup);
+    }
+    GENERAL_NAMES_free(sans);
+    X509_free(x);
+    if (ok)
+        return 0;
+    if (!ndns)
+        snprintf(why, whylen, "x509: certificate is valid for %s, not %s", ips, host);
+    else
+        snprintf(why, whylen, "tls: \"%s\" does not match any of DNSNames [%s]%s%s%s", host, dns,
+                 lookup[0] ? " (" : "", lookup, lookup[0] ? ")" : "");
+    return CAIRN_EINVAL;
+}
+
 /* ---- the client links' context ----------------------------------------- */
 
 struct cairn_tls_server {
@@ -669,6 +813,7 @@ typedef struct pconn {
     cairn_tls_server *srv;
     int fd, plain;    /* the TLS socket; our end of the socketpair */
     int plain_remote; /* the listener's end: the key of the CN lookup */
+    uint64_t cookie;  /* plain_remote's SO_COOKIE: which socket that fd is */
     int handshaking;
     int hs_events;            /* what the handshake waits for */
     int rd_events, wr_events; /* what SSL_read / SSL_write wait for */
@@ -799,7 +944,7 @@ static void handshake(cairn_tls_pump *p, pconn *c)
 }
 
 /* Moves what can move without blocking; returns 1 if anything moved. */
-static int pump_once(pconn *c)
+static int pump_once(cairn_tls_pump *p, pconn *c)
 {
     int moved = 0;
     /* TLS -> plain */
@@ -842,6 +987,11 @@ static int pump_once(pconn *c)
             c->down_off = 0;
             moved = 1;
         } else if (n == 0) {
+            /* the listener closed its end: that fd number can now name
+             * another connection */
+            pthread_mutex_lock(&p->mu);
+            c->has_cn = 0;
+            pthread_mutex_unlock(&p->mu);
             c->plain_eof = 1;
             SSL_shutdown(c->ssl);
             shutdown(c->fd, SHUT_WR);
@@ -936,7 +1086,7 @@ static void service(cairn_tls_pump *p, pconn *c, uint32_t events)
     if (c->handshaking)
         handshake(p, c);
     if (!c->handshaking && !c->dead)
-        for (int i = 0; i < PUMP_ROUNDS && pump_once(c); i++)
+        for (int i = 0; i < PUMP_ROUNDS && pump_once(p, c); i++)
             moved = 1;
     /* a hang-up nothing can be moved past would wake us forever */
     if (!c->dead && !moved && !c->handshaking && (events & (EPOLLHUP | EPOLLERR)))
@@ -1068,6 +1218,14 @@ static void peer_addr(int fd, char *out, size_t outlen)
     snprintf(out, outlen, "%s:%d", host, port);
 }
 
+static int socket_cookie(int fd, uint64_t *cookie)
+{
+    socklen_t len = sizeof *cookie;
+    *cookie = 0;
+    return getsockopt(fd, SOL_SOCKET, SO_COOKIE, cookie, &len) == 0 && len == sizeof *cookie ? 0
+                                                                                             : -1;
+}
+
 int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *plain)
 {
     *plain = -1;
@@ -1094,6 +1252,13 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
     c->fd = fd;
     c->plain = sv[0];
     c->plain_remote = sv[1];
+    if (socket_cookie(sv[1], &c->cookie) != 0) {
+        free(c);
+        close(fd);
+        close(sv[0]);
+        close(sv[1]);
+        return CAIRN_EIO;
+    }
     c->srv = srv;
     c->handshaking = 1;
     c->hs_events = EPOLLIN;
@@ -1135,11 +1300,18 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
 int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen)
 {
     int rc = CAIRN_ENOTFOUND;
+    uint64_t cookie;
+    /* the socket |plain| names now; a closed or reused number finds none,
+     * or only the connection that holds it now */
+    if (plain < 0 || socket_cookie(plain, &cookie) != 0)
+        return rc;
     pthread_mutex_lock(&p->mu);
     for (pconn *c = p->conns; c; c = c->next)
-        if (c->plain_remote == plain && c->has_cn) {
-            snprintf(cn, cnlen, "%s", c->cn);
-            rc = 0;
+        if (c->plain_remote == plain && c->cookie == cookie) {
+            if (c->has_cn) {
+                snprintf(cn, cnlen, "%s", c->cn);
+                rc = 0;
+            }
             break;
         }
     pthread_mutex_unlock(&p->mu);

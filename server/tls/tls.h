@@ -98,6 +98,16 @@ void cairn_tls_checker_free(cairn_tls_checker *c);
 int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len, char *cn,
                         size_t cnlen, char *why, size_t whylen);
 
+/* etcd: the accepting end of a peer link checks the certificate of the
+ * member that dialed (the leaf of |pem|) against the address it dialed
+ * from (|grpc_peer|, grpc_call_get_peer's "ipv4:a.b.c.d:port" or
+ * "ipv6:[...]:port"): an IP SAN equal to it passes, else a DNS SAN that
+ * resolves to it (a forward lookup: it may block on the resolver); a
+ * certificate with no SAN passes, and so does any other kind of peer
+ * (unix:). 0, or CAIRN_EINVAL with etcd's reason in |why|. Any thread. */
+int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
+                             size_t whylen);
+
 /* ---- client links ------------------------------------------------------ */
 
 typedef struct cairn_tls_server cairn_tls_server;
@@ -128,8 +138,11 @@ int cairn_tls_pump_add(cairn_tls_pump *p, cairn_tls_server *srv, int fd, int *pl
 /* The Common Name of the client certificate of the connection whose
  * plaintext socket is |plain| (the fd cairn_tls_pump_add returned; gRPC
  * names such a connection's peer "fd:<plain>"), written to |cn|.
- * CAIRN_ENOTFOUND when that connection has no certificate or is gone.
- * Any thread. */
+ * CAIRN_ENOTFOUND when that connection has no certificate or is gone,
+ * when |plain| is closed, or when it is a later socket that took the
+ * number (checked by the socket's cookie: a CN is never given to another
+ * connection). |plain| must be open while this runs, as it is during a
+ * call. Any thread. */
 int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen);
 /* The same from a gRPC call's peer string (grpc_call_get_peer): "fd:<n>"
  * for a connection the listener handed to gRPC by its fd. For the auth

@@ -96,6 +96,7 @@ class Run:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.rc = self.proc.returncode  # negative: stopped by our signal
         log = self.log()
         shutil.rmtree(self.dir, ignore_errors=True)
         return log
@@ -225,9 +226,15 @@ def test_walk(cairn, etcd):
 
 def verdict(binary, args, env=None):
     """(started, log) for a short run."""
+    return verdict_rc(binary, args, env)[:2]
+
+
+def verdict_rc(binary, args, env=None):
+    """(started, log, exit code) for a short run."""
     r = Run(binary, args, env=env)
     ready = r.ready
-    return ready, r.stop()
+    log = r.stop()
+    return ready, log, r.rc
 
 
 def test_syntax(cairn, etcd):
@@ -246,7 +253,19 @@ def test_syntax(cairn, etcd):
         (["--pre-vote=false"], None),
         (["-pre-vote"], None),
         (["--snapshot-count", "0x10"], None),
+        (["--max-concurrent-streams=4294967296"], 'invalid value "4294967296" for flag -'),
+        (["--grpc-keepalive-interval=0"], None),
     ]
+    # etcd's exit codes: 2 for what Go's flag package refuses on the
+    # command line, 1 for what etcd checks after parsing (measured).
+    exits = [
+        (["--bogus"], 2), (["--snapshot-count=abc"], 2), (["--name"], 2),
+        (["--listen-client-urls=ftp://127.0.0.1:1"], 2), (["--auto-tls=maybe"], 2),
+        (["extra"], 1), (["--initial-cluster=foo"], 1), (["--cipher-suites=BOGUS"], 1),
+        (["--config-file=/nonexistent/c.yml"], 1),
+        (["--cert-file=/nonexistent/c.pem", "--key-file=/nonexistent/k.pem"], 1),
+    ]
+
     def one(extra, phrase, kind, binary):
         ready, log = verdict(binary, argv(base_flags()) + extra)
         log = log.replace("for flag --", "for flag -")
@@ -256,9 +275,21 @@ def test_syntax(cairn, etcd):
             check(not ready and phrase in log,
                   "%s %s: expected a refusal with '%s':\n%s" % (kind, extra, phrase, log[-600:]))
 
+    def exit_code(extra, want, kind, binary):
+        flags = base_flags()
+        if any(x.startswith("--cert-file") for x in extra):
+            # https:// with files that do not exist: stops at start
+            c = flags["listen-client-urls"].replace("http://", "https://")
+            flags["listen-client-urls"] = flags["advertise-client-urls"] = c
+        ready, log, rc = verdict_rc(binary, argv(flags) + extra)
+        check(not ready and rc == want, "%s %s: exit code %s, want %d (etcd's):\n%s" %
+              (kind, extra, rc, want, log[-400:]))
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         jobs = [pool.submit(one, extra, phrase, kind, binary) for extra, phrase in cases
                 for kind, binary in (("cairn", cairn), ("etcd", etcd))]
+        jobs += [pool.submit(exit_code, extra, want, kind, binary) for extra, want in exits
+                 for kind, binary in (("cairn", cairn), ("etcd", etcd))]
         for j in jobs:
             j.result()
     # A flag that needs a value, last: "flag needs an argument: -name".
@@ -302,9 +333,11 @@ def test_env(cairn, etcd):
               'corresponding command-line flag' in log, "%s: env beside flag:\n%s" %
               (kind, log[-600:]))
     # A bad value in a variable is refused like the flag's.
+    # etcd: exit code 1 (an environment variable is checked after parsing).
     env = dict(clean_env(), ETCD_MAX_TXN_OPS="many")
-    ready, log = verdict(cairn, argv({k: v for k, v in base_flags().items()}), env=env)
-    check(not ready and "max-txn-ops" in log, "bad ETCD_MAX_TXN_OPS: " + log[-300:])
+    ready, log, rc = verdict_rc(cairn, argv({k: v for k, v in base_flags().items()}), env=env)
+    check(not ready and "max-txn-ops" in log and rc == 1,
+          "bad ETCD_MAX_TXN_OPS (exit code %s, want 1): %s" % (rc, log[-300:]))
 
 
 # etcd.conf.yml.sample's keys and shape (maps for the TLS sides, a flow

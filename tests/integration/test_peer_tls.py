@@ -5,8 +5,8 @@ members on https:// peer URLs with --peer-cert-file/--peer-key-file/
 --peer-cert-allowed-cn replicate a put on one to the others. Then an
 impostor of member n3 (the same --initial-cluster, so the same member and
 cluster ids and token: only its certificate differs) dials n1 and n2 with
-no certificate, another CA's, a revoked one, and one whose CN is not the
-allowed one: each is refused, n1 logs the reason, and the key the impostor
+no certificate, another CA's, a revoked one, one whose CN is not the
+allowed one, and one whose SANs do not name its address: each is refused, n1 logs the reason, and the key the impostor
 wrote never reaches n1 or n2. Every certificate is made at test time.
 
 Usage: test_peer_tls.py --cairn build/cairn
@@ -133,6 +133,10 @@ def main():
             ("a disallowed CN", fx.leaf["intruder"][0], fx.leaf["intruder"][1],
              'certificate CN \\"intruder\\" is not the allowed CN \\"cairn-peer\\"'.replace(
                  "\\", "")),
+            # etcd: the listener checks a dialing member's SANs against its
+            # address (CA, CN and CRL all pass here)
+            ("SANs that do not name its address", fx.leaf["wrongsan"][0], fx.leaf["wrongsan"][1],
+             'tls: "127.0.0.1" does not match any of DNSNames ["elsewhere.invalid"]'),
         ]
         for i, (what, cert, key, reason) in enumerate(impostors):
             # n3's name and peer URL in the cluster, a port of its own to

@@ -2,7 +2,8 @@
 (nothing private is checked in): a CA and a second, unrelated CA; server
 and peer certificates for 127.0.0.1/localhost; client certificates that are
 good, revoked (listed in the CA's CRL), expired, from the other CA, or
-signed by an intermediate CA under the main one.
+signed by an intermediate CA under the main one; peer certificates whose
+SANs leave 127.0.0.1 out (none, wrong ones, a DNS name alone).
 
     f = make(tmpdir)            # -> Fixtures; every path is under tmpdir
     f.ca, f.server_cert, f.server_key, f.client("good") -> (cert, key)
@@ -36,6 +37,20 @@ basicConstraints = CA:FALSE
 keyUsage = digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth, clientAuth
 subjectAltName = {san}
+[ext_leaf_nosan]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+[ext_leaf_wrongsan]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = IP:10.9.9.9, DNS:elsewhere.invalid
+[ext_leaf_dnssan]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = DNS:localhost
 [ext_ca]
 basicConstraints = critical, CA:TRUE
 keyUsage = critical, keyCertSign, cRLSign
@@ -74,16 +89,18 @@ class CA:
                  "-cert", parent.cert, "-keyfile", parent.key, "-in", csr, "-out", self.cert,
                  "-notext")
 
-    def leaf(self, cn, start=None, end=None, fname=None):
+    def leaf(self, cn, start=None, end=None, fname=None, ext="ext_leaf"):
         """A leaf cert and key signed by this CA (files named |fname|, the
-        CN by default); returns (cert, key)."""
+        CN by default; |ext| the conf section: ext_leaf has the IP and DNS
+        SANs, ext_leaf_nosan none, ext_leaf_wrongsan others', ext_leaf_dnssan
+        DNS:localhost alone); returns (cert, key)."""
         fname = fname or cn
         key = os.path.join(self.dir, fname + "-key.pem")
         csr = os.path.join(self.dir, fname + ".csr")
         cert = os.path.join(self.dir, fname + ".pem")
         _run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", key, "-out", csr, "-subj", "/CN=%s" % cn)
-        args = ["ca", "-batch", "-config", self.conf, "-extensions", "ext_leaf",
+        args = ["ca", "-batch", "-config", self.conf, "-extensions", ext,
                 "-cert", self.cert, "-keyfile", self.key, "-in", csr, "-out", cert, "-notext"]
         if start:
             args += ["-startdate", start, "-enddate", end]
@@ -123,6 +140,10 @@ def make(root, peers=(), peer_cn=None):
         f.leaf[cn] = ca.leaf(cn)
     for name in peers:
         f.leaf[name] = ca.leaf(peer_cn or name, fname=name)
+    # peer certificates whose SANs do not name 127.0.0.1: none, others',
+    # DNS:localhost alone (CN n2, as a member's)
+    for ext in ("nosan", "wrongsan", "dnssan"):
+        f.leaf[ext] = ca.leaf(peer_cn or "n2", fname=ext, ext="ext_leaf_" + ext)
     # a certificate whose validity ended a year ago
     f.leaf["expired"] = ca.leaf("expired", "20240101000000Z", "20250101000000Z")
     f.leaf["other"] = other.leaf("other")

@@ -704,7 +704,7 @@ static int unary(grpc_channel *ch, const char *path, const char *req, char *msg,
 START_TEST(engine_serves_registered_services_only)
 {
     rpc_engine *e;
-    rpc_engine_options o = {2, 1024, 0};
+    rpc_engine_options o = {2, 1024, 0, 0, 0, 0};
     ck_assert_int_eq(rpc_engine_new(&e, &o), 0);
     ck_assert_int_eq(rpc_engine_add(e, &echo_service, &echo_token), 0);
     int port = rpc_engine_listen(e, "127.0.0.1:0");

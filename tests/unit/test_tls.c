@@ -187,6 +187,7 @@ typedef struct client {
     int plaintext;          /* send "ping" without TLS */
     int handshake_ok;
     char got[16];
+    int hold; /* > 0: a pipe's read end; the TLS side stays open until it closes */
 } client;
 
 static void *client_main(void *arg)
@@ -223,6 +224,9 @@ static void *client_main(void *arg)
         if (n > 0)
             cl->got[n] = '\0';
     }
+    char b;
+    if (cl->hold > 0 && read(cl->hold, &b, 1) < 0)
+        cl->got[0] = '\0';
     SSL_shutdown(ssl);
     SSL_free(ssl);
     SSL_CTX_free(ctx);
@@ -291,29 +295,29 @@ START_TEST(pump_carries_bytes_and_refuses)
     cairn_tls_pump *p;
     ck_assert_int_eq(cairn_tls_pump_new(&p, 16), 0);
 
-    client good = {0, path("ca/good.pem"), path("ca/good-key.pem"), 0, 0, ""};
+    client good = {0, path("ca/good.pem"), path("ca/good-key.pem"), 0, 0, "", 0};
     run_client(p, s, &good, got, cn);
     ck_assert_str_eq(got, "ping");
     ck_assert_str_eq(cn, "good");
     ck_assert_str_eq(good.got, "pong");
 
     /* etcd: the handshake passes, then the connection closes */
-    client revoked = {0, path("ca/revoked.pem"), path("ca/revoked-key.pem"), 0, 0, ""};
+    client revoked = {0, path("ca/revoked.pem"), path("ca/revoked-key.pem"), 0, 0, "", 0};
     run_client(p, s, &revoked, got, cn);
     ck_assert_str_eq(got, "");
     ck_assert_str_eq(revoked.got, "");
 
-    client nocert = {0, NULL, NULL, 0, 0, ""};
+    client nocert = {0, NULL, NULL, 0, 0, "", 0};
     run_client(p, s, &nocert, got, cn);
     ck_assert_str_eq(got, "");
     ck_assert_str_eq(nocert.got, "");
 
-    client other = {0, path("other-ca/other.pem"), path("other-ca/other-key.pem"), 0, 0, ""};
+    client other = {0, path("other-ca/other.pem"), path("other-ca/other-key.pem"), 0, 0, "", 0};
     run_client(p, s, &other, got, cn);
     ck_assert_str_eq(got, "");
     ck_assert_str_eq(other.got, "");
 
-    client plaintext = {0, NULL, NULL, 1, 0, ""};
+    client plaintext = {0, NULL, NULL, 1, 0, "", 0};
     run_client(p, s, &plaintext, got, cn);
     ck_assert_str_eq(got, "");
 
@@ -326,16 +330,124 @@ START_TEST(pump_carries_bytes_and_refuses)
 }
 END_TEST
 
+/* etcd: a dialing member's certificate against the address it came from */
+START_TEST(peer_san_is_checked_against_the_address)
+{
+    static const struct {
+        const char *cert, *peer;
+        int rc;
+        const char *why; /* the start of the reason */
+    } cases[] = {
+        {"ca/n1.pem", "ipv4:127.0.0.1:40000", 0, NULL},
+        {"ca/n1.pem", "ipv4:10.1.2.3:40000", CAIRN_EINVAL,
+         "tls: \"10.1.2.3\" does not match any of DNSNames [\"localhost\"]"},
+        {"ca/nosan.pem", "ipv4:10.1.2.3:40000", 0, NULL},
+        {"ca/dnssan.pem", "ipv4:127.0.0.1:40000", 0, NULL},
+        {"ca/wrongsan.pem", "ipv4:127.0.0.1:40000", CAIRN_EINVAL,
+         "tls: \"127.0.0.1\" does not match any of DNSNames [\"elsewhere.invalid\"]"},
+        {"ca/wrongsan.pem", "ipv4:10.9.9.9:40000", 0, NULL},
+        {"ca/wrongsan.pem", "ipv6:[::1]:40000", CAIRN_EINVAL, "tls: \"::1\" does not match"},
+        {"ca/wrongsan.pem", "ipv6:%5B::1%5D:40000", CAIRN_EINVAL, "tls: \"::1\" does not match"},
+        {"ca/wrongsan.pem", "unix:/tmp/x", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len;
+        char *pem = slurp(path(cases[i].cert), &len);
+        char why[512] = "";
+        int rc = cairn_tls_check_peer_san(pem, len, cases[i].peer, why, sizeof why);
+        ck_assert_msg(rc == cases[i].rc, "%s from %s: %d (%s)", cases[i].cert, cases[i].peer, rc,
+                      why);
+        if (cases[i].why)
+            ck_assert_msg(strncmp(why, cases[i].why, strlen(cases[i].why)) == 0, "%s", why);
+    }
+}
+END_TEST
+
+/* gRPC names a connection "fd:<n>" and fd numbers are reused: a CN is
+ * never given to a later socket that took a closed connection's number,
+ * even while that connection's TLS side is still open. */
+START_TEST(cn_never_goes_to_a_reused_fd)
+{
+    cairn_tls_options o = {0};
+    o.cert_file = path("ca/server.pem");
+    o.key_file = path("ca/server-key.pem");
+    o.trusted_ca_file = path("ca/ca.pem");
+    o.client_cert_auth = 1;
+    char err[256] = "", cn[256];
+    cairn_tls_server *s, *open_srv;
+    ck_assert_int_eq(cairn_tls_server_new(&s, &o, err, sizeof err), 0);
+    o.trusted_ca_file = NULL;
+    o.client_cert_auth = 0;
+    ck_assert_int_eq(cairn_tls_server_new(&open_srv, &o, err, sizeof err), 0);
+    cairn_tls_pump *p;
+    ck_assert_int_eq(cairn_tls_pump_new(&p, 16), 0);
+    int port, hold[2];
+    int lfd = listen_any(&port);
+    ck_assert_int_eq(pipe(hold), 0);
+
+    /* A: a certificate, its TLS side held open after the exchange */
+    client a = {port, path("ca/good.pem"), path("ca/good-key.pem"), 0, 0, "", hold[0]};
+    pthread_t th;
+    pthread_create(&th, NULL, client_main, &a);
+    int fd = accept(lfd, NULL, NULL), plain_a, plain_b;
+    ck_assert_int_eq(cairn_tls_pump_add(p, s, fd, &plain_a), 0);
+    fcntl(plain_a, F_SETFL, fcntl(plain_a, F_GETFL) & ~O_NONBLOCK);
+    char got[8];
+    ck_assert_int_eq(read(plain_a, got, 4), 4);
+    ck_assert_int_eq(cairn_tls_pump_peer_cn(p, plain_a, cn, sizeof cn), 0);
+    ck_assert_str_eq(cn, "good");
+    ck_assert_int_eq(write(plain_a, "pong", 4), 4);
+
+    /* the listener's end closes: its number names nothing, then another
+     * socket (B's, no certificate: it must not inherit A's CN) */
+    int n = plain_a;
+    int devnull = open("/dev/null", O_RDONLY); /* while |n| is taken: not |n| */
+    close(plain_a);
+    ck_assert_int_eq(cairn_tls_pump_peer_cn(p, n, cn, sizeof cn), CAIRN_ENOTFOUND);
+    /* |n| kept for B's listener end: B's accept must not take it */
+    ck_assert_int_ne(devnull, n);
+    ck_assert_int_eq(dup2(devnull, n), n);
+    close(devnull);
+    client b = {port, NULL, NULL, 0, 0, "", 0};
+    pthread_t th2;
+    pthread_create(&th2, NULL, client_main, &b);
+    fd = accept(lfd, NULL, NULL);
+    ck_assert_int_eq(cairn_tls_pump_add(p, open_srv, fd, &plain_b), 0);
+    fcntl(plain_b, F_SETFL, fcntl(plain_b, F_GETFL) & ~O_NONBLOCK);
+    ck_assert_int_eq(read(plain_b, got, 4), 4);
+    ck_assert_int_ne(plain_b, n);
+    ck_assert_int_eq(dup2(plain_b, n), n);
+    close(plain_b);
+    char peer[32];
+    snprintf(peer, sizeof peer, "fd:%d", n);
+    ck_assert_int_eq(cairn_tls_pump_peer_cn(p, n, cn, sizeof cn), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(cairn_tls_pump_call_cn(p, peer, cn, sizeof cn), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(write(n, "pong", 4), 4);
+    pthread_join(th2, NULL);
+    close(n);
+    close(hold[1]);
+    pthread_join(th, NULL);
+    ck_assert_str_eq(a.got, "pong");
+    close(hold[0]);
+    close(lfd);
+    cairn_tls_pump_free(p);
+    cairn_tls_server_free(open_srv);
+    cairn_tls_server_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tls");
     TCase *tc = tcase_create("tls");
     tcase_add_checked_fixture(tc, fixtures_setup, fixtures_teardown);
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, 300); /* each test makes its fixtures with openssl: slow when loaded */
     tcase_add_test(tc, cipher_names_map_to_openssl);
     tcase_add_test(tc, auto_tls_is_etcds_and_kept);
     tcase_add_test(tc, checker_refuses_with_etcds_reasons);
     tcase_add_test(tc, pump_carries_bytes_and_refuses);
+    tcase_add_test(tc, cn_never_goes_to_a_reused_fd);
+    tcase_add_test(tc, peer_san_is_checked_against_the_address);
     suite_add_tcase(s, tc);
     return s;
 }
