@@ -7,8 +7,8 @@
  * open-addressing table of pointers (crdt/htab.h: linear probing,
  * backward-shift deletion): READY (all deps ordered, queued for the caller), PENDING (some
  * dep not ordered yet), a STUB (a hash that pending changes depend on but
- * that we have never seen) or REJECTED (a change that broke the sequence
- * rule and that pending changes still wait for, forever). Every such node
+ * that we have never seen) or REJECTED (a change found invalid, remembered
+ * so that it is neither asked for nor judged again: see reject()). Every such node
  * keeps the list of pending nodes waiting for it; ordering it decrements
  * their missing-counts and queues those that reach zero. So delivery in any
  * order costs O(deps) per change, with no rescans of the pending buffer.
@@ -153,6 +153,7 @@ void cairn_dag_free(cairn_dag *d)
     free(d->heads);
     free(d->stubs.p);
     free(d->sorted_heads);
+    free(d->rej);
     free(d);
 }
 
@@ -379,20 +380,49 @@ void cairn_dag_discard(cairn_dag *d)
     drop_node(d, n);
 }
 
-/* Drops the front ready change for breaking the sequence rule. That verdict
- * is final (its ancestors are fixed, and the change it forks stays ordered),
- * so if pending changes wait for it a body-less REJECTED node stays: has()
- * reports it known, missing() does not ask for it again, add() drops it. */
+/* Drops the front ready change for good. The verdict is final (it depends
+ * on the change and its ancestors, which are fixed), so a body-less
+ * REJECTED node stays while the hash is among the last
+ * CAIRN_DAG_MAX_REJECTED rejected, or while pending changes wait for it:
+ * has() reports it known, missing() does not ask for it again, add() drops
+ * it without the document judging it again. The ring of remembered hashes
+ * is the bound: a peer that keeps sending new invalid changes only pushes
+ * old ones out, which are then judged once more if they come back. */
 static void reject(cairn_dag *d)
 {
     node *n = ready_pop(d);
     cairn_change_free(n->c);
     n->c = NULL;
-    if (n->nwaiters) {
-        n->state = ST_REJECTED;
+    n->state = ST_REJECTED;
+    if (!d->rej)
+        d->rej = malloc(CAIRN_DAG_MAX_REJECTED * sizeof *d->rej);
+    if (!d->rej) {
+        /* out of memory: remembered only while something waits for it */
+        if (!n->nwaiters)
+            drop_node(d, n);
         return;
     }
-    drop_node(d, n);
+    if (d->rej_n == CAIRN_DAG_MAX_REJECTED) {
+        node *old = get_node(d, &d->rej[d->rej_head]);
+        if (old && old->state == ST_REJECTED && !old->nwaiters)
+            drop_node(d, old);
+        d->rej[d->rej_head] = n->hash;
+        d->rej_head = (d->rej_head + 1) % CAIRN_DAG_MAX_REJECTED;
+        return;
+    }
+    d->rej[(d->rej_head + d->rej_n++) % CAIRN_DAG_MAX_REJECTED] = n->hash;
+}
+
+void cairn_dag_reject(cairn_dag *d)
+{
+    if (d->rlen)
+        reject(d);
+}
+
+int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h)
+{
+    const node *n = get_node(d, h);
+    return n && n->state == ST_REJECTED;
 }
 
 /* A growable stack of apply indices. */

@@ -76,18 +76,36 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
- * Fails (and discards the change; changes depending on it stay pending, and
- * while they do, offering it again is CAIRN_DAG_KNOWN) with CAIRN_ESEQGAP or
- * CAIRN_EFORK. *index (if not NULL) receives its index. The DAG lets go of
- * the decoded change: *body (if not NULL) receives it, owned by the caller
- * (the pointer cairn_dag_peek_ready gave); with |body| NULL it is freed.
- * CAIRN_ESTATE if nothing is ready; CAIRN_ENOMEM leaves the change ready and
- * the DAG unchanged (retry or discard it). */
+ * Fails (and rejects the change as cairn_dag_reject does; changes depending
+ * on it stay pending) with CAIRN_ESEQGAP or CAIRN_EFORK. *index (if not
+ * NULL) receives its index. The DAG lets go of the decoded change: *body
+ * (if not NULL) receives it, owned by the caller (the pointer
+ * cairn_dag_peek_ready gave); with |body| NULL it is freed. CAIRN_ESTATE if
+ * nothing is ready; CAIRN_ENOMEM leaves the change ready and the DAG
+ * unchanged (retry or discard it). */
 int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body);
 
-/* Drops the peeked ready change (the document rejected it). Changes that
- * depend on it stay pending forever (bounded by CAIRN_DAG_MAX_PENDING). */
+/* Drops the peeked ready change for now (the document could not take it:
+ * out of memory). It is unknown again: offered later, it is judged again.
+ * Changes that depend on it stay pending (bounded by CAIRN_DAG_MAX_PENDING). */
 void cairn_dag_discard(cairn_dag *d);
+
+/* Drops the peeked ready change for good: the document found it invalid,
+ * a verdict that depends only on the change and its causal past, so every
+ * honest node gives the same and it is never worth fetching or checking
+ * again. The last CAIRN_DAG_MAX_REJECTED such hashes are remembered (and,
+ * beyond them, those that pending changes wait for): offering one again is
+ * CAIRN_DAG_KNOWN, cairn_dag_has says 2 and cairn_dag_missing never asks
+ * for it. Changes that depend on it stay pending within the pending bounds.
+ * The sequence rule's rejections in cairn_dag_order are remembered too. */
+void cairn_dag_reject(cairn_dag *d);
+
+/* How many rejected hashes are remembered at most (32 bytes each, plus a
+ * body-less node while remembered). */
+#define CAIRN_DAG_MAX_REJECTED 4096u
+
+/* 1 if |h| was rejected for good and is still remembered, else 0. */
+int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h);
 
 /* Number of ordered changes. */
 uint64_t cairn_dag_count(const cairn_dag *d);
@@ -114,9 +132,8 @@ int cairn_dag_load(cairn_change **out, const cairn_dag *d, uint64_t index);
 /* Ordered change by hash: 0 and *index set, or CAIRN_ENOTFOUND. */
 int cairn_dag_find(const cairn_dag *d, const cairn_hash *h, uint64_t *index);
 
-/* 1 if |h| is ordered, 2 if ready or pending (or rejected by the sequence
- * rule while pending changes depend on it: known, never to be fetched
- * again), 0 if unknown. */
+/* 1 if |h| is ordered, 2 if ready or pending (or rejected and remembered,
+ * see cairn_dag_reject: known, never to be fetched again), 0 if unknown. */
 int cairn_dag_has(const cairn_dag *d, const cairn_hash *h);
 
 /* The heads (ordered changes no ordered change depends on), sorted ascending.

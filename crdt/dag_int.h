@@ -96,6 +96,11 @@ struct cairn_dag {
     size_t nsorted, capsorted;
     int heads_dirty;
     size_t npending, pending_edges, pending_bytes;
+    /* The last CAIRN_DAG_MAX_REJECTED changes rejected for good, oldest at
+     * |rej_head|: each is a REJECTED node while it is here (or while
+     * pending changes wait for it). Allocated on the first rejection. */
+    cairn_hash *rej;
+    size_t rej_head, rej_n;
     /* Changes the ancestry walks visited (a cost counter the tests read;
      * the walks are const, callers serialise them). */
     uint64_t walk_steps;

@@ -88,6 +88,11 @@ typedef struct cairn_doc_observer {
     void *arg;
     void (*change_cb)(void *arg, const cairn_change *c, uint64_t index, int begin);
     void (*patch_cb)(void *arg, const cairn_patch *p);
+    /* cairn_doc_receive met a fork: |c| (borrowed, about to be rejected)
+     * has the (actor, seq) of a change already applied here, whose hash is
+     * *held (NULL when it cannot be found: the author's change held no op,
+     * or its body did not load). May be NULL. */
+    void (*fork_cb)(void *arg, const cairn_change *c, const cairn_hash *held);
 } cairn_doc_observer;
 
 int cairn_doc_new(cairn_doc **out, const cairn_actor *actor);
@@ -157,10 +162,18 @@ void cairn_doc_rollback(cairn_doc *doc);
  * ordered, and neither is anything that depends on it: its descendants
  * (among them every later change of its author, by the sequence rule)
  * stay pending, identically on every replica (bounded by the DAG's pending
- * limits), and offering it again is rejected again. Cost: nothing extra
+ * limits), and offering it again is dropped as known: the DAG remembers
+ * the last CAIRN_DAG_MAX_REJECTED rejected hashes, so a peer that sends one
+ * again costs a hash lookup, and sync never asks for it. Cost: nothing extra
  * when the change's deps are this replica's heads; otherwise about the
- * changes ordered here since it forked (see doc_receive.c). Not covered:
- * two changes with one (actor, seq) — the first to arrive wins (dag.h). */
+ * changes ordered here since it forked (see doc_receive.c).
+ *
+ * Not covered: two changes with one (actor, seq), a fork that only a buggy
+ * or hostile author makes. The first to arrive stays; the other is
+ * rejected with CAIRN_EFORK, reported to obs->fork_cb, and its descendants
+ * stay pending here — so two replicas that hold different forks never
+ * accept each other's changes made after them (README, "What differs from
+ * etcd"). */
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
 
 /* ---- reads ----------------------------------------------------------------

@@ -362,6 +362,46 @@ static int apply_change(cairn_doc *d, const cairn_change *c, const uint32_t *ama
     return 0;
 }
 
+/* A change ordered here with |c|'s author and seq: its hash in *out, or
+ * 0 when it cannot be found. The author's run lists its changes that hold
+ * ops, in seq order (an author's ordered changes are its seqs 1..max, in
+ * order), so a binary search loads O(log n) bodies. Only when a fork is
+ * met, which an honest cluster never sees. */
+static int held_of(cairn_hash *out, const cairn_doc *d, const cairn_change *c)
+{
+    uint32_t a;
+    if (!actor_find(d, &c->actor, &a))
+        return 0;
+    const arun *run = &d->runs[a];
+    size_t lo = 0, hi = run->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        cairn_change *m = NULL;
+        if (cairn_dag_load(&m, d->dag, run->v[mid].index) != 0)
+            return 0;
+        uint64_t seq = m->seq;
+        cairn_change_free(m);
+        if (seq == c->seq) {
+            *out = *cairn_dag_hash_at(d->dag, run->v[mid].index);
+            return 1;
+        }
+        if (seq < c->seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+/* The document's verdict codes: a change refused with one of them is
+ * refused by every replica (its causal past decides), so the DAG may
+ * forget it for good. Anything else (out of memory) may pass later. */
+static int final_verdict(int rc)
+{
+    return rc == CAIRN_EBADOP || rc == CAIRN_ENOOBJ || rc == CAIRN_ENOTPAST ||
+           rc == CAIRN_ENOTFOUND || rc == CAIRN_EFORK;
+}
+
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
 {
     if (doc->broken || doc->in_edit || doc->readonly) {
@@ -392,12 +432,24 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
             rc = grow((void **)&p.bound, &bound_cap, r->nactors + 1, sizeof *p.bound);
         if (!rc) {
             memset(p.bound, 0xff, (r->nactors + 1) * sizeof *p.bound);
-            rc = validate(doc, r, amap, &p);
+            /* A fork before anything else: validate would often call it a
+             * reuse of the author's op ids, and it must be reported. */
+            if (r->seq <= cairn_dag_actor_seq(doc->dag, &r->actor)) {
+                rc = CAIRN_EFORK;
+                cairn_hash held;
+                if (obs && obs->fork_cb)
+                    obs->fork_cb(obs->arg, r, held_of(&held, doc, r) ? &held : NULL);
+            } else {
+                rc = validate(doc, r, amap, &p);
+            }
         }
         if (!rc && r->nops)
             rc = run_reserve(doc, amap[0]); /* before ordering: nothing fails after */
         if (rc) {
-            cairn_dag_discard(doc->dag);
+            if (final_verdict(rc))
+                cairn_dag_reject(doc->dag);
+            else
+                cairn_dag_discard(doc->dag);
             if (!first)
                 first = rc;
             continue;

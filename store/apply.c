@@ -321,11 +321,28 @@ fail:
     cairn_store_ev_clear(s);
 }
 
+/* A fork: counted, and the first of a burst noted for its receiver. */
+static void on_fork(void *arg, const cairn_change *c, const cairn_hash *held)
+{
+    cairn_store *s = arg;
+    atomic_fetch_add(&s->n_forks, 1);
+    cairn_store_fork *f = s->fork_note;
+    if (!f || f->seq)
+        return; /* not noted, or not the burst's first */
+    f->rejected = c->hash;
+    f->actor = c->actor;
+    f->seq = c->seq;
+    f->held_known = held != NULL;
+    if (held)
+        f->held = *held;
+}
+
 const cairn_doc_observer *cairn_store_observer(cairn_store *s, cairn_doc_observer *o)
 {
     o->arg = s;
     o->change_cb = on_change;
     o->patch_cb = on_patch;
+    o->fork_cb = on_fork;
     s->obs_rc = 0;
     return o;
 }

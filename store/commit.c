@@ -307,6 +307,7 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
     for (size_t i = 0; i <= CAIRN_STORE_SYNC_BUCKETS; i++)
         out->sync_le[i] = atomic_load_explicit(&s->sync_le[i], memory_order_relaxed);
     out->sync_ns = atomic_load_explicit(&s->sync_ns, memory_order_relaxed);
+    out->forks = atomic_load(&s->n_forks);
 }
 
 int cairn_store_commit_start(cairn_store *s)

@@ -62,10 +62,13 @@ static uint64_t mono_ns(void)
  * taking ownership of each change it reaches and moving *i past them;
  * verdicts[j] (may be NULL) as in cairn_store_receive_changes. Returns
  * CAIRN_EIO / ENOMEM when the store broke. The slice's records are held
- * back from the committer until its last one is batched: one group. */
-static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i, int *verdicts)
+ * back from the committer until its last one is batched: one group. The
+ * first fork the burst meets goes to |note| (may be NULL). */
+static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i, int *verdicts,
+                         cairn_store_fork *note)
 {
     int rc = cairn_store_failed_rc(s);
+    s->fork_note = note;
     pthread_mutex_lock(&s->qmu);
     s->holding++;
     pthread_mutex_unlock(&s->qmu);
@@ -81,6 +84,7 @@ static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i
         if (verdicts)
             verdicts[*i] = rc ? rc : v;
     }
+    s->fork_note = NULL;
     pthread_mutex_lock(&s->qmu);
     s->holding--;
     pthread_cond_signal(&s->qcv);
@@ -108,12 +112,13 @@ static void let_writers_in(cairn_store *s)
 /* Applies |n| received changes slice by slice (the caller holds the write
  * lock, and holds it again on return), taking ownership of them. Returns
  * CAIRN_EIO / ENOMEM when the store broke (the rest are freed unapplied). */
-static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts)
+static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                          cairn_store_fork *note)
 {
     size_t i = 0;
     int rc;
     for (;;) {
-        rc = receive_slice(s, chs, n, &i, verdicts);
+        rc = receive_slice(s, chs, n, &i, verdicts, note);
         if (rc || i == n)
             break;
         pthread_rwlock_unlock(&s->rw);
@@ -128,8 +133,10 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
     return rc;
 }
 
-int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
-                                cairn_store_heads_cb cb, void *arg)
+/* cairn_store_receive_changes, noting the burst's first fork in |note|
+ * (may be NULL; its seq stays 0 when there was none). */
+static int receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                           cairn_store_fork *note, cairn_store_heads_cb cb, void *arg)
 {
     pend_wait *w = calloc(1, sizeof *w);
     pthread_rwlock_wrlock(&s->rw);
@@ -141,7 +148,7 @@ int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, in
             for (size_t i = 0; i < n; i++)
                 verdicts[i] = rc;
     } else {
-        rc = receive_locked(s, chs, n, verdicts);
+        rc = receive_locked(s, chs, n, verdicts, note);
     }
     if (!rc) {
         /* the heads now name only changes queued before this completion */
@@ -171,6 +178,12 @@ int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, in
     return rc;
 }
 
+int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
+                                cairn_store_heads_cb cb, void *arg)
+{
+    return receive_changes(s, chs, n, verdicts, NULL, cb, arg);
+}
+
 int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
                               cairn_store_done_cb cb, void *arg)
 {
@@ -180,7 +193,7 @@ int cairn_store_receive_async(cairn_store *s, const uint8_t *bytes, size_t len,
         return rc;
     pthread_rwlock_wrlock(&s->rw);
     int v = 0;
-    rc = receive_locked(s, &c, 1, &v);
+    rc = receive_locked(s, &c, 1, &v, NULL);
     if (!rc)
         rc = v;
     if (!rc)
@@ -230,6 +243,7 @@ struct cairn_replica {
      * by their first bytes (a collision only forgets one): push leaves
      * them out, so a change relayed on is not echoed to its sender. */
     cairn_hash *from_peer;
+    cairn_store_fork fork; /* the last receive's first fork (seq 0: none) */
 };
 
 #define REPLICA_FROM_PEER 4096u /* slots, a power of two */
@@ -457,6 +471,7 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
 {
     if (rejected)
         *rejected = 0;
+    memset(&r->fork, 0, sizeof r->fork);
     cairn_change **chs = NULL;
     size_t n = 0;
     /* Decoding (hashing every change) needs no lock: a long message does
@@ -502,7 +517,7 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
     }
     *w = (recv_wait){r, cb, arg};
     atomic_fetch_add(&r->refs, 1);
-    rc = cairn_store_receive_changes(r->s, chs, n, verdicts, receive_done, w);
+    rc = receive_changes(r->s, chs, n, verdicts, &r->fork, receive_done, w);
     free(chs); /* the changes are the store's now */
     if (rc) {
         atomic_fetch_sub(&r->refs, 1);
@@ -513,6 +528,14 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
     }
     free(verdicts);
     return rc;
+}
+
+int cairn_replica_last_fork(const cairn_replica *r, cairn_store_fork *out)
+{
+    if (!r->fork.seq)
+        return 0;
+    *out = r->fork;
+    return 1;
 }
 
 int cairn_store_heads(cairn_store *s, cairn_hash **heads, size_t *n)

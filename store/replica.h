@@ -92,6 +92,12 @@ typedef void (*cairn_replica_done_cb)(void *arg, int rc);
 int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
                           cairn_replica_done_cb cb, void *arg);
 
+/* 1 and *out if the last cairn_replica_receive met a fork (a change with
+ * the author and seq of one held here: *rejected is CAIRN_EFORK then, or
+ * an earlier change's code), the first of its burst; else 0. Call it on
+ * the thread that called receive, before the next receive. */
+int cairn_replica_last_fork(const cairn_replica *r, cairn_store_fork *out);
+
 /* The peer's heads as its last message reported them (a new array,
  * *heads caller frees; NULL when *n == 0, before the first message). */
 int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n);

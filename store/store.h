@@ -689,6 +689,17 @@ typedef void (*cairn_store_heads_cb)(void *arg, int rc, const cairn_hash *heads,
 int cairn_store_receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
                                 cairn_store_heads_cb cb, void *arg);
 
+/* A fork met while receiving: |rejected| has the author and seq of the
+ * change |held| applied here earlier (held_known 0: not found, see
+ * cairn_doc_observer's fork_cb). The held one stays; forks are counted in
+ * cairn_store_stats.forks. */
+typedef struct cairn_store_fork {
+    cairn_hash rejected, held;
+    cairn_actor actor;
+    uint64_t seq;
+    int held_known;
+} cairn_store_fork;
+
 /* The hash of the change that made |rev| (CAIRN_ENOTFOUND if none, or
  * CAIRN_EFUTUREREV above the visible revision). */
 int cairn_store_rev_hash(cairn_store *s, cairn_hash *out, int64_t rev);
@@ -770,6 +781,8 @@ typedef struct cairn_store_stats {
      * and the sum in nanoseconds. */
     uint64_t sync_le[CAIRN_STORE_SYNC_BUCKETS + 1];
     uint64_t sync_ns;
+    /* Changes refused for sharing an (actor, seq) with one held here. */
+    uint64_t forks;
 } cairn_store_stats;
 void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out);
 /* The live keys (etcd_debugging_mvcc_keys_total): the document's count

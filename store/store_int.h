@@ -406,6 +406,10 @@ struct cairn_store {
     int compact_jobs;   /* compactions queued or compacting physically (close waits) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
+    _Atomic uint64_t n_forks;
+    /* Where the observer notes the first fork of a burst (under rw
+     * write; NULL: only counted). */
+    cairn_store_fork *fork_note;
     _Atomic uint64_t sync_le[CAIRN_STORE_SYNC_BUCKETS + 1], sync_ns;
     pthread_t committer;
     int committer_started;

@@ -150,6 +150,10 @@ typedef struct plink {
     int dead;     /* cancelled: freed once nothing is pending */
     int bye;      /* this side said goodbye (shutting down) */
     int closed;   /* its status / close completed */
+    /* A refusal's goodbye is due or sent: the peer's messages are ignored. */
+    int refusing;
+    /* That goodbye's reason, while a send is in flight. */
+    const char *bye_due;
     /* the goodbye was to a removed member: kill on close */
     int bye_removed;
     size_t sbuf_len;
@@ -192,6 +196,12 @@ typedef struct ppeer {
     /* peer_stats: bumped by the peer thread (dropped: by the committer) */
     _Atomic uint64_t connects, msgs_sent, bytes_sent, msgs_received, bytes_received, pushes,
         dropped, sync_rounds;
+    /* It does not list us in its --peer-links (its goodbye said so): we
+     * dial it at the longest backoff and log its comings and goings at
+     * debug level, until it sends a sync message (it lists us now). */
+    int not_linked;
+    /* We refused it for our --peer-links: said once. */
+    int refused_logged;
 } ppeer;
 
 struct peer_net {
@@ -300,7 +310,7 @@ static void link_kill(plink *l, const char *why)
     if (p->live == l) {
         p->live = NULL;
         atomic_store(&p->connected, 0);
-        cairn_log(CAIRN_LOG_INFO,
+        cairn_log(p->not_linked ? CAIRN_LOG_DEBUG : CAIRN_LOG_INFO,
                   "peer %s: stream closed: %s (since start: %" PRIu64 " messages / %" PRIu64
                   " bytes sent, %" PRIu64 " / %" PRIu64 " received, %" PRIu64 " pushes, %" PRIu64
                   " sync rounds, %" PRIu64 " pushes dropped)",
@@ -498,7 +508,8 @@ static void make_live(ppeer *p, plink *l)
     p->live = l;
     if (p->dial == l)
         p->dial = NULL;
-    p->backoff_ms = PEER_BACKOFF_MIN_MS;
+    if (!p->not_linked)
+        p->backoff_ms = PEER_BACKOFF_MIN_MS;
     /* what we had in flight on an older stream may be lost */
     cairn_replica_reset(p->rep);
     pthread_mutex_lock(&p->qmu);
@@ -514,7 +525,8 @@ static void make_live(ppeer *p, plink *l)
     atomic_fetch_add(&p->connects, 1);
     p->next_sync_ms = 0;  /* sync at once */
     p->urls_sent_gen = 0; /* and tell it the members' client URLs */
-    cairn_log(CAIRN_LOG_INFO, "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
+    cairn_log(p->not_linked ? CAIRN_LOG_DEBUG : CAIRN_LOG_INFO,
+              "peer %s (%016" PRIx64 "): connected (%s)", p->name, p->id,
               l->dialed ? "dialed" : "accepted");
 }
 
@@ -526,6 +538,25 @@ static void refuse(plink *l, const char *what)
     cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", addr ? addr : peer_name(l), what);
     gpr_free(addr);
     link_kill(l, what);
+}
+
+/* A hello from a member this node's --peer-links leaves out: a Goodbye that
+ * says so (PEER_BYE_NOT_LINKED), so that the member backs off for good
+ * instead of redialing at once; logged once per member, then at debug
+ * level (it dials again every PEER_BACKOFF_MAX_MS at most). The goodbye
+ * waits for our hello's send if that is still in flight. */
+static void refuse_unlinked(plink *l, ppeer *p)
+{
+    cairn_log(p->refused_logged ? CAIRN_LOG_DEBUG : CAIRN_LOG_WARN,
+              "peer %s: refused: not in this node's --peer-links (told it in a goodbye; its "
+              "next attempts are logged at debug level)",
+              p->name);
+    p->refused_logged = 1;
+    l->refusing = 1;
+    if (l->sending)
+        l->bye_due = "member is " PEER_BYE_NOT_LINKED;
+    else
+        say_goodbye(l, "member is " PEER_BYE_NOT_LINKED);
 }
 
 /* tls/'s checks on the certificate |l|'s peer presented; 0 if it passes
@@ -640,8 +671,7 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
         return;
     }
     if (!p->linked) {
-        snprintf(why, sizeof why, "member %s is not in this node's --peer-links", p->name);
-        refuse(l, why);
+        refuse_unlinked(l, p);
         return;
     }
     l->p = p;
@@ -686,6 +716,26 @@ static void received_durable(void *arg, int rc)
         atomic_store(&p->answer_due, 1); /* carried changes: acknowledge */
 }
 
+/* A fork the last receive from |p| met: both hashes, so that an operator
+ * can find the author's two data dirs (README, limits). */
+static void log_fork(ppeer *p)
+{
+    cairn_store_fork f;
+    if (!cairn_replica_last_fork(p->rep, &f))
+        return;
+    char rej[2 * CAIRN_HASH_LEN + 1], held[2 * CAIRN_HASH_LEN + 1] = "(not found)";
+    char actor[2 * CAIRN_ACTOR_LEN + 1];
+    cairn_hash_hex(rej, &f.rejected);
+    if (f.held_known)
+        cairn_hash_hex(held, &f.held);
+    for (size_t i = 0; i < CAIRN_ACTOR_LEN; i++)
+        snprintf(actor + 2 * i, 3, "%02x", f.actor.b[i]);
+    cairn_log(CAIRN_LOG_ERROR,
+              "peer %s: fork: author %s made two changes with seq %" PRIu64
+              ": %s (from this peer, refused) and %s (held here, kept)",
+              p->name, actor, f.seq, rej, held);
+}
+
 /* Keeps the heads a message from |p| reported (durable on |p|: a node
  * tells its heads only once they are on its disk) for
  * peer_net_acked_heads, and tells the ack callback. */
@@ -709,6 +759,11 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
 {
     plink *l = arg;
     ppeer *p = l->p;
+    if (p->not_linked) {
+        p->not_linked = 0;
+        p->backoff_ms = PEER_BACKOFF_MIN_MS;
+        cairn_log(CAIRN_LOG_INFO, "peer %s: accepts this node now (in its --peer-links)", p->name);
+    }
     int rejected = 0;
     inline_done = 0;
     int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
@@ -727,6 +782,7 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
         cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
         link_kill(l, why);
     } else if (rejected) {
+        log_fork(p);
         snprintf(why, sizeof why, "a change the document refuses (%s)", cairn_strerror(rejected));
         cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
         link_kill(l, why);
@@ -800,6 +856,19 @@ static int send_members(peer_net *n, plink *l)
 static void on_goodbye(void *arg, const char *reason)
 {
     plink *l = arg;
+    ppeer *p = l->p;
+    if (p && strstr(reason, PEER_BYE_NOT_LINKED)) {
+        /* it will refuse us until its flags change: dial it seldom, say so once */
+        if (!p->not_linked)
+            cairn_log(CAIRN_LOG_WARN,
+                      "peer %s: it does not list this node in its --peer-links (goodbye: %.100s): "
+                      "dialing it every %u ms, logged at debug level, until it accepts",
+                      p->name, reason, PEER_BACKOFF_MAX_MS);
+        p->not_linked = 1;
+        p->backoff_ms = PEER_BACKOFF_MAX_MS;
+        link_kill(l, "not in the peer's --peer-links");
+        return;
+    }
     /* a clean departure: link_kill's line says it, and the peer is dialed
      * again after the backoff */
     char why[160];
@@ -823,6 +892,17 @@ static void on_recv(plink *l, int ok)
 {
     if (l->dead)
         return;
+    if (l->refusing) {
+        /* what it says no longer matters; the stream ends with our goodbye */
+        if (l->rbuf)
+            grpc_byte_buffer_destroy(l->rbuf);
+        l->rbuf = NULL;
+        if (!ok)
+            link_kill(l, "refused");
+        else
+            post_recv(l);
+        return;
+    }
     if (!ok || !l->rbuf) {
         link_kill(l, l->bye ? "shutting down (said goodbye)" : "the peer closed the stream");
         return;
@@ -862,12 +942,16 @@ static void on_recv(plink *l, int ok)
 static void on_close(plink *l)
 {
     l->closed = 1;
+    if (l->refusing) {
+        link_kill(l, "refused");
+        return;
+    }
     if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
     if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
-        cairn_log(l->hello_in ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG, "peer %s: stream ended: %s",
-                  peer_name(l), d);
+        cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
+                  "peer %s: stream ended: %s", peer_name(l), d);
         if (strstr(d, PEER_REMOVED))
             removed_self(l->n);
         gpr_free(d);
@@ -940,6 +1024,8 @@ static void on_event(peer_net *n, ptag *t, int ok)
         }
         if (!ok && !l->bye)
             link_kill(l, "a send failed");
+        else if (l->bye_due && !l->dead)
+            say_goodbye(l, l->bye_due);
         return;
     case T_RECV:
         l->pending--;
@@ -1222,11 +1308,17 @@ static void drain(peer_net *n, int ms)
     }
 }
 
-/* A Goodbye and the stream's clean close on |l|, which sends nothing now. */
+/* A Goodbye saying |reason| (static) and the stream's clean close on |l|,
+ * which sends nothing now. */
 static void say_goodbye(plink *l, const char *reason)
 {
     Cairnpb__Goodbye g = CAIRNPB__GOODBYE__INIT;
+    l->bye_due = NULL;
     g.reason = (char *)reason;
+    if (l->refusing) {
+        grpc_slice_unref(l->bye_details);
+        l->bye_details = grpc_slice_from_static_string(reason);
+    }
     Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
     m.body_case = CAIRNPB__PEER_MESSAGE__BODY_GOODBYE;
     m.goodbye = &g;

@@ -14,6 +14,11 @@
 
 #define PEER_PROTOCOL_VERSION 1u
 
+/* The words a Goodbye's reason holds when its sender refuses the stream
+ * because it does not list the receiver in its --peer-links: the receiver
+ * then dials it only at its longest backoff, and says so once. */
+#define PEER_BYE_NOT_LINKED "not in my --peer-links"
+
 /* This node, as a hello is checked against it. */
 typedef struct peer_self {
     uint64_t cluster_id;

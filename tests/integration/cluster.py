@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -241,20 +242,22 @@ def diff_spaces(spaces, most=10):
 
 class Cluster:
     def __init__(self, binary, n=3, sync_interval_ms=None, lifetime=3600, log=print,
-                 workdir=None, links=None):
+                 workdir=None, links=None, directed=False):
         self.binary = binary
         self.log = log
         self.caps = capabilities(binary)
         self.peer_dial = self.caps["peer_dial"]
         self.sync_interval_ms = sync_interval_ms
         # links: None = full mesh; else pairs (i, j) of node indices, each
-        # node started with --peer-links naming its partners
+        # node started with --peer-links naming its partners (directed: i
+        # names j, j does not name i unless (j, i) is listed too)
         self.links = None
         if links is not None:
             self.links = {i: set() for i in range(n)}
             for i, j in links:
                 self.links[i].add(j)
-                self.links[j].add(i)
+                if not directed:
+                    self.links[j].add(i)
         self.token = "cairn-it-%d" % os.getpid()
         self.own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="cairn-cluster-")
@@ -480,6 +483,25 @@ class Cluster:
             rev, space = self.range_all(node)
             out[node.name] = (self.heads(node), rev, space)
         return out
+
+    def wait_value(self, n, key, value, timeout):
+        """True once node n reads value at key (polled every 20 ms), False
+        after timeout seconds."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.get(n, key) == value:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def metric(self, n, prefix):
+        """The sum of node n's /metrics samples whose line starts with
+        prefix (e.g. 'name{peer="n2"} ' for one sample), or None if none."""
+        url = "http://%s/metrics" % self.node(n).endpoint
+        with urllib.request.urlopen(url, timeout=RPC_TIMEOUT) as resp:
+            lines = resp.read().decode().splitlines()
+        got = [float(ln.split()[-1]) for ln in lines if ln.startswith(prefix)]
+        return int(sum(got)) if got else None
 
     def converge(self, timeout):
         """Waits until every node has equal heads (if the server tells them)

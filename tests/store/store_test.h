@@ -63,6 +63,20 @@ static inline cairn_store *open_store(const char *dir)
     return open_store_opts(dir, &o);
 }
 
+/* A store in a new dir (*dir: make_tmpdir's, for close_and_remove) with
+ * the store's test hooks (each may be NULL): |before_write| before every
+ * group write, |range_view| inside every Range's view window. */
+static inline cairn_store *open_store_hooked(char **dir, int (*before_write)(void *, size_t),
+                                             void (*range_view)(void *))
+{
+    *dir = make_tmpdir();
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.before_write_cb = before_write;
+    o.range_view_cb = range_view;
+    return open_store_opts(*dir, &o);
+}
+
 #define B(s) (const uint8_t *)(s), strlen(s)
 
 /* A Put that must succeed, attached to |lease| (0: none); its revision. */
@@ -166,20 +180,21 @@ static inline void captured_free(captured *c)
     c->n = 0;
 }
 
-/* A store whose actor is |actor_byte| repeated, every change captured into
- * |cap|: one of two peers of one cluster (the actor's storage is shared by
- * the bytes with the same low bit). */
-static inline cairn_store *open_capturing(const char *dir, uint8_t actor_byte, captured *cap)
+/* A node of a test cluster: a store on |dir| whose actor is 16 bytes of
+ * |actor_byte|, its changes captured into |cap| (NULL: not subscribed). */
+static inline cairn_store *open_store_actor(const char *dir, uint8_t actor_byte, captured *cap)
 {
-    static cairn_actor actors[2];
-    cairn_actor *a = &actors[actor_byte & 1];
+    static cairn_actor actors[256];
+    cairn_actor *a = &actors[actor_byte];
     memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
     cairn_store_options o;
     cairn_store_options_init(&o);
     o.actor = a;
     cairn_store_subscriber sub = {capture, cap};
-    o.subscribers = &sub;
-    o.nsubscribers = 1;
+    if (cap) {
+        o.subscribers = &sub;
+        o.nsubscribers = 1;
+    }
     return open_store_opts(dir, &o);
 }
 

@@ -255,6 +255,34 @@ END_TEST
 
 /* ---- the sequence rule ------------------------------------------------ */
 
+START_TEST(rejected_ring_is_bounded)
+{
+    /* A peer sending ever new invalid changes: the DAG remembers the last
+     * CAIRN_DAG_MAX_REJECTED of them, not all. */
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_change *a1 = mk(1, 1, NULL, 0, 0);
+    ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+    ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
+    cairn_hash first = {{0}}, last = {{0}};
+    for (uint64_t k = 1; k <= CAIRN_DAG_MAX_REJECTED + 10; k++) {
+        cairn_change *f = mk(1, 1, NULL, 0, k);
+        if (k == 1)
+            first = f->hash;
+        last = f->hash;
+        ck_assert_int_eq(add(d, f), CAIRN_DAG_READY);
+        ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
+        cairn_change_free(f);
+    }
+    ck_assert_int_eq(cairn_dag_has(d, &first), 0); /* forgotten: judged again */
+    ck_assert_int_eq(cairn_dag_has(d, &last), 2);
+    ck_assert_int_eq(cairn_dag_rejected(d, &last), 1);
+    ck_assert_rc(cairn_dag_check_(d), 0);
+    cairn_change_free(a1);
+    cairn_dag_free(d);
+}
+END_TEST
+
 START_TEST(seq_gap_and_fork)
 {
     cairn_dag *d;
@@ -272,7 +300,9 @@ START_TEST(seq_gap_and_fork)
     ck_assert_int_eq(add(d, c2), CAIRN_DAG_READY);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
-    ck_assert_int_eq(cairn_dag_has(d, &a1b->hash), 0); /* discarded */
+    /* rejected for good: remembered, so neither asked for nor judged again */
+    ck_assert_int_eq(cairn_dag_has(d, &a1b->hash), 2);
+    ck_assert_int_eq(cairn_dag_rejected(d, &a1b->hash), 1);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     ck_assert_int_eq(add(d, a3), CAIRN_DAG_READY);
@@ -282,10 +312,15 @@ START_TEST(seq_gap_and_fork)
     ck_assert_uint_eq(cairn_dag_count(d), 2);
     cairn_actor a = actor_n(1);
     ck_assert_uint_eq(cairn_dag_actor_seq(d, &a), 1);
+    /* The fork offered again: dropped as known. */
+    ck_assert_int_eq(add(d, a1b), CAIRN_DAG_KNOWN);
+    ck_assert_ptr_null(cairn_dag_peek_ready(d));
     /* A fork arriving after the original is ordered. */
-    ck_assert_int_eq(add(d, a1b), CAIRN_DAG_READY);
+    cairn_change *a1c = mk(1, 1, NULL, 0, 5);
+    ck_assert_int_eq(add(d, a1c), CAIRN_DAG_READY);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
     ck_assert_uint_eq(cairn_dag_count(d), 2);
+    cairn_change_free(a1c);
 
     /* A rejected fork that others depend on is remembered, not asked for. */
     cairn_change *fork = mk(1, 1, NULL, 0, 2);
@@ -1093,6 +1128,7 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, duplicates_dropped);
     tcase_add_test(tc, pending_cascade);
     tcase_add_test(tc, seq_gap_and_fork);
+    tcase_add_test(tc, rejected_ring_is_bounded);
     tcase_add_test(tc, discard_keeps_dependents_pending);
     tcase_add_test(tc, diamond_ancestry);
     tcase_add_test(tc, missing_lists_unknown_deps);

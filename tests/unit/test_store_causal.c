@@ -44,7 +44,7 @@ START_TEST(revision_and_hash)
 {
     char *d = make_tmpdir();
     captured c = {0};
-    cairn_store *s = open_capturing(d, 0x11, &c);
+    cairn_store *s = open_store_actor(d, 0x11, &c);
     ck_assert_int_eq(put_kv(s, "a", "1"), 2);
     ck_assert_int_eq(put_kv(s, "b", "2"), 3);
     ck_assert_int_eq(cairn_store_lease_grant(s, 7, 60), 0); /* takes no revision */
@@ -120,8 +120,8 @@ START_TEST(range_at_heads_same_on_both_orders)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0}, cb = {0};
-    cairn_store *a = open_capturing(da, 0x11, &ca);
-    cairn_store *b = open_capturing(db, 0x22, &cb);
+    cairn_store *a = open_store_actor(da, 0x11, &ca);
+    cairn_store *b = open_store_actor(db, 0x22, &cb);
     /* concurrent: a writes x and z, b writes y and z */
     put_kv(a, "x", "ax");
     put_kv(a, "z", "az");

@@ -319,11 +319,8 @@ static int visible(cairn_store *s, const char *k)
 
 START_TEST(nothing_visible_before_durable)
 {
-    char *dir = make_tmpdir();
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.before_write_cb = gate_hook;
-    st = open_store_opts(dir, &o);
+    char *dir;
+    st = open_store_hooked(&dir, gate_hook, NULL);
     ck_assert_int_eq(put_kv(st, "k0", "v0"), 2);
 
     pthread_mutex_lock(&gate_mu);
@@ -403,12 +400,9 @@ START_TEST(group_commit_shares_fsyncs)
 {
     /* while the committer is held in its first write, 63 more writers
      * queue up: they all go out in the next group, one fsync */
-    char *dir = make_tmpdir();
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.before_write_cb = gate_hook;
     gate_fail = 0;
-    st = open_store_opts(dir, &o);
+    char *dir;
+    st = open_store_hooked(&dir, gate_hook, NULL);
     pthread_mutex_lock(&gate_mu);
     gate_armed = 1;
     gate_entered = 0;

@@ -191,20 +191,6 @@ static int value_at(cairn_store *s, const char *k, int64_t rev, char *out, size_
     return 0;
 }
 
-static cairn_store *open_actor(const char *dir, uint8_t actor_byte, captured *cap)
-{
-    static cairn_actor actors[3];
-    cairn_actor *a = &actors[actor_byte % 3];
-    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.actor = a;
-    cairn_store_subscriber sub = {capture, cap};
-    o.subscribers = &sub;
-    o.nsubscribers = cap ? 1 : 0;
-    return open_store_opts(dir, &o);
-}
-
 /* ---- history record inspection -------------------------------------------------- */
 
 typedef struct kstat {
@@ -254,7 +240,7 @@ START_TEST(records_of_format_3)
 {
     char *d = make_tmpdir();
     captured cap = {0};
-    cairn_store *s = open_actor(d, 0x11, &cap);
+    cairn_store *s = open_store_actor(d, 0x11, &cap);
     ck_assert_int_eq(put_kv(s, "a", "1"), 2);
     ck_assert_int_eq(put_kv(s, "a", "2"), 3);
     ck_assert_int_eq(put_kv(s, "b", LONGV), 4);
@@ -299,7 +285,7 @@ START_TEST(records_of_format_3)
         ck_assert_int_eq(st.saw_value, 0);
         ck_assert_uint_le(st.max_len, 1 + 5 * 10);
         ck_assert_uint_eq(raw_format(d), 3);
-        s = open_actor(d, 0x11, NULL);
+        s = open_store_actor(d, 0x11, NULL);
     }
     cairn_store_close(s);
     captured_free(&cap);
@@ -315,9 +301,9 @@ START_TEST(value_from_an_older_change)
 {
     char *da = make_tmpdir(), *db = make_tmpdir(), *dc = make_tmpdir();
     captured ca = {0}, cb = {0}, cc = {0};
-    cairn_store *a = open_actor(da, 0x11, &ca);
-    cairn_store *b = open_actor(db, 0x22, &cb);
-    cairn_store *c = open_actor(dc, 0x33, &cc);
+    cairn_store *a = open_store_actor(da, 0x11, &ca);
+    cairn_store *b = open_store_actor(db, 0x22, &cb);
+    cairn_store *c = open_store_actor(dc, 0x33, &cc);
     ck_assert_int_eq(put_kv(a, "z", "from-a"), 2);
     ck_assert_int_eq(put_kv(b, "z", "from-b"), 2);
     ck_assert_int_eq(cairn_store_receive(a, cb.bytes[0], cb.len[0]), 0);
@@ -341,7 +327,7 @@ START_TEST(value_from_an_older_change)
     kstat st = k_records(da, loser);
     ck_assert_uint_eq(st.inl, 1); /* only the uncovered value is inline */
     ck_assert_int_eq(st.saw_value, 1);
-    a = open_actor(da, 0x11, NULL);
+    a = open_store_actor(da, 0x11, NULL);
     hist_log l;
     ck_assert_int_eq(history_text(a, r, &l), 0);
     char want[64];

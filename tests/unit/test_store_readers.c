@@ -97,11 +97,8 @@ static void *writer_main(void *arg)
 
 static void stalled_reader_case(int64_t at)
 {
-    char *dir = make_tmpdir();
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.range_view_cb = stall_hook;
-    st = open_store_opts(dir, &o);
+    char *dir;
+    st = open_store_hooked(&dir, NULL, stall_hook);
     ck_assert_int_eq(put_kv(st, "a", "1"), 2);
     ck_assert_int_eq(put_kv(st, "b", "1"), 3);
     ck_assert_int_eq(put_kv(st, "a", "2"), 4);
@@ -298,11 +295,8 @@ static void *compactor(void *arg)
 
 START_TEST(pairs_are_read_together)
 {
-    char *dir = make_tmpdir();
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.range_view_cb = jitter_hook;
-    st = open_store_opts(dir, &o);
+    char *dir;
+    st = open_store_hooked(&dir, NULL, jitter_hook);
     atomic_store(&writers_left, WRITERS);
     pthread_t w[WRITERS], r[READERS], c;
     for (int i = 0; i < WRITERS; i++)

@@ -14,22 +14,6 @@
 #include "../store/store_test.h"
 #include "store/replica.h"
 
-static cairn_store *open_node(const char *dir, uint8_t actor_byte, captured *cap)
-{
-    static cairn_actor actors[3];
-    cairn_actor *a = &actors[actor_byte % 3];
-    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.actor = a;
-    cairn_store_subscriber sub = {capture, cap};
-    if (cap) {
-        o.subscribers = &sub;
-        o.nsubscribers = 1;
-    }
-    return open_store_opts(dir, &o);
-}
-
 typedef struct done_wait {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -155,7 +139,7 @@ static cairn_replica *session(cairn_store *s)
 START_TEST(two_stores_converge)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
-    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_store *a = open_store_actor(da, 1, NULL), *b = open_store_actor(db, 2, NULL);
     cairn_replica *ab = session(a), *ba = session(b);
     put_kv(a, "a1", "x");
     put_kv(a, "same", "from-a");
@@ -183,7 +167,7 @@ END_TEST
 START_TEST(change_bytes_counts_every_change)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
-    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_store *a = open_store_actor(da, 1, NULL), *b = open_store_actor(db, 2, NULL);
     cairn_replica *ab = session(a), *ba = session(b);
     uint64_t n0, b0, n1, b1, n2, b2;
     ck_assert_int_eq(cairn_store_change_bytes(a, &n0, &b0), 0);
@@ -209,7 +193,7 @@ END_TEST
 START_TEST(burst_of_1000)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
-    cairn_store *a = open_node(da, 1, NULL), *b = open_node(db, 2, NULL);
+    cairn_store *a = open_store_actor(da, 1, NULL), *b = open_store_actor(db, 2, NULL);
     cairn_replica *ab = session(a), *ba = session(b);
     for (int i = 0; i < 1000; i++) {
         char k[16];
@@ -241,7 +225,7 @@ START_TEST(three_in_a_line)
     cairn_store *s[3];
     for (int i = 0; i < 3; i++) {
         d[i] = make_tmpdir();
-        s[i] = open_node(d[i], (uint8_t)(i + 1), NULL);
+        s[i] = open_store_actor(d[i], (uint8_t)(i + 1), NULL);
     }
     /* links a-b and b-c only */
     cairn_replica *ab = session(s[0]), *ba = session(s[1]);
@@ -270,7 +254,7 @@ START_TEST(corrupt_change_applies_nothing)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0};
-    cairn_store *a = open_node(da, 1, &ca), *b = open_node(db, 2, NULL);
+    cairn_store *a = open_store_actor(da, 1, &ca), *b = open_store_actor(db, 2, NULL);
     cairn_replica *ab = session(a), *ba = session(b);
     put_kv(a, "good", "1");
     put_kv(a, "bad", "2");
@@ -329,7 +313,7 @@ START_TEST(push_then_quiet)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0};
-    cairn_store *a = open_node(da, 1, &ca), *b = open_node(db, 2, NULL);
+    cairn_store *a = open_store_actor(da, 1, &ca), *b = open_store_actor(db, 2, NULL);
     cairn_replica *ab = session(a), *ba = session(b);
     sync_link(ab, ba);
     put_kv(a, "pushed", "v");

@@ -4,7 +4,8 @@
  * lossy transport (drops, duplicates, reordering, lost sync state) still
  * converges; forced Bloom false positives and tiny message bounds still
  * converge; push; peer_has; the decoder rejects bad bytes with the right
- * code and the encoding is canonical.
+ * code and the encoding is canonical; a rejected change (a fork) crosses
+ * once and is neither asked for nor judged again.
  */
 #include <check.h>
 #include <stdint.h>
@@ -1051,6 +1052,115 @@ START_TEST(hostile_need_and_heads)
 }
 END_TEST
 
+/* ---- rejected changes ------------------------------------------------------------ */
+
+static void count_fork(void *arg, const cairn_change *c, const cairn_hash *held)
+{
+    (void)c;
+    (void)held;
+    ++*(int *)arg;
+}
+
+/* How many of |m|'s changes are |h|. */
+static int carries(const uint8_t *m, size_t len, const cairn_hash *h)
+{
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
+    int k = 0;
+    for (size_t i = 0; i < dm.nchanges; i++)
+        k += cairn_hash_cmp(&dm.changes[i]->hash, h) == 0;
+    cairn_sync_msg_destroy(&dm);
+    return k;
+}
+
+START_TEST(rejected_not_refetched)
+{
+    /* One author forked (two data dirs with one actor): |a| holds one
+     * change of (actor 1, seq 1), |b| the other and two changes of its own
+     * on top. Each rejects the other's; before rejected hashes were
+     * remembered, each asked for the other's head by hash every round and
+     * got the same rejected change back, forever. Now each crosses once and
+     * the pair goes quiet, and a hostile resend is not judged again. */
+    cairn_doc *a = new_doc(1), *f = new_doc(1), *b = new_doc(2);
+    edit(a, "a", 1, NULL);
+    edit(f, "f", 1, NULL);
+    copy_all(b, f);
+    edit(b, "b", 2, NULL);
+    const cairn_hash *ha, *hf;
+    ck_assert_uint_eq(cairn_dag_heads(cairn_doc_dag(a), &ha), 1);
+    ck_assert_uint_eq(cairn_dag_heads(cairn_doc_dag(f), &hf), 1);
+    cairn_hash xa = ha[0], xf = hf[0];
+    int forks_a = 0, forks_b = 0;
+    cairn_doc_observer oa = {.arg = &forks_a, .fork_cb = count_fork};
+    cairn_doc_observer ob = {.arg = &forks_b, .fork_cb = count_fork};
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 77;
+    int crossed_a = 0, crossed_f = 0, quiet_from = 0;
+    size_t late_msgs = 0;
+    uint8_t *keep = NULL;
+    size_t keep_len = 0;
+    for (int r = 1; r <= 30; r++) {
+        int any = 0;
+        for (int dir = 0; dir < 2; dir++) {
+            cairn_doc *from = dir ? b : a, *to = dir ? a : b;
+            cairn_sync_state *sf = dir ? sb : sa, *st = dir ? sa : sb;
+            for (int burst = 0;; burst++) {
+                ck_assert_int_lt(burst, 100);
+                uint8_t salt[CAIRN_BLOOM_SALT_LEN], *m = NULL;
+                size_t len = 0;
+                salt_next(salt, &rng);
+                ck_assert_int_eq(cairn_sync_generate(&m, &len, from, sf, salt), 0);
+                if (!m)
+                    break;
+                any = 1;
+                if (r > 5)
+                    late_msgs++;
+                int k = carries(m, len, dir ? &xf : &xa);
+                *(dir ? &crossed_f : &crossed_a) += k;
+                int rc = sync_apply(to, st, m, len, dir ? &oa : &ob);
+                ck_assert(rc == 0 || (k && rc == CAIRN_EFORK));
+                if (!dir && k && !keep) {
+                    keep = m;
+                    keep_len = len;
+                } else {
+                    free(m);
+                }
+            }
+        }
+        if (!any && !quiet_from)
+            quiet_from = r;
+    }
+    ck_assert_int_eq(crossed_a, 1);
+    ck_assert_int_eq(crossed_f, 1);
+    ck_assert_int_ne(quiet_from, 0);
+    ck_assert_uint_eq(late_msgs, 0);
+    ck_assert_int_eq(forks_a, 1);
+    ck_assert_int_eq(forks_b, 1);
+    /* Each holds its own fork; the other is remembered, not asked for. */
+    ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(b), &xa), 2);
+    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(b), &xa), 1);
+    ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(a), &xf), 2);
+    cairn_hash *miss = NULL;
+    size_t nmiss = 9;
+    ck_assert_int_eq(cairn_dag_missing(&miss, &nmiss, cairn_doc_dag(a)), 0);
+    ck_assert_uint_eq(nmiss, 0);
+    free(miss);
+    /* A peer that sends it again (a fresh session): dropped as known, the
+     * document does not judge it again. */
+    cairn_sync_state *s2 = new_state(NULL);
+    ck_assert_ptr_nonnull(keep);
+    ck_assert_int_eq(sync_apply(b, s2, keep, keep_len, &ob), 0);
+    ck_assert_int_eq(forks_b, 1);
+    free(keep);
+    cairn_sync_state_free(s2);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+    cairn_doc_free(f);
+}
+END_TEST
+
 /* ---- bodies from a loader ------------------------------------------------------ */
 
 /* A stand-in for the store: the canonical bytes of every change the doc
@@ -1569,6 +1679,7 @@ int main(void)
     tcase_add_test(tc, decode_canonical_roundtrip);
     tcase_add_test(tc, decode_rejects);
     tcase_add_test(tc, hostile_need_and_heads);
+    tcase_add_test(tc, rejected_not_refetched);
     tcase_add_test(tc, loader_sync_converges);
     tcase_add_test(tc, loader_corrupt_body);
     tcase_add_test(tc, receive_hands_back);
