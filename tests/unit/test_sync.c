@@ -1372,18 +1372,6 @@ static void copy_from(cairn_doc *to, const cairn_doc *from, uint64_t first)
     }
 }
 
-/* 1 if the message |m| carries the change with hash |h|. */
-static int carries(const uint8_t *m, size_t len, const cairn_hash *h)
-{
-    cairn_sync_msg dm;
-    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m, len, NULL), 0);
-    int found = 0;
-    for (size_t i = 0; i < dm.nchanges; i++)
-        found |= cairn_hash_cmp(&dm.changes[i]->hash, h) == 0;
-    cairn_sync_msg_destroy(&dm);
-    return found;
-}
-
 START_TEST(stale_filter_not_answered)
 {
     /* a sends b a filter, then moves on (changes b gets through a third
