@@ -33,7 +33,12 @@
  * public C API (content-type and grpc-encoding are not in the request's
  * metadata, the message arrives as plain bytes, a bad timeout reads as no
  * deadline), so cairn serves such a request like a well-formed one
- * (measured; tests/integration/test_faults.py pins it).
+ * (measured; tests/integration/test_faults.py pins it). The front listener
+ * (server/http/front.c) cannot check them either without changing what it
+ * is: it hands a connection to gRPC whole once the preface is read, and
+ * checking headers would mean relaying every byte through an HTTP/2 frame
+ * parser keeping HPACK's table in step, a copy and a thread hop on every
+ * request. Re-checked 2026-12-02 with gRPC core 1.51.1: unchanged.
  *
  * Shutdown: stop accepting (grpc_server_shutdown_and_notify), tell the
  * services, let calls in flight finish for a grace period, cancel the rest,
