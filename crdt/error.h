@@ -8,7 +8,7 @@
  * rpctypes), so that clients matching on them behave as against etcd.
  *
  * Codes are negative; 0 is success. gRPC status numbers: 1 CANCELLED,
- * 3 INVALID_ARGUMENT, 5 NOT_FOUND, 6 ALREADY_EXISTS, 8 RESOURCE_EXHAUSTED,
+ * 3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 5 NOT_FOUND, 6 ALREADY_EXISTS, 8 RESOURCE_EXHAUSTED,
  * 9 FAILED_PRECONDITION, 11 OUT_OF_RANGE, 12 UNIMPLEMENTED, 13 INTERNAL,
  * 14 UNAVAILABLE, 15 DATA_LOSS.
  */
@@ -60,7 +60,11 @@
     X(EMSGTOOLARGE, 8, "grpc: received message larger than max")                                   \
     X(ENOSUCHMETHOD, 12, "unknown method")                                                         \
     /* crdt, added last so that no other code's number moves. */                                   \
-    X(ENOTPAST, 3, "cairn: change names an op outside its causal past")
+    X(ENOTPAST, 3, "cairn: change names an op outside its causal past")                            \
+    /* the Replication service */                                                                  \
+    X(ENOTHERE, 9, "cairn: not here yet")                                                          \
+    X(EREPLAY, 8, "cairn: too many changes to replay for these heads")                             \
+    X(ENOTREPLICATED, 4, "cairn: not replicated before the deadline")
 
 enum {
     CAIRN_OK = 0,

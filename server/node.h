@@ -42,6 +42,7 @@ struct cairn_server {
     struct watch_hub *watch;    /* etcd/watch.c */
     struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
     struct peer_net *peer;      /* peer/peer.c: the other members */
+    struct repl_hub *repl;      /* cairn/replication.c: WaitReplicated's waiter */
     struct cairn_tls_server *tls_client; /* tls/: https:// client URLs; else NULL */
     struct cairn_tls_pump *tls_pump;
     struct front *front;     /* http/front.c: the client URLs' sockets */

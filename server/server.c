@@ -147,6 +147,8 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
             goto fail;
     }
     rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
+    if (rc == 0)
+        rc = cairn_repl_hub_new(srv);
     if (rc != 0)
         goto fail;
     *out = srv;
@@ -204,6 +206,7 @@ void cairn_server_free(cairn_server *srv)
     cairn_server_stop(srv, 0);
     /* after the store closed: the store's subscriber and receive
      * completions point into it */
+    cairn_repl_hub_free(srv); /* after the engine stopped: no call parks */
     peer_net_free(srv->peer);
     node_destroy(srv);
     watch_hub_free(srv);

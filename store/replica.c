@@ -230,6 +230,16 @@ static void doc_read_unlock(cairn_store *s)
     pthread_rwlock_unlock(&s->rw);
 }
 
+int cairn_store_doc_read_lock(cairn_store *s, int durable)
+{
+    return doc_read_lock(s, durable);
+}
+
+void cairn_store_doc_read_unlock(cairn_store *s)
+{
+    doc_read_unlock(s);
+}
+
 /* Pays the cairn_sync_applied a completed receive left owed (caller holds
  * r->mu, the read side and doc_mu). */
 static int settle_applied(cairn_replica *r)
@@ -269,6 +279,27 @@ void cairn_replica_reset(cairn_replica *r)
     pthread_mutex_lock(&r->mu);
     cairn_sync_reset(r->st);
     pthread_mutex_unlock(&r->mu);
+}
+
+int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n)
+{
+    *heads = NULL;
+    *n = 0;
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    const cairn_hash *h;
+    size_t nh = cairn_sync_their_heads(r->st, &h);
+    if (nh) {
+        *heads = malloc(nh * sizeof **heads);
+        if (*heads) {
+            memcpy(*heads, h, nh * sizeof **heads);
+            *n = nh;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 int cairn_replica_generate(cairn_replica *r, uint8_t **out, size_t *len)

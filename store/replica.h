@@ -78,6 +78,10 @@ typedef void (*cairn_replica_done_cb)(void *arg, int rc);
 int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
                           cairn_replica_done_cb cb, void *arg);
 
+/* The peer's heads as its last message reported them (a new array,
+ * *heads caller frees; NULL when *n == 0, before the first message). */
+int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n);
+
 /* The store's heads as the document holds them (for tests and the
  * Replication service): a new sorted array (*heads, caller frees; NULL when
  * *n == 0), read under the read side once everything applied is durable.
@@ -91,5 +95,70 @@ int cairn_store_heads(cairn_store *s, cairn_hash **heads, size_t *n);
  * the read side for its whole length), or the loader's errors. */
 #define CAIRN_STORE_CHANGE_BYTES_MAX 200000
 int cairn_store_change_bytes(cairn_store *s, uint64_t *count, uint64_t *bytes);
+
+/* ---- the Replication service's questions (causal.c) ----------------------
+ * A revision is local; a change's hash is its global name. All of these
+ * answer from durable changes only (the document is read once nothing
+ * applied waits for the committer). */
+
+/* The change that made local revision |rev| (*out). Compaction does not
+ * forget it: the DAG keeps every hash. CAIRN_EFUTUREREV above the visible
+ * revision; CAIRN_ENOTFOUND for revision 1 and below (the fresh store's,
+ * which no change made). */
+int cairn_store_rev_to_hash(cairn_store *s, cairn_hash *out, int64_t rev);
+
+/* The local revision of change |h|: *rev is the revision it made (*took 1),
+ * or, for a change that made none (lease-only, membership, a write that
+ * lost to a concurrent one everywhere it touched), the newest revision
+ * made before it in the apply order (*took 0), whose key space is the one
+ * the change leaves. CAIRN_ENOTHERE if this node has not got |h| durably. */
+int cairn_store_hash_to_rev(cairn_store *s, int64_t *rev, int *took, const cairn_hash *h);
+
+/* One key as it was at a set of heads. Owned by the cairn_heads_range. */
+typedef struct cairn_heads_kv {
+    uint8_t *key;
+    size_t key_len;
+    uint8_t *value; /* NULL with keys_only */
+    size_t value_len;
+    int64_t lease;
+} cairn_heads_kv;
+
+typedef struct cairn_heads_range {
+    cairn_heads_kv *kvs; /* ascending by key */
+    size_t nkvs;
+    int more;       /* |limit| cut the answer */
+    int64_t count;  /* keys in the range at the heads, whatever the limit */
+    int64_t revision; /* the local revision that is this state, 0 if none is */
+    int replayed;   /* 1: rebuilt by replaying the heads' past, 0: history */
+} cairn_heads_range;
+void cairn_heads_range_destroy(cairn_heads_range *r);
+
+/* Replays at most this many changes for one Range at heads (CAIRN_EREPLAY
+ * beyond). */
+#define CAIRN_STORE_REPLAY_MAX 100000u
+
+/* The key space in |req|'s range (key, range_end, limit, keys_only; etcd's
+ * range rules; the other fields are ignored) exactly as it was at |heads|
+ * (with their causal past). When that past is a prefix of this node's
+ * apply order it is a local revision and history serves it; otherwise
+ * (concurrent changes were applied in between) the past is replayed into
+ * a scratch document, at most |max_replay| changes (0: the default).
+ * CAIRN_ENOTHERE if a head is not here durably (*missing names it; may be
+ * NULL), CAIRN_EREPLAY past the bound, CAIRN_EEMPTYKEY, CAIRN_EINVAL for
+ * no heads. *out zeroed on failure. */
+int cairn_store_range_at_heads(cairn_store *s, cairn_heads_range *out, const cairn_hash *heads,
+                               size_t nheads, const cairn_range_req *req, uint64_t max_replay,
+                               cairn_hash *missing);
+
+/* 1 if every one of |want| is here and an ancestor of (or equal to) one of
+ * |have| (a peer's acknowledged heads), else 0. Heads of |have| this node
+ * has not got are ignored, so the answer can be a late 1, never a wrong 1.
+ * < 0: the store failed. */
+int cairn_store_heads_cover(cairn_store *s, const cairn_hash *want, size_t nwant,
+                            const cairn_hash *have, size_t nhave);
+
+/* CAIRN_ENOTHERE unless every one of |heads| is here durably (*missing
+ * names the first that is not). */
+int cairn_store_heads_here(cairn_store *s, const cairn_hash *heads, size_t n, cairn_hash *missing);
 
 #endif

@@ -103,3 +103,31 @@ int cairn_revmap_find_from(revmap *m, uint64_t *index, int64_t rev)
     pthread_mutex_unlock(&m->mu);
     return rc;
 }
+
+int cairn_revmap_rev_of(revmap *m, int64_t *rev, uint64_t index)
+{
+    *rev = 1; /* etcd: a fresh store is at revision 1 */
+    int took = 0;
+    pthread_mutex_lock(&m->mu);
+    size_t lo = 0, hi = m->n; /* first run with idx > |index| */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->idx[mid] <= index)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo) {
+        size_t i = lo - 1;
+        int64_t end = i + 1 < m->n ? m->rev[i + 1] - 1 : m->last; /* the run's last rev */
+        uint64_t off = index - m->idx[i];
+        if (off <= (uint64_t)(end - m->rev[i])) {
+            *rev = m->rev[i] + (int64_t)off;
+            took = 1;
+        } else {
+            *rev = end;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return took;
+}

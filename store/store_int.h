@@ -228,6 +228,10 @@ int cairn_revmap_find(revmap *m, uint64_t *index, int64_t rev);
 /* The index of the change that made the first revision >= |rev|;
  * CAIRN_ENOTFOUND if none did. */
 int cairn_revmap_find_from(revmap *m, uint64_t *index, int64_t rev);
+/* The other way: the newest revision made by a change at or before apply
+ * index |index| (*rev; 1, the fresh store's, if none). Returns 1 if the
+ * change at |index| made *rev itself, 0 if it took no revision. */
+int cairn_revmap_rev_of(revmap *m, int64_t *rev, uint64_t index);
 
 /* ---- the checkpoint file (checkpoint.c; layout in store.h) ----------------- */
 
@@ -520,6 +524,13 @@ int cairn_store_body_cache_load(cairn_store *s, body_cache *bc, uint64_t index, 
  * body under 'O' and one history record per event of the change being
  * applied. */
 int cairn_store_batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev);
+
+/* replica.c: the read side and the lock that serialises the DAG's const
+ * calls (replica.c says why); with |durable|, once nothing applied waits
+ * for the committer, so the document holds exactly what is on disk.
+ * Returns the store's error once it failed (nothing held then). */
+int cairn_store_doc_read_lock(cairn_store *s, int durable);
+void cairn_store_doc_read_unlock(cairn_store *s);
 
 /* apply.c */
 /* The observer every change is applied with (resets obs_rc). */

@@ -146,6 +146,9 @@ typedef struct ppeer {
     size_t nclient_urls;
     uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
     uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
+    cairn_hash *acked; /* its heads as its last message reported them: durable
+                          on it (replica.h); under peer_net.info_mu */
+    size_t nacked;
     pthread_mutex_t qmu;
     qchange *qhead, **qtail;
     size_t qbytes;
@@ -173,7 +176,9 @@ struct peer_net {
     pthread_t th;
     int started, stopped;
     atomic_int stop;
-    pthread_mutex_t info_mu; /* the peers' client URLs */
+    pthread_mutex_t info_mu; /* the peers' client URLs and acked heads */
+    void (*ack_cb)(void *arg); /* peer_net_set_ack_cb */
+    void *ack_arg;
     uint64_t my_id, cluster_id;
     uint64_t incarnation; /* this start, in ms since the epoch */
     uint64_t urls_gen;    /* bumped when a member's client URLs change */
@@ -619,12 +624,33 @@ static void received_durable(void *arg, int rc)
         atomic_store(&p->answer_due, 1);
 }
 
+/* Keeps the heads a message from |p| reported (durable on |p|: a node
+ * tells its heads only once they are on its disk) for
+ * peer_net_acked_heads, and tells the ack callback. */
+static void note_acked(peer_net *n, ppeer *p)
+{
+    cairn_hash *h;
+    size_t nh;
+    if (cairn_replica_their_heads(p->rep, &h, &nh) || !nh)
+        return;
+    pthread_mutex_lock(&n->info_mu);
+    int same = nh == p->nacked && memcmp(h, p->acked, nh * sizeof *h) == 0;
+    free(p->acked);
+    p->acked = h;
+    p->nacked = nh;
+    pthread_mutex_unlock(&n->info_mu);
+    if (!same && n->ack_cb)
+        n->ack_cb(n->ack_arg);
+}
+
 static void on_sync(void *arg, const uint8_t *msg, size_t len)
 {
     plink *l = arg;
     ppeer *p = l->p;
     int rejected = 0;
     int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);
+    if (!rc)
+        note_acked(l->n, p);
     char why[160];
     if (rc) {
         snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
@@ -1358,6 +1384,34 @@ void peer_net_urls_free(char **urls, size_t nurls)
     free_urls(urls, nurls);
 }
 
+int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads)
+{
+    *heads = NULL;
+    *nheads = 0;
+    ppeer *p = n ? peer_by_id(n, id) : NULL;
+    if (!p)
+        return CAIRN_ENOTFOUND;
+    int rc = 0;
+    pthread_mutex_lock(&n->info_mu);
+    if (p->nacked) {
+        *heads = malloc(p->nacked * sizeof **heads);
+        if (*heads) {
+            memcpy(*heads, p->acked, p->nacked * sizeof **heads);
+            *nheads = p->nacked;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&n->info_mu);
+    return rc;
+}
+
+void peer_net_set_ack_cb(peer_net *n, void (*cb)(void *arg), void *arg)
+{
+    n->ack_cb = cb;
+    n->ack_arg = arg;
+}
+
 size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
 {
     if (!n)
@@ -1434,6 +1488,7 @@ void peer_net_free(peer_net *n)
         }
         pthread_mutex_destroy(&p->qmu);
         free_urls(p->client_urls, p->nclient_urls);
+        free(p->acked);
         free(p->name);
         free(p->addr);
     }

@@ -32,6 +32,18 @@ int peer_net_start(peer_net *n);
 int peer_net_client_urls(peer_net *n, uint64_t id, char ***urls, size_t *nurls);
 void peer_net_urls_free(char **urls, size_t nurls);
 
+/* The heads member |id| last reported (new array, caller frees; none
+ * before its first message): by the protocol they are durable on it, so
+ * every ancestor of them is too. Kept across its restarts (what was on its
+ * disk stays there). CAIRN_ENOTFOUND if |id| is not another member; ENOMEM.
+ * Any thread. (The Replication service's accessor; a heads-only ack may
+ * replace how they arrive, not what they mean.) */
+int peer_net_acked_heads(peer_net *n, uint64_t id, cairn_hash **heads, size_t *nheads);
+/* |cb| is called, on the peer thread, whenever a member's acked heads
+ * change; it must not block or call back into the transport. Before
+ * peer_net_start. */
+void peer_net_set_ack_cb(peer_net *n, void (*cb)(void *arg), void *arg);
+
 /* What the transport did with one other member since this node started
  * (peer_net_stats). Counters only grow; a stream counts from its hello on. */
 typedef struct peer_stats {

@@ -166,6 +166,23 @@ static inline void captured_free(captured *c)
     c->n = 0;
 }
 
+/* A store whose actor is |actor_byte| repeated, every change captured into
+ * |cap|: one of two peers of one cluster (the actor's storage is shared by
+ * the bytes with the same low bit). */
+static inline cairn_store *open_capturing(const char *dir, uint8_t actor_byte, captured *cap)
+{
+    static cairn_actor actors[2];
+    cairn_actor *a = &actors[actor_byte & 1];
+    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.actor = a;
+    cairn_store_subscriber sub = {capture, cap};
+    o.subscribers = &sub;
+    o.nsubscribers = 1;
+    return open_store_opts(dir, &o);
+}
+
 /* The genesis as every node of cluster |token| builds it (store.h:
  * DOCUMENT LAYOUT), to build peers' changes on. *ga gets its actor. */
 static inline cairn_change *genesis(const char *token, cairn_actor *ga)

@@ -18,20 +18,6 @@
 
 #include "../store/store_test.h"
 
-static cairn_store *open_peer(const char *dir, uint8_t actor_byte, captured *cap)
-{
-    static cairn_actor actors[2];
-    cairn_actor *a = &actors[actor_byte & 1];
-    memset(a->b, actor_byte, CAIRN_ACTOR_LEN);
-    cairn_store_options o;
-    cairn_store_options_init(&o);
-    o.actor = a;
-    cairn_store_subscriber sub = {capture, cap};
-    o.subscribers = &sub;
-    o.nsubscribers = 1;
-    return open_store_opts(dir, &o);
-}
-
 static void expect(cairn_store *s, const char *k, const char *v, int64_t c, int64_t m, int64_t ver)
 {
     cairn_range_req q = {0};
@@ -48,8 +34,8 @@ START_TEST(merge_through_the_observer)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0}, cb = {0};
-    cairn_store *a = open_peer(da, 0x11, &ca);
-    cairn_store *b = open_peer(db, 0x22, &cb);
+    cairn_store *a = open_capturing(da, 0x11, &ca);
+    cairn_store *b = open_capturing(db, 0x22, &cb);
 
     /* a writes x; b merges it: next local revision on b (2), version 1 */
     ck_assert_int_eq(put_kv(a, "x", "from-a"), 2);
@@ -113,7 +99,7 @@ START_TEST(merge_through_the_observer)
 
     /* merged changes are durable with their revisions */
     cairn_store_close(b);
-    b = open_peer(db, 0x22, &cb);
+    b = open_capturing(db, 0x22, &cb);
     ck_assert_int_eq(cur_rev(b), rb);
     expect(b, "x", "a-second", 2, 4, 2);
     /* a change whose dependency is missing is buffered, not an error */
@@ -179,7 +165,7 @@ START_TEST(hostile_values_from_peers)
 {
     char *d = make_tmpdir();
     captured cap = {0};
-    cairn_store *s = open_peer(d, 0x11, &cap);
+    cairn_store *s = open_capturing(d, 0x11, &cap);
     cairn_actor ga;
     cairn_change *g = genesis("etcd-cluster", &ga);
     /* a value that is not bytes, and bytes whose lease varint never ends */
@@ -209,7 +195,7 @@ START_TEST(hostile_values_from_peers)
     cairn_range_resp_destroy(&r);
     /* and the same after a replay */
     cairn_store_close(s);
-    s = open_peer(d, 0x11, &cap);
+    s = open_capturing(d, 0x11, &cap);
     expect(s, "int", "", 2, 2, 1);
     ck_assert_int_eq(cur_rev(s), 3);
     cairn_change_free(c1);
@@ -317,9 +303,9 @@ START_TEST(burst_is_one_group_commit)
 {
     char *da = make_tmpdir(), *db = make_tmpdir(), *dc = make_tmpdir();
     captured ca = {0}, cb = {0}, cc = {0};
-    cairn_store *a = open_peer(da, 0x11, &ca);
-    cairn_store *b = open_peer(db, 0x22, &cb);
-    cairn_store *c = open_peer(dc, 0x33, &cc);
+    cairn_store *a = open_capturing(da, 0x11, &ca);
+    cairn_store *b = open_capturing(db, 0x22, &cb);
+    cairn_store *c = open_capturing(dc, 0x33, &cc);
     enum { N = 12 };
     char k[16], v[16];
     for (int i = 0; i < N; i++) {
@@ -364,7 +350,7 @@ START_TEST(burst_is_one_group_commit)
     /* durable with its revisions */
     cairn_store_close(b);
     captured_free(&cb);
-    b = open_peer(db, 0x22, &cb);
+    b = open_capturing(db, 0x22, &cb);
     same_state(b, c);
     /* an empty burst completes with the current heads */
     burst(b, NULL, 0, NULL, &w);
@@ -390,7 +376,7 @@ START_TEST(burst_with_a_bad_change)
 {
     char *d = make_tmpdir();
     captured cap = {0};
-    cairn_store *s = open_peer(d, 0x11, &cap);
+    cairn_store *s = open_capturing(d, 0x11, &cap);
     cairn_actor ga;
     cairn_change *g = genesis("etcd-cluster", &ga);
     /* c1 good; bad names no object (seq 2 of c1's actor); c3 another
@@ -435,7 +421,7 @@ START_TEST(burst_with_a_bad_change)
     /* and so after a replay */
     cairn_store_close(s);
     captured_free(&cap);
-    s = open_peer(d, 0x11, &cap);
+    s = open_capturing(d, 0x11, &cap);
     ck_assert_int_eq(cur_rev(s), 3);
     expect(s, "k3", "three", 3, 3, 1);
     captured_free(&cap);
@@ -452,7 +438,7 @@ START_TEST(every_subscriber_gets_every_change)
 {
     char *da = make_tmpdir(), *db = make_tmpdir();
     captured ca = {0}, hub = {0}, bc = {0}, late = {0};
-    cairn_store *a = open_peer(da, 0x11, &ca);
+    cairn_store *a = open_capturing(da, 0x11, &ca);
     cairn_store_options o;
     cairn_store_options_init(&o);
     cairn_actor act;
