@@ -243,7 +243,7 @@ static const struct flag flags[] = {
     {"debug", F_DEBUG, T_BOOL, "Same as --log-level=debug.", 0, NULL},
     {"log-package-levels", F_IGNORED, T_STRING, "cairn has one log level, --log-level", 0, NULL},
     /* cairn's own */
-    {"threads", F_INT, T_INT, "cairn: gRPC worker threads (default: one per CPU core).", 0, NULL},
+    {"threads", F_INT, T_INT, "cairn: gRPC worker threads (default: one per CPU it may run on, less one, at least one).", 0, NULL},
     {"experimental-batch-writes", F_BATCH, T_INT,
      "cairn, for benchmarks only: coalesce up to N concurrent plain Puts into one change\n"
      "        (one revision for all of them, which breaks etcd's one revision per Put;\n"

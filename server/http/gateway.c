@@ -518,7 +518,14 @@ int gateway_start(gateway *g)
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     g->ch = grpc_channel_create_from_fd("cairn-gateway", sv[1], creds, &cargs);
     grpc_channel_credentials_release(creds);
-    g->cq = grpc_completion_queue_create_for_next(NULL);
+    /* Not polling: a thread waiting in grpc_completion_queue_next on a
+     * polling queue is one of gRPC's pollers (epoll1 polls one epoll set
+     * for every fd) and takes client connections' I/O, handing each request
+     * on to a worker with a wakeup; the workers poll this channel's socket
+     * as well. */
+    grpc_completion_queue_attributes qa = {GRPC_CQ_CURRENT_VERSION, GRPC_CQ_NEXT,
+                                           GRPC_CQ_NON_POLLING, NULL};
+    g->cq = grpc_completion_queue_create(grpc_completion_queue_factory_lookup(&qa), &qa, NULL);
     if (!g->ch || !g->cq)
         return CAIRN_EIO;
     if (pthread_create(&g->thread, NULL, gateway_main, g) != 0)
