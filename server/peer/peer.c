@@ -510,8 +510,11 @@ static void make_live(ppeer *p, plink *l)
     p->live = l;
     if (p->dial == l)
         p->dial = NULL;
-    if (!p->not_linked)
-        p->backoff_ms = PEER_BACKOFF_MIN_MS;
+    /* The backoff is not reset here: both hellos passed on this end, but
+     * the peer may still refuse ours (our certificate, its member table)
+     * and close; resetting now would redial such a peer at the shortest
+     * backoff forever. Its first sync message (on_sync) proves it took
+     * us. */
     /* what we had in flight on an older stream may be lost */
     cairn_replica_reset(p->rep);
     pthread_mutex_lock(&p->qmu);
@@ -763,9 +766,10 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
     ppeer *p = l->p;
     if (p->not_linked) {
         p->not_linked = 0;
-        p->backoff_ms = PEER_BACKOFF_MIN_MS;
         cairn_log(CAIRN_LOG_INFO, "peer %s: accepts this node now (in its --peer-links)", p->name);
     }
+    /* it accepted this stream: a later loss redials at the shortest backoff */
+    p->backoff_ms = PEER_BACKOFF_MIN_MS;
     int rejected = 0;
     inline_done = 0;
     int rc = cairn_replica_receive(p->rep, msg, len, &rejected, received_durable, p);

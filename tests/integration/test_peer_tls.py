@@ -144,6 +144,8 @@ def main():
             own = "%s://127.0.0.1:%d" % ("https" if cert else "http", free_port())
             t = tls(cert, key) if cert else ["--peer-trusted-ca-file", fx.ca]
             x = Node(a.cairn, tmp, "n3", own, urls[2], cluster, t)
+            before = nodes[0].read_log().count(reason)
+            started = time.monotonic()
             try:
                 x.wait_ready()
                 evil = "evil-%d" % i
@@ -154,6 +156,14 @@ def main():
                 for n in nodes:
                     check(n.get(evil) == "", "%s did not apply the impostor's key (%s)" %
                           (n.name, what))
+                # a refused impostor redials with a growing backoff (tens
+                # of ms doubling to 2 s), not at the shortest one: it used
+                # to come back about 30 times a second
+                refusals = nodes[0].read_log().count(reason) - before
+                spent = time.monotonic() - started
+                check(refusals <= 8 + 2 * spent,
+                      "the impostor with %s is backed off: %d refusals in %.1f s" %
+                      (what, refusals, spent))
             finally:
                 x.stop()
         lines = [ln for ln in nodes[0].read_log().splitlines() if "certificate refused" in ln]
