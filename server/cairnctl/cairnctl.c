@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cairnpb/replication.pb-c.h"
+#include "server/rpc/unary_ops.h"
 
 #define EXIT_ERROR 1      /* etcdctl: ExitError */
 #define EXIT_BAD_ARGS 128 /* etcdctl: ExitBadArgs */
@@ -210,19 +211,7 @@ static int call_one(reply *r, const opts *o, const char *target, const char *met
         grpc_metadata_array_init(&tmd);
         grpc_slice details = grpc_empty_slice();
         grpc_op ops[6];
-        memset(ops, 0, sizeof ops);
-        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[1].op = GRPC_OP_SEND_MESSAGE;
-        ops[1].data.send_message.send_message = send;
-        ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-        ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-        ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
-        ops[4].op = GRPC_OP_RECV_MESSAGE;
-        ops[4].data.recv_message.recv_message = &recv;
-        ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-        ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
-        ops[5].data.recv_status_on_client.status = &r->status;
-        ops[5].data.recv_status_on_client.status_details = &details;
+        rpc_unary_ops(ops, send, &imd, &recv, &tmd, &r->status, &details);
         if (grpc_call_start_batch(call, ops, 6, (void *)2, NULL) == GRPC_CALL_OK) {
             grpc_completion_queue_pluck(cq, (void *)2, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
             rc = 0;

@@ -5,8 +5,9 @@
  * The six operations of one unary gRPC call made as a client (gRPC's core
  * API): send the metadata, the request and the close; receive the
  * metadata, the answer and the status. Header only, gRPC only, so that
- * the JSON gateway (server/http/gateway.c) and the load generator
- * (bench/loadgen_rpc.c) share it without sharing a library.
+ * the JSON gateway (server/http/gateway.c), the load generator
+ * (bench/loadgen_rpc.c), cairnctl and test_server share it without
+ * sharing a library.
  */
 
 #include <grpc/grpc.h>

@@ -22,6 +22,7 @@
 
 #include "crdt/error.h"
 #include "server/etcd/etcd.h"
+#include "server/rpc/unary_ops.h"
 #include "server/server.h"
 
 static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
@@ -658,19 +659,7 @@ static int unary(grpc_channel *ch, const char *path, const char *req, char *msg,
     grpc_status_code status = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trailers;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
+    rpc_unary_ops(ops, send, &md, &recv, &trailers, &status, &details);
     ck_assert_int_eq(grpc_call_start_batch(call, ops, 6, &ops, NULL), GRPC_CALL_OK);
     grpc_event ev = grpc_completion_queue_pluck(cq, &ops, deadline, NULL);
     ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
