@@ -3,7 +3,8 @@
 
 The same scripted KV operations (Range, Put, DeleteRange, Txn, Compact and
 the lease field) run against a fresh etcd and a fresh cairn, each started by
-this script on 127.0.0.1 with random free ports and a temporary data dir.
+this script on 127.0.0.1 with free ports reserved for the run and a
+temporary data dir.
 Every check yields a normalised, JSON-able result: revisions relative to the
 revision the check started at (or to zero for the checks on a fresh store),
 response headers without cluster/member ids and raft term, lease ids replaced
@@ -37,7 +38,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -60,6 +60,9 @@ except ImportError:  # pyenv or venv python without Debian's python3-grpcio
         os.environ["CAIRN_HARNESS_REEXEC"] = "1"
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     raise
+
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+import ports  # noqa: E402
 
 RPC_TIMEOUT = 10.0          # seconds, every single RPC
 START_TIMEOUT = 20.0        # seconds for a server to answer its first Range
@@ -140,22 +143,12 @@ def load_messages(proto_dir, workdir):
 # --------------------------------------------------------------------------
 # Servers
 
-def free_port(taken):
-    rnd = random.SystemRandom()
-    for _ in range(200):
-        p = rnd.randint(20000, 40000)
-        if p in taken:
-            continue
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        taken.add(p)
-        return p
-    raise HarnessError("no free port")
+def free_port():
+    """A port reserved for this run (tests/integration/ports.py), or HarnessError."""
+    try:
+        return ports.free_port()
+    except RuntimeError as e:
+        raise HarnessError(str(e))
 
 
 # A server must die with the harness even if the harness is SIGKILLed: it is
@@ -181,8 +174,7 @@ class Server:
         self.log = None
 
     def start(self, msgs, limit=None):
-        ports = set()
-        cport, pport = free_port(ports), free_port(ports)
+        cport, pport = free_port(), free_port()
         curl = "http://127.0.0.1:%d" % cport
         purl = "http://127.0.0.1:%d" % pport
         self.target = "127.0.0.1:%d" % cport

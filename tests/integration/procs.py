@@ -1,26 +1,22 @@
 """Starting and stopping real cairn and etcd processes for the integration
-tests: random free ports on 127.0.0.1, a temporary data dir, a bounded wait
-until the server answers, and a stop that signals only the PID this module
-started (SIGTERM, then SIGKILL after a deadline)."""
+tests: free ports on 127.0.0.1 reserved for the test (ports.py), a
+temporary data dir, a bounded wait until the server answers, and a stop that
+signals only the PID this module started (SIGTERM, then SIGKILL after a
+deadline)."""
 
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402,F401  (re-exported for the tests)
+
 ETCDCTL_TIMEOUT = 20  # seconds, every etcdctl invocation
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Server:

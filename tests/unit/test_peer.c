@@ -9,10 +9,14 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,19 +25,41 @@
 #include "server/peer/peer.h"
 #include "server/server.h"
 
+/* A peer port no other test takes meanwhile: below the kernel's ephemeral
+ * range (where a client connection of a test beside this one could be given
+ * it) and reserved by an flock under /tmp/cairn-test-ports for this
+ * process's lifetime. The convention of tests/integration/ports.py, so the C
+ * and Python tests running side by side share it. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t len = sizeof a;
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    mkdir("/tmp/cairn-test-ports", 01777);
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        int port = 10000 + (int)(rand_r(&seed) % 22768u); /* [10000, 32768) */
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/cairn-test-ports/%d", port);
+        int lock = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+        if (lock < 0)
+            continue;
+        if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+            close(lock);
+            continue;
+        }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(fd, 0);
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok)
+            return port; /* |lock| stays open: the reservation */
+        close(lock);
+    }
+    ck_abort_msg("no free port on 127.0.0.1 in [10000, 32768)");
+    return -1;
 }
 
 typedef struct member {
