@@ -4,9 +4,11 @@
  *
  * History. The store calls cairn_hub_events_cb on its completer thread, in
  * apply order, for every durable change (DESIGN: no event before it is
- * durable). The hub copies the events into a ring of recent revisions
- * (bounded in events and bytes); a watcher whose start revision is in the
- * ring catches up from it, then follows the live stream. A start revision
+ * durable). While any stream has a watcher, the hub copies the events
+ * into a ring of recent revisions (bounded in events and bytes; with no
+ * watcher it empties the ring and copies nothing); a watcher whose start
+ * revision is in the ring catches up from it, then follows the live
+ * stream. A start revision
  * older than the ring (before this process started, or evicted) but not
  * below the store's compaction floor catches up from disk instead
  * (cairn_store_history, read outside the hub lock): each disk batch covers
@@ -180,6 +182,20 @@ void cairn_hub_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const u
     if (!h || rev == 0 || nev == 0)
         return;
     pthread_mutex_lock(&h->mu);
+    int wake = 0;
+    for (cairn_hub_stream *st = h->streams; st; st = st->next)
+        if (st->watchers)
+            st->dirty = wake = 1;
+    if (!wake) {
+        /* No watcher: nobody reads the ring now, and a watcher created
+         * later with an older start revision reads the store's history
+         * (below the floor) just as after a restart. Copying would cost
+         * two mallocs and a copy per event on the completer's path. */
+        while (h->n > 0)
+            ring_drop_oldest(h);
+        h->floor = rev + 1;
+        nev = 0;
+    }
     for (size_t i = 0; i < nev; i++) {
         const cairn_kv *kv = &ev[i].kv;
         size_t need = kv->key_len + kv->value_len;
@@ -216,13 +232,9 @@ void cairn_hub_events_cb(void *arg, int64_t rev, const cairn_hash *hash, const u
     }
     if (rev > h->last_rev)
         h->last_rev = rev;
-    /* Wake the thread only when a watcher may want these events: with no
-     * watchers it would wake (a context switch per change), find nothing to
-     * do and sleep again. */
-    int wake = 0;
-    for (cairn_hub_stream *st = h->streams; st; st = st->next)
-        if (st->watchers)
-            st->dirty = wake = 1;
+    /* Wake the thread only when a watcher may want these events (|wake|,
+     * above): with no watchers it would wake (a context switch per change),
+     * find nothing to do and sleep again. */
     if (wake)
         pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);

@@ -326,6 +326,39 @@ START_TEST(catch_up_batches)
 }
 END_TEST
 
+START_TEST(no_watcher_history_from_disk)
+{
+    /* With no watcher the hub keeps no ring: revisions written then come
+     * from disk, written with a watcher from the ring, and a watcher
+     * created after either sees each exactly once (a small ring, so the
+     * disk batches and the ring meet several times). */
+    open_hub_with(8, 64, 0);
+    put_n(20, "a%d", 3); /* revisions 2..21, no watcher */
+    cairn_hub_stream *s = new_stream();
+    int64_t id = watch(s, "a", "b", 2);
+    wlog l = {0};
+    for (int i = 0; i < 30; i++) {
+        ck_assert_int_eq(drain_n(s, &l, 1, 1), 0);
+        char k[16];
+        snprintf(k, sizeof k, "a%d", 100 + i);
+        put_kv(st, k, "w"); /* 22..51, while s catches up, then live */
+    }
+    ck_assert_int_eq(drain_n(s, &l, 1 << 20, 1), 0);
+    ck_revs(&l, 2, 51);
+    int64_t rev;
+    ck_assert_int_eq(cairn_hub_cancel(s, &rev, id), 0);
+    put_n(5, "a2%d", 3); /* 52..56: no watcher again */
+    cairn_hub_stream *s2 = new_stream();
+    watch(s2, "a", "b", 40);
+    put_kv(st, "a9", "x"); /* 57 */
+    wlog l2 = {0};
+    ck_assert_int_eq(drain_n(s2, &l2, 1 << 20, 1), 0);
+    ck_revs(&l2, 40, 57);
+    cairn_hub_stream_free(s);
+    cairn_hub_stream_free(s2);
+}
+END_TEST
+
 START_TEST(catch_up_bytes_bound)
 {
     /* A catch-up batch ends at the first revision boundary past
@@ -748,6 +781,7 @@ int main(void)
     tcase_add_test(tc, ring_wraps);
     tcase_add_test(tc, catch_up_from_disk_then_live);
     tcase_add_test(tc, catch_up_batches);
+    tcase_add_test(tc, no_watcher_history_from_disk);
     tcase_add_test(tc, catch_up_bytes_bound);
     tcase_add_test(tc, catch_up_after_restart);
     tcase_add_test(tc, range_matching);
