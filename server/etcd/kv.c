@@ -594,9 +594,9 @@ static void put_cleanup(rpc_call *c)
     cairn_put_resp_destroy(&resp_of(c)->put);
 }
 
-static void put_done(void *arg, int rc)
+/* The Put's answer, on its worker (put_done). */
+static void put_answer(rpc_call *c, int rc)
 {
-    rpc_call *c = arg;
     if (rc == 0 && !resp_of(c)->put.prev_kv) {
         /* The common Put: the answer is the header alone. */
         Etcdserverpb__ResponseHeader h;
@@ -609,6 +609,12 @@ static void put_done(void *arg, int rc)
     if (rc == 0)
         rc = put_resp_to_pb(&a, &out, &resp_of(c)->put);
     reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->put.header, a);
+}
+
+/* On the store's completer: the answer leaves from the worker (rpc_later). */
+static void put_done(void *arg, int rc)
+{
+    rpc_later(arg, put_answer, rc);
 }
 
 static void kv_put(rpc_call *c, const uint8_t *req, size_t len)
@@ -649,14 +655,19 @@ static void delete_cleanup(rpc_call *c)
     cairn_delete_resp_destroy(&resp_of(c)->del);
 }
 
-static void delete_done(void *arg, int rc)
+/* The answer, on the call's worker (delete_done). */
+static void delete_answer(rpc_call *c, int rc)
 {
-    rpc_call *c = arg;
     struct arena *a = NULL;
     Etcdserverpb__DeleteRangeResponse out;
     if (rc == 0)
         rc = delete_resp_to_pb(&a, &out, &resp_of(c)->del);
     reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->del.header, a);
+}
+
+static void delete_done(void *arg, int rc)
+{
+    rpc_later(arg, delete_answer, rc);
 }
 
 static void kv_delete_range(rpc_call *c, const uint8_t *req, size_t len)
@@ -683,14 +694,19 @@ static void txn_cleanup(rpc_call *c)
     c->ctx = NULL;
 }
 
-static void txn_done(void *arg, int rc)
+/* The answer, on the call's worker (txn_done). */
+static void txn_answer(rpc_call *c, int rc)
 {
-    rpc_call *c = arg;
     struct arena *a = NULL;
     Etcdserverpb__TxnResponse out;
     if (rc == 0)
         rc = txn_resp_to_pb(&a, &out, &resp_of(c)->txn, 0);
     reply_kv(c, rc, &out.base, &out.header, &resp_of(c)->txn.header, a);
+}
+
+static void txn_done(void *arg, int rc)
+{
+    rpc_later(arg, txn_answer, rc);
 }
 
 static void kv_txn(rpc_call *c, const uint8_t *req, size_t len)

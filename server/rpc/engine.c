@@ -13,9 +13,15 @@
  *
  * Reads answer on the worker. A handler that writes hands the request to
  * the store and returns; the store's completer calls back once the change
- * is durable and the callback answers (grpc_call_start_batch is
- * thread-safe), so a worker need not wait for an fsync and no lock is held
- * across I/O.
+ * is durable, and the callback queues the answer back to the call's worker
+ * (rpc_later), so a worker need not wait for an fsync and no lock is held
+ * across I/O. The completer could answer itself (grpc_call_start_batch is
+ * thread-safe), but then two threads write to each connection: gRPC's
+ * transport lock is contended and gRPC hands the contended reads to its
+ * executor thread, which passes each new call back to the worker with a
+ * wakeup. Measured under etcd's benchmark put (1 worker, 2 loaded CPUs):
+ * the executor's context switches fell from ~2,000 to ~20 a run of 40,000
+ * Puts, server context switches from 0.48-0.55 to 0.39-0.41 a Put.
  *
  * Every error leaves through rpc_fail, with the status and message of the
  * CAIRN_ERRORS row. etcd: a request bigger than grpc-go's receive limit
@@ -85,6 +91,11 @@ struct rpc_worker {
     pthread_t thread;
     int running;
     rpc_method_stats *stats; /* nentries + 1 (the last: unregistered methods) */
+    /* rpc_later's queue; |later_tag| is on the queue while |later_posted| */
+    pthread_mutex_t later_mu;
+    rpc_call *later_head, **later_tail;
+    int later_posted;
+    rpc_side later_tag;
 };
 
 #define COUNT(field, n) atomic_fetch_add_explicit(&(field), (n), memory_order_relaxed)
@@ -507,6 +518,46 @@ int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag)
     return 0;
 }
 
+/* The worker's rpc_later tag came out of its queue: runs every call
+ * queued so far (later ones post the tag again). */
+static void run_later(void *arg, int ok)
+{
+    (void)ok; /* an empty batch always succeeds */
+    struct rpc_worker *w = arg;
+    pthread_mutex_lock(&w->later_mu);
+    rpc_call *c = w->later_head;
+    w->later_head = NULL;
+    w->later_tail = &w->later_head;
+    w->later_posted = 0;
+    pthread_mutex_unlock(&w->later_mu);
+    while (c) {
+        rpc_call *n = c->later_next;
+        c->later_next = NULL;
+        c->later_fn(c, c->later_rc);
+        c = n;
+    }
+}
+
+void rpc_later(rpc_call *c, void (*fn)(rpc_call *c, int rc), int rc)
+{
+    struct rpc_worker *w = c->w;
+    c->later_fn = fn;
+    c->later_rc = rc;
+    c->later_next = NULL;
+    pthread_mutex_lock(&w->later_mu);
+    *w->later_tail = c;
+    w->later_tail = &c->later_next;
+    int post_tag = !w->later_posted;
+    w->later_posted = 1;
+    pthread_mutex_unlock(&w->later_mu);
+    /* An empty batch completes at once on the call's queue, the worker's;
+     * |c| is alive (its answer is not sent) and the queue too (it is shut
+     * down only once every call is freed). */
+    if (post_tag && rpc_side_batch(c, NULL, 0, &w->later_tag) != 0) {
+        run_later(w, 1); /* cannot happen on a live call; never strand one */
+    }
+}
+
 static void handle(void *tag, int ok)
 {
     if (*(int *)tag == RPC_SIDE_STATE) {
@@ -643,7 +694,12 @@ int rpc_engine_new(rpc_engine **out, const rpc_engine_options *o)
     }
     e->nworkers = n;
     for (int i = 0; i < n; i++) {
-        e->workers[i].e = e;
+        struct rpc_worker *w = &e->workers[i];
+        w->e = e;
+        pthread_mutex_init(&w->later_mu, NULL);
+        w->later_tail = &w->later_head;
+        w->later_tag.fn = run_later;
+        w->later_tag.arg = w;
         e->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(e->grpc, e->workers[i].cq, NULL);
     }
@@ -845,8 +901,10 @@ void rpc_engine_free(rpc_engine *e)
                 ;
             grpc_completion_queue_destroy(e->workers[i].cq);
         }
-    for (int i = 0; i < e->nworkers; i++)
+    for (int i = 0; i < e->nworkers; i++) {
         free(e->workers[i].stats);
+        pthread_mutex_destroy(&e->workers[i].later_mu);
+    }
     free(e->workers);
     free(e->entries);
     free(e->svcs);

@@ -94,6 +94,10 @@ struct rpc_call {
     grpc_slice status_details;
     grpc_byte_buffer *send;
     rpc_next_fn next;
+    /* rpc_later's: queued on the call's worker */
+    struct rpc_call *later_next;
+    void (*later_fn)(struct rpc_call *c, int rc);
+    int later_rc;
 
     /* The request's bytes (a unary call's payload as one slice, referenced
      * rather than copied when it arrived in one piece); kept until the call
@@ -194,6 +198,14 @@ void rpc_fail(rpc_call *c, int rc, const char *detail);
  * in flight): the rpc_reply(c, NULL) that ends it fails with |rc| and
  * |detail| (static, or NULL for the CAIRN_ERRORS text) instead. */
 void rpc_fail_on_end(rpc_call *c, int rc, const char *detail);
+
+/* Runs fn(c, rc) soon on |c|'s worker; callable from any thread (a store
+ * callback on the completer). The answer then leaves from the thread that
+ * reads the call's connection: a second thread writing to the connection
+ * contends with it for the transport, and gRPC hands the contended work
+ * to its executor thread, a thread hop per read. One wakeup of the worker
+ * (an empty batch on its queue) carries every call queued before it runs. */
+void rpc_later(rpc_call *c, void (*fn)(rpc_call *c, int rc), int rc);
 /* Streaming: sends one message; |next| follows (see rpc_next_fn). */
 void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next);
 /* Bidi streaming: receives the next message into c->payload (NULL when the

@@ -8,6 +8,7 @@
  * processes in tests/integration/.
  */
 #include <check.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -627,6 +628,35 @@ static void echo_fail(rpc_call *c, const uint8_t *req, size_t len)
     rpc_fail(c, CAIRN_EEMPTYKEY, NULL);
 }
 
+/* /test.Echo/Later: the answer is queued from a thread of the test's own
+ * (as the store's completer does) and must be sent from the call's worker. */
+static pthread_t later_worker;
+static atomic_int later_answered;
+
+static void later_answer(rpc_call *c, int rc)
+{
+    ck_assert_int_eq(rc, 7);
+    ck_assert(pthread_equal(pthread_self(), later_worker));
+    atomic_fetch_add(&later_answered, 1);
+    rpc_reply_raw(c, GRPC_SLICE_START_PTR(c->req_bytes), GRPC_SLICE_LENGTH(c->req_bytes));
+}
+
+static void *later_thread(void *arg)
+{
+    rpc_later(arg, later_answer, 7);
+    return NULL;
+}
+
+static void echo_later(rpc_call *c, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    later_worker = pthread_self();
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, later_thread, c), 0);
+    ck_assert_int_eq(pthread_detach(t), 0);
+}
+
 static void echo_stopping_hook(void *arg)
 {
     ck_assert_ptr_eq(arg, &echo_token);
@@ -636,8 +666,9 @@ static void echo_stopping_hook(void *arg)
 static const rpc_method echo_methods[] = {
     {"/test.Echo/Say", RPC_UNARY, echo_say, 2},
     {"/test.Echo/Fail", RPC_UNARY, echo_fail, 1},
+    {"/test.Echo/Later", RPC_UNARY, echo_later, 1},
 };
-static const rpc_service echo_service = {"test.Echo", echo_methods, 2, echo_stopping_hook};
+static const rpc_service echo_service = {"test.Echo", echo_methods, 3, echo_stopping_hook};
 
 /* One unary call of |path| with |req|; the status, its text (in |msg|) and
  * the answer (in |out|, NUL-terminated, at most |cap| - 1 bytes). */
@@ -710,6 +741,11 @@ START_TEST(engine_serves_registered_services_only)
     ck_assert_str_eq(out, "hello");
     ck_assert_int_eq(unary(ch, "/test.Echo/Say", "again", msg, sizeof msg, out, sizeof out), 0);
     ck_assert_str_eq(out, "again");
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(unary(ch, "/test.Echo/Later", "late", msg, sizeof msg, out, sizeof out), 0);
+        ck_assert_str_eq(out, "late");
+    }
+    ck_assert_int_eq(atomic_load(&later_answered), 3);
     ck_assert_int_eq(unary(ch, "/test.Echo/Fail", "", msg, sizeof msg, out, sizeof out), 3);
     ck_assert_str_eq(msg, "etcdserver: key is not provided");
     ck_assert_int_eq(unary(ch, "/test.Echo/Nope", "", msg, sizeof msg, out, sizeof out), 12);
