@@ -28,6 +28,24 @@
  * period too, so that in a full mesh each reaches a peer from its author
  * only, not relayed by every member that has it.
  *
+ * WAKING. Between events the thread waits in grpc_completion_queue_next
+ * for up to PEER_TICK_MS, and a change queued meanwhile would wait there
+ * too (half a tick on average, between the fsync and the push). So the
+ * committer wakes it: gRPC's C core has no public alarm, and the wake is
+ * a client call on a channel that never connects (wake_ch), with only a
+ * RECV_STATUS_ON_CLIENT started. A call reaches a transport with its
+ * initial metadata, which this one never sends, so only a cancel
+ * completes it; grpc_call_cancel is safe from any thread, and posts the
+ * completion and kicks the poller (an eventfd write). The thread arms
+ * it (wake_armed) just before it waits with nothing to send, and takes
+ * the flag back when it wakes for any reason; the first push queued in
+ * between takes the flag and cancels, the others see it taken. So a
+ * burst of durable groups costs one wakeup per wait of the thread, not
+ * one per group, and the committer only ever cancels a call the thread
+ * left pending for it (the thread makes the next one once the cancelled
+ * one completed). What the push then carries is what queued until the
+ * thread got there; one message in flight per stream batches the rest.
+ *
  * PARTIAL MESH. With --peer-links a node dials and accepts only the members
  * named there (a hello from another is refused), and its pushes relay: they
  * carry every queued change except those the peer authored or sent us
@@ -127,7 +145,15 @@
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
 
-enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN };
+enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN, T_WAKE };
+
+/* The wake call's life (peer_net.wake_state, the peer thread's alone). */
+enum {
+    W_NONE,  /* no call: not made yet, or stopping (ticks only) */
+    W_IDLE,  /* pending, the thread's: not armed */
+    W_ARMED, /* pending, wake_armed set: the committer may take it */
+    W_TAKEN  /* the committer took it (and cancels it): a T_WAKE is due */
+};
 
 typedef struct ptag {
     int what;
@@ -213,7 +239,17 @@ struct peer_net {
     grpc_completion_queue *cq;
     int *ports;
     size_t nports;
-    ptag t_accept, t_shutdown;
+    ptag t_accept, t_shutdown, t_wake;
+    /* Waking the thread for a push (WAKING above): a call on wake_ch
+     * that only a cancel completes. */
+    grpc_channel *wake_ch;
+    grpc_call *wake_call;
+    grpc_metadata_array wake_md;
+    grpc_status_code wake_status;
+    grpc_slice wake_details;
+    int wake_state;
+    atomic_int wake_armed; /* set: the next push cancels wake_call */
+    _Atomic uint64_t wakes; /* wake calls completed (peer_net_wakes) */
     grpc_call *acall;
     grpc_call_details adetails;
     grpc_metadata_array amd;
@@ -1009,6 +1045,97 @@ static void on_accept(peer_net *n, int ok)
         post_accept(n);
 }
 
+/* ---- waking (WAKING above) ----------------------------------------- */
+
+/* A new wake call, pending and the thread's (else W_NONE: ticks only). */
+static void wake_new(peer_net *n)
+{
+    n->wake_state = W_NONE;
+    n->wake_call =
+        grpc_channel_create_call(n->wake_ch, NULL, GRPC_PROPAGATE_DEFAULTS, n->cq,
+                                 grpc_slice_from_static_string("/cairnpb.Peer/Wake"), NULL,
+                                 gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (!n->wake_call)
+        return;
+    grpc_metadata_array_init(&n->wake_md);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &n->wake_md;
+    op.data.recv_status_on_client.status = &n->wake_status;
+    op.data.recv_status_on_client.status_details = &n->wake_details;
+    if (grpc_call_start_batch(n->wake_call, &op, 1, &n->t_wake, NULL) != GRPC_CALL_OK) {
+        grpc_metadata_array_destroy(&n->wake_md);
+        grpc_call_unref(n->wake_call);
+        n->wake_call = NULL;
+        return;
+    }
+    n->wake_state = W_IDLE;
+}
+
+/* The wake call completed (cancelled): the next one, unless stopping. */
+static void wake_done(peer_net *n)
+{
+    grpc_metadata_array_destroy(&n->wake_md);
+    grpc_slice_unref(n->wake_details);
+    grpc_call_unref(n->wake_call);
+    n->wake_call = NULL;
+    n->wake_state = W_NONE;
+    atomic_fetch_add(&n->wakes, 1);
+    if (!atomic_load(&n->stop))
+        wake_new(n);
+}
+
+/* Takes the flag back; 0 if the committer took it (a T_WAKE is due). */
+static int wake_disarm(peer_net *n)
+{
+    if (n->wake_state != W_ARMED)
+        return n->wake_state != W_TAKEN;
+    n->wake_state = atomic_exchange(&n->wake_armed, 0) ? W_IDLE : W_TAKEN;
+    return n->wake_state == W_IDLE;
+}
+
+/* Something queued that a link could send now. */
+static int push_waiting(peer_net *n)
+{
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        plink *l = p->live;
+        if (!l || l->dead || l->sending)
+            continue;
+        pthread_mutex_lock(&p->qmu);
+        int q = p->qhead != NULL;
+        pthread_mutex_unlock(&p->qmu);
+        if (q)
+            return 1;
+    }
+    return 0;
+}
+
+/* How long the thread may wait for events: PEER_TICK_MS with the wake
+ * armed, 0 if a push is waiting already. The committer queues before it
+ * looks at the flag and the thread arms before it looks at the queues
+ * (sequentially consistent), so a change is seen by one or the other. */
+static int wake_arm(peer_net *n)
+{
+    if (n->wake_state != W_IDLE)
+        return PEER_TICK_MS; /* none (ticks only), or a T_WAKE is due */
+    n->wake_state = W_ARMED;
+    atomic_store(&n->wake_armed, 1);
+    if (push_waiting(n)) {
+        wake_disarm(n);
+        return 0;
+    }
+    return PEER_TICK_MS;
+}
+
+/* The committer's half: cancels the wake call if the thread armed it. */
+static void wake_thread(peer_net *n)
+{
+    if (atomic_load(&n->wake_armed) && atomic_exchange(&n->wake_armed, 0))
+        grpc_call_cancel(n->wake_call, NULL);
+}
+
 static void on_event(peer_net *n, ptag *t, int ok)
 {
     plink *l = t->l;
@@ -1018,6 +1145,9 @@ static void on_event(peer_net *n, ptag *t, int ok)
         return;
     case T_SHUTDOWN:
         n->shut_done = 1;
+        return;
+    case T_WAKE:
+        wake_done(n);
         return;
     case T_SEND:
         l->pending--;
@@ -1381,9 +1511,11 @@ static void *peer_main(void *arg)
 {
     peer_net *n = arg;
     on_peer_thread = 1;
+    wake_new(n);
     while (!atomic_load(&n->stop)) {
         if (n->npeers) {
-            drain(n, PEER_TICK_MS);
+            drain(n, wake_arm(n));
+            wake_disarm(n);
         } else {
             /* Not a poller while idle: take what is queued, then sleep. */
             drain(n, 0);
@@ -1393,6 +1525,11 @@ static void *peer_main(void *arg)
         tick(n);
     }
     say_goodbyes(n);
+    /* the wake call: cancelled here unless the committer took it */
+    if (wake_disarm(n) && n->wake_state == W_IDLE) {
+        n->wake_state = W_TAKEN;
+        grpc_call_cancel(n->wake_call, NULL);
+    }
     /* end every stream, wait until nothing is pending */
     grpc_server_shutdown_and_notify(n->server, n->cq, &n->t_shutdown);
     grpc_server_cancel_all_calls(n->server);
@@ -1401,7 +1538,7 @@ static void *peer_main(void *arg)
     for (int tries = 0; tries < 500; tries++) {
         drain(n, 10);
         links_sweep(n);
-        if (!n->links && !n->accepting && n->shut_done)
+        if (!n->links && !n->accepting && n->shut_done && n->wake_state == W_NONE)
             break;
     }
     return NULL;
@@ -1417,6 +1554,14 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
     (void)ev;
     (void)nev;
     peer_net *n = arg;
+    /* In a full mesh only this node's own changes are pushed (PUSH AND
+     * SYNC): the others are neither copied nor woken for. The author is
+     * bytes 1..16 of a change (change.c). */
+    if (!n->cfg->peer_links &&
+        (change_len < 1 + CAIRN_ACTOR_LEN ||
+         memcmp(change + 1, n->actor.b, CAIRN_ACTOR_LEN) != 0))
+        return;
+    int queued = 0;
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
         if (!atomic_load(&p->connected))
@@ -1433,12 +1578,15 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
                 *p->qtail = q;
                 p->qtail = &q->next;
                 p->qbytes += change_len;
+                queued = 1;
             } else {
                 atomic_fetch_add(&p->dropped, 1);
             }
         }
         pthread_mutex_unlock(&p->qmu);
     }
+    if (queued)
+        wake_thread(n);
 }
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -1662,7 +1810,13 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     pthread_mutex_init(&n->info_mu, NULL);
     n->t_accept = (ptag){T_ACCEPT, NULL};
     n->t_shutdown = (ptag){T_SHUTDOWN, NULL};
+    n->t_wake = (ptag){T_WAKE, NULL};
+    atomic_init(&n->wake_armed, 0);
     n->cq = grpc_completion_queue_create_for_next(NULL);
+    /* never connected (WAKING): a path nothing listens on, in case */
+    grpc_channel_credentials *wcr = grpc_insecure_credentials_create();
+    n->wake_ch = grpc_channel_create("unix:/nonexistent/cairn-peer-wake", wcr, NULL);
+    grpc_channel_credentials_release(wcr);
     grpc_arg a[3];
     memset(a, 0, sizeof a);
     a[0].type = a[1].type = a[2].type = GRPC_ARG_INTEGER;
@@ -1846,6 +2000,8 @@ void peer_net_free(peer_net *n)
         free(p->url);
     }
     free(n->peers);
+    if (n->wake_ch)
+        grpc_channel_destroy(n->wake_ch);
     if (n->server)
         grpc_server_destroy(n->server);
     grpc_completion_queue_shutdown(n->cq);
