@@ -19,14 +19,36 @@
  * thread sends one message at a time per stream: the queued changes this
  * node authored as one push (changes from other members reach a peer by its
  * own links or by sync), else a sync message every --sync-interval-ms, at
- * once after a (re)connect and after a received message was made durable.
- * Each period first ticks the session (cairn_sync_tick), which keeps the
- * links quiet: a push is answered by one heads-only acknowledgement per
- * tick at most (sent once what it carried is durable, so a peer's heads
- * always name changes durable there: peer_net_acked_heads); news of our
- * heads alone waits for the period; changes of other authors wait a
- * period too, so that in a full mesh each reaches a peer from its author
- * only, not relayed by every member that has it.
+ * once after a (re)connect or a message that asks for an answer, and after
+ * a received message was made durable (an acknowledgement). Each period
+ * first ticks the session (cairn_sync_tick), which keeps the links quiet:
+ * pushes are answered by one heads-only acknowledgement per PEER_TICK_MS
+ * at most, however many arrived meanwhile (sent once what they carried is
+ * durable, so a peer's heads always name changes durable there:
+ * peer_net_acked_heads); news of our heads alone waits for the period;
+ * changes of other authors wait a period too, so that in a full mesh each
+ * reaches a peer from its author only, not relayed by every member that
+ * has it.
+ *
+ * WAKING. Between events the thread waits in grpc_completion_queue_next
+ * for up to PEER_TICK_MS, and a change queued meanwhile would wait there
+ * too (half a tick on average, between the fsync and the push). So the
+ * committer wakes it: gRPC's C core has no public alarm, and the wake is
+ * a client call on a channel that never connects (wake_ch), with only a
+ * RECV_STATUS_ON_CLIENT started. A call reaches a transport with its
+ * initial metadata, which this one never sends, so only a cancel
+ * completes it; grpc_call_cancel is safe from any thread, and posts the
+ * completion and kicks the poller (an eventfd write). The thread arms
+ * it (wake_armed) just before it waits with nothing to send, and takes
+ * the flag back when it wakes for any reason; the first push queued in
+ * between takes the flag and cancels, the others see it taken. So a
+ * burst of durable groups costs one wakeup per wait of the thread, not
+ * one per group, and the committer only ever cancels a call the thread
+ * left pending for it (the thread makes the next one once the cancelled
+ * one completed). What the push then carries is what queued until the
+ * thread got there; one message in flight per stream, and a push per
+ * PEER_PUSH_GAP_US at most, batch the rest (the thread is not armed while
+ * a push waits for its gap: it comes back for it).
  *
  * PARTIAL MESH. With --peer-links a node dials and accepts only the members
  * named there (a hello from another is refused), and its pushes relay: they
@@ -105,6 +127,12 @@
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
 #define PEER_TICK_MS 10
+/* Pushes to one peer are this far apart at least: a change that finds the
+ * link quiet goes at once, one made during a stream of writes waits for
+ * the gap and shares the push (a push costs ~56 bytes besides its changes,
+ * framing and heads: at one change of ~150 bytes per push the links would
+ * carry 1.37x the changes' bytes). */
+#define PEER_PUSH_GAP_US 2000u
 /* With no other member there is nothing to tick for: the thread only
  * answers (and refuses) dials, and wakes this often to see a stop. A
  * thread in grpc_completion_queue_next is one of gRPC's pollers (epoll1
@@ -127,7 +155,15 @@
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
 
-enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN };
+enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN, T_WAKE };
+
+/* The wake call's life (peer_net.wake_state, the peer thread's alone). */
+enum {
+    W_NONE,  /* no call: not made yet, or stopping (ticks only) */
+    W_IDLE,  /* pending, the thread's: not armed */
+    W_ARMED, /* pending, wake_armed set: the committer may take it */
+    W_TAKEN  /* the committer took it (and cancels it): a T_WAKE is due */
+};
 
 typedef struct ptag {
     int what;
@@ -178,7 +214,10 @@ typedef struct ppeer {
     plink *live, *dial;
     uint64_t next_dial_ms, next_sync_ms;
     uint32_t backoff_ms;
-    atomic_int answer_due; /* a received message is durable: answer now */
+    atomic_int answer_due; /* a received message asks for something: answer now */
+    atomic_int ack_due;    /* what a received message carried is durable */
+    uint64_t answered_ms;  /* our last sync message to it (heads and all) */
+    uint64_t pushed_us;    /* our last push to it */
     atomic_int connected;  /* the subscriber queues pushes only then */
     int linked;            /* in --peer-links (every member without it) */
     atomic_int removed;    /* gone from the member table: never dialed again */
@@ -213,7 +252,17 @@ struct peer_net {
     grpc_completion_queue *cq;
     int *ports;
     size_t nports;
-    ptag t_accept, t_shutdown;
+    ptag t_accept, t_shutdown, t_wake;
+    /* Waking the thread for a push (WAKING above): a call on wake_ch
+     * that only a cancel completes. */
+    grpc_channel *wake_ch;
+    grpc_call *wake_call;
+    grpc_metadata_array wake_md;
+    grpc_status_code wake_status;
+    grpc_slice wake_details;
+    int wake_state;
+    atomic_int wake_armed; /* set: the next push cancels wake_call */
+    _Atomic uint64_t wakes; /* wake calls completed (peer_net_wakes) */
     grpc_call *acall;
     grpc_call_details adetails;
     grpc_metadata_array amd;
@@ -253,6 +302,13 @@ static uint64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 static gpr_timespec in_ms(int ms)
@@ -718,7 +774,7 @@ static void received_durable(void *arg, int rc)
     if (on_peer_thread)
         inline_done = !rc;
     else if (!rc)
-        atomic_store(&p->answer_due, 1); /* carried changes: acknowledge */
+        atomic_store(&p->ack_due, 1); /* carried changes: acknowledge */
 }
 
 /* A fork the last receive from |p| met: both hashes, so that an operator
@@ -1009,6 +1065,108 @@ static void on_accept(peer_net *n, int ok)
         post_accept(n);
 }
 
+/* ---- waking (WAKING above) ----------------------------------------- */
+
+/* A new wake call, pending and the thread's (else W_NONE: ticks only). */
+static void wake_new(peer_net *n)
+{
+    n->wake_state = W_NONE;
+    n->wake_call =
+        grpc_channel_create_call(n->wake_ch, NULL, GRPC_PROPAGATE_DEFAULTS, n->cq,
+                                 grpc_slice_from_static_string("/cairnpb.Peer/Wake"), NULL,
+                                 gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (!n->wake_call)
+        return;
+    grpc_metadata_array_init(&n->wake_md);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &n->wake_md;
+    op.data.recv_status_on_client.status = &n->wake_status;
+    op.data.recv_status_on_client.status_details = &n->wake_details;
+    if (grpc_call_start_batch(n->wake_call, &op, 1, &n->t_wake, NULL) != GRPC_CALL_OK) {
+        grpc_metadata_array_destroy(&n->wake_md);
+        grpc_call_unref(n->wake_call);
+        n->wake_call = NULL;
+        return;
+    }
+    n->wake_state = W_IDLE;
+}
+
+/* The wake call completed (cancelled): the next one, unless stopping. */
+static void wake_done(peer_net *n)
+{
+    grpc_metadata_array_destroy(&n->wake_md);
+    grpc_slice_unref(n->wake_details);
+    grpc_call_unref(n->wake_call);
+    n->wake_call = NULL;
+    n->wake_state = W_NONE;
+    atomic_fetch_add(&n->wakes, 1);
+    if (!atomic_load(&n->stop))
+        wake_new(n);
+}
+
+/* Takes the flag back; 0 if the committer took it (a T_WAKE is due). */
+static int wake_disarm(peer_net *n)
+{
+    if (n->wake_state != W_ARMED)
+        return n->wake_state != W_TAKEN;
+    n->wake_state = atomic_exchange(&n->wake_armed, 0) ? W_IDLE : W_TAKEN;
+    return n->wake_state == W_IDLE;
+}
+
+/* In how many ms a link that could send has a push due (0: now; past
+ * PEER_PUSH_GAP_US since its last), or -1 if none has anything queued. */
+static int push_wait_ms(peer_net *n)
+{
+    uint64_t now = now_us();
+    int best = -1;
+    for (size_t i = 0; i < n->npeers; i++) {
+        ppeer *p = &n->peers[i];
+        plink *l = p->live;
+        if (!l || l->dead || l->sending)
+            continue;
+        pthread_mutex_lock(&p->qmu);
+        int q = p->qhead != NULL;
+        pthread_mutex_unlock(&p->qmu);
+        if (!q)
+            continue;
+        uint64_t at = p->pushed_us + PEER_PUSH_GAP_US;
+        int ms = at > now ? (int)((at - now + 999) / 1000) : 0;
+        if (best < 0 || ms < best)
+            best = ms;
+    }
+    return best;
+}
+
+/* How long the thread may wait for events: until a push is due if one
+ * is queued (not armed: the thread comes back for it anyway), else
+ * PEER_TICK_MS with the wake armed. The committer queues before it looks
+ * at the flag and the thread arms before it looks at the queues
+ * (sequentially consistent), so a change is seen by one or the other. */
+static int wake_arm(peer_net *n)
+{
+    int ms = push_wait_ms(n);
+    if (ms >= 0)
+        return ms;
+    if (n->wake_state != W_IDLE)
+        return PEER_TICK_MS; /* none (ticks only), or a T_WAKE is due */
+    n->wake_state = W_ARMED;
+    atomic_store(&n->wake_armed, 1);
+    if ((ms = push_wait_ms(n)) >= 0) {
+        wake_disarm(n);
+        return ms;
+    }
+    return PEER_TICK_MS;
+}
+
+/* The committer's half: cancels the wake call if the thread armed it. */
+static void wake_thread(peer_net *n)
+{
+    if (atomic_load(&n->wake_armed) && atomic_exchange(&n->wake_armed, 0))
+        grpc_call_cancel(n->wake_call, NULL);
+}
+
 static void on_event(peer_net *n, ptag *t, int ok)
 {
     plink *l = t->l;
@@ -1018,6 +1176,9 @@ static void on_event(peer_net *n, ptag *t, int ok)
         return;
     case T_SHUTDOWN:
         n->shut_done = 1;
+        return;
+    case T_WAKE:
+        wake_done(n);
         return;
     case T_SEND:
         l->pending--;
@@ -1272,9 +1433,15 @@ static void tick(peer_net *n)
             continue;
         uint8_t *msg = NULL;
         size_t len = 0;
-        int rc = push_queued(n, p, &msg, &len);
-        if (!rc && msg)
-            atomic_fetch_add(&p->pushes, 1);
+        int rc = 0;
+        uint64_t us = now_us();
+        if (us >= p->pushed_us + PEER_PUSH_GAP_US) {
+            rc = push_queued(n, p, &msg, &len);
+            if (!rc && msg) {
+                atomic_fetch_add(&p->pushes, 1);
+                p->pushed_us = us;
+            }
+        }
         if (!rc && !msg && n->cfg->peer_links && p->urls_sent_gen != n->urls_gen) {
             p->urls_sent_gen = n->urls_gen;
             if (send_members(n, l))
@@ -1282,7 +1449,14 @@ static void tick(peer_net *n)
             continue;
         }
         int periodic = now >= p->next_sync_ms;
-        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || periodic)) {
+        /* One acknowledgement per PEER_TICK_MS at most, for however many
+         * pushes became durable meanwhile: during a burst every push
+         * would otherwise get its own (the thread ticks after every
+         * event). Any sync message carries our heads, so it counts. */
+        int ack = now >= p->answered_ms + PEER_TICK_MS && atomic_load(&p->ack_due);
+        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || ack || periodic)) {
+            atomic_store(&p->ack_due, 0);
+            p->answered_ms = now;
             if (periodic) {
                 p->next_sync_ms = now + n->cfg->sync_interval_ms;
                 cairn_replica_tick(p->rep);
@@ -1381,9 +1555,11 @@ static void *peer_main(void *arg)
 {
     peer_net *n = arg;
     on_peer_thread = 1;
+    wake_new(n);
     while (!atomic_load(&n->stop)) {
         if (n->npeers) {
-            drain(n, PEER_TICK_MS);
+            drain(n, wake_arm(n));
+            wake_disarm(n);
         } else {
             /* Not a poller while idle: take what is queued, then sleep. */
             drain(n, 0);
@@ -1393,6 +1569,11 @@ static void *peer_main(void *arg)
         tick(n);
     }
     say_goodbyes(n);
+    /* the wake call: cancelled here unless the committer took it */
+    if (wake_disarm(n) && n->wake_state == W_IDLE) {
+        n->wake_state = W_TAKEN;
+        grpc_call_cancel(n->wake_call, NULL);
+    }
     /* end every stream, wait until nothing is pending */
     grpc_server_shutdown_and_notify(n->server, n->cq, &n->t_shutdown);
     grpc_server_cancel_all_calls(n->server);
@@ -1401,7 +1582,7 @@ static void *peer_main(void *arg)
     for (int tries = 0; tries < 500; tries++) {
         drain(n, 10);
         links_sweep(n);
-        if (!n->links && !n->accepting && n->shut_done)
+        if (!n->links && !n->accepting && n->shut_done && n->wake_state == W_NONE)
             break;
     }
     return NULL;
@@ -1417,6 +1598,14 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
     (void)ev;
     (void)nev;
     peer_net *n = arg;
+    /* In a full mesh only this node's own changes are pushed (PUSH AND
+     * SYNC): the others are neither copied nor woken for. The author is
+     * bytes 1..16 of a change (change.c). */
+    if (!n->cfg->peer_links &&
+        (change_len < 1 + CAIRN_ACTOR_LEN ||
+         memcmp(change + 1, n->actor.b, CAIRN_ACTOR_LEN) != 0))
+        return;
+    int queued = 0;
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
         if (!atomic_load(&p->connected))
@@ -1433,12 +1622,15 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
                 *p->qtail = q;
                 p->qtail = &q->next;
                 p->qbytes += change_len;
+                queued = 1;
             } else {
                 atomic_fetch_add(&p->dropped, 1);
             }
         }
         pthread_mutex_unlock(&p->qmu);
     }
+    if (queued)
+        wake_thread(n);
 }
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -1662,7 +1854,13 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     pthread_mutex_init(&n->info_mu, NULL);
     n->t_accept = (ptag){T_ACCEPT, NULL};
     n->t_shutdown = (ptag){T_SHUTDOWN, NULL};
+    n->t_wake = (ptag){T_WAKE, NULL};
+    atomic_init(&n->wake_armed, 0);
     n->cq = grpc_completion_queue_create_for_next(NULL);
+    /* never connected (WAKING): a path nothing listens on, in case */
+    grpc_channel_credentials *wcr = grpc_insecure_credentials_create();
+    n->wake_ch = grpc_channel_create("unix:/nonexistent/cairn-peer-wake", wcr, NULL);
+    grpc_channel_credentials_release(wcr);
     grpc_arg a[3];
     memset(a, 0, sizeof a);
     a[0].type = a[1].type = a[2].type = GRPC_ARG_INTEGER;
@@ -1846,6 +2044,8 @@ void peer_net_free(peer_net *n)
         free(p->url);
     }
     free(n->peers);
+    if (n->wake_ch)
+        grpc_channel_destroy(n->wake_ch);
     if (n->server)
         grpc_server_destroy(n->server);
     grpc_completion_queue_shutdown(n->cq);

@@ -12,8 +12,9 @@ printed beside them).
   sent during it, over the changes' own bytes (cairnpb.Replication/
   ChangeBytes on n1) times the two receivers, is at most PUSH_BOUND; n1's
   peers answer with heads-only acknowledgements (what n1 receives is a small
-  share of what it sent) and do not relay n1's changes to each other (each
-  hears them from n1).
+  share of what it sent), at most one per tick however many pushes arrived,
+  and do not relay n1's changes to each other (each hears them from n1);
+  n1 pushes to each peer at most once per PUSH_GAP_MS.
 
 Before the fix of issue 16's chatter the push figure was about 80x: every
 receiver answered pushes with Bloom filters, and a stale filter made them
@@ -45,6 +46,9 @@ IDLE_BOUND = 100.0   # protobuf bytes per second over all links, idle
 PUSH_BOUND = 1.35    # all bytes sent / (change bytes x receivers)
 ACK_BOUND = 0.15     # n1 received / n1 sent
 RELAY_BOUND = 0.10   # n2 <-> n3 / (change bytes x receivers)
+TICK_MS = 10         # server/peer/peer.c PEER_TICK_MS: acks at most once a tick
+SYNC_MS = 100        # --sync-interval-ms's default: the periodic sync
+PUSH_GAP_MS = 2      # PEER_PUSH_GAP_US: pushes to one peer at most this often
 
 
 def counters(node):
@@ -109,6 +113,7 @@ def main():
         # ---- a burst of concurrent puts on n1
         cb0 = change_bytes(c, 0)
         s0, w0 = snapshot(c), wire_bytes(c)
+        ts0 = time.monotonic()
         errors = []
 
         def writer(t):
@@ -130,6 +135,7 @@ def main():
         check(ok, "the cluster converges after the burst: %s" % rep)
         time.sleep(0.5)     # the last acknowledgements land
         s1, w1 = snapshot(c), wire_bytes(c)
+        window = time.monotonic() - ts0
         cb1 = change_bytes(c, 0)
         nch, own = cb1[0] - cb0[0], cb1[1] - cb0[1]
         recv = own * (len(names) - 1)
@@ -137,6 +143,20 @@ def main():
         out = sent(s0, s1, names[0])
         back = sent(s0, s1, names[1], names[0]) + sent(s0, s1, names[2], names[0])
         relay = sent(s0, s1, names[1], names[2]) + sent(s0, s1, names[2], names[1])
+        rounds = [sum(v - s0[x].get(k, 0) for k, v in s1[x].items()
+                      if k == (names[0], "sync_rounds_total")) for x in names[1:]]
+        pushes = sum(v - s0[names[0]].get(k, 0) for k, v in s1[names[0]].items()
+                     if k[1] == "pushes_total")
+        print("acks: n1 sent %d pushes; n2 and n3 sent it %s sync messages in %.1f s"
+              % (pushes, rounds, window))
+        per_s = 1000.0 / TICK_MS + 1000.0 / SYNC_MS
+        check(max(rounds) <= window * per_s + 5,
+              "n2 and n3 each acknowledge n1's pushes at most once a tick (plus the periodic "
+              "sync): %s sync messages in %.1f s, at most %.0f" % (rounds, window,
+                                                                   window * per_s + 5))
+        check(pushes <= (len(names) - 1) * (window * 1000.0 / PUSH_GAP_MS + 5),
+              "n1 pushes to each peer at most once per %g ms: %d pushes in %.1f s"
+              % (PUSH_GAP_MS, pushes, window))
         print("push: %d puts in %.1f s, %d changes of %d bytes (x%d receivers); sent: total %d "
               "(%.3f x), n1 %d (%.3f x), n1's peers back to it %d, between them %d; TCP at "
               "the proxies %d (%.3f x)" % (THREADS * PUTS, secs, nch, own, len(names) - 1, total,
