@@ -281,9 +281,20 @@ def test_syntax(cairn, etcd):
             # https:// with files that do not exist: stops at start
             c = flags["listen-client-urls"].replace("http://", "https://")
             flags["listen-client-urls"] = flags["advertise-client-urls"] = c
-        ready, log, rc = verdict_rc(binary, argv(flags) + extra)
-        check(not ready and rc == want, "%s %s: exit code %s, want %d (etcd's):\n%s" %
-              (kind, extra, rc, want, log[-400:]))
+        r = Run(binary, argv(flags) + extra)
+        ready = r.ready
+        if ready and kind == "etcd":
+            try:  # it fails right after the line, not on our signal
+                r.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        log, rc = r.stop(), r.rc
+        # etcd 3.4 may log "ready to serve client requests" before its https
+        # listener fails on the missing files (seen in CI): for etcd only the
+        # exit code is its answer
+        check((kind == "etcd" or not ready) and rc == want,
+              "%s %s: exit code %s, want %d (etcd's), ready logged: %s:\n%s" %
+              (kind, extra, rc, want, ready, log[-400:]))
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         jobs = [pool.submit(one, extra, phrase, kind, binary) for extra, phrase in cases
