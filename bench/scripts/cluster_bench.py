@@ -568,9 +568,10 @@ class Bench:
         lat = {n: {"put": [], "ack": [], "sent": []} for n in ns}
         failed = {n: 0 for n in ns}
         errors = []
+        rows = []       # every sample, for cluster/wait.KIND.CASE.dat
         period = self.a.wait_period_ms / 1000.0
         total = self.a.wait_samples * len(ns)
-        t0 = time.monotonic()
+        t0, t0_perf = time.monotonic(), time.perf_counter()
         for i in range(total):
             due = t0 + i * period
             now = time.monotonic()
@@ -583,12 +584,19 @@ class Bench:
                 failed[n] += 1
                 if len(errors) < 3:
                     errors.append(str(e.code()) if isinstance(e, grpc.RpcError) else str(e))
+                rows.append("%d %d %.3f nan nan nan" % (i, n, (due - t0) * 1000))
                 continue
+            rows.append("%d %d %.3f %.3f %.3f %.3f" % (
+                i, n, (t_sent - t0_perf) * 1000, (t_ack - t_sent) * 1000, (t_ret - t_ack) * 1000,
+                (t_ret - t_sent) * 1000))
             lat[n]["put"].append((t_ack - t_sent) * 1000)
             lat[n]["ack"].append((t_ret - t_ack) * 1000)
             lat[n]["sent"].append((t_ret - t_sent) * 1000)
         secs = time.monotonic() - t0
         cli.close()
+        with open(os.path.join(self.dat, "wait.%s.%s.dat" % (kind, case)), "w") as f:
+            f.write("# sample n(0: etcd put only) sent_ms(since the first) put_ms ack_to_return_ms "
+                    "sent_to_return_ms\n" + "\n".join(rows) + "\n")
         for n in ns:
             fig = "cl-wait-%s" % case if n == 0 else "cl-wait-%s-n%d" % (case, n)
             parts = ("put",) if n == 0 else ("put", "ack", "sent")
