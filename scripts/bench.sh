@@ -126,7 +126,11 @@
 # --catchup-changes 1000000 adds cairn's catch-up five times over until
 # that is fixed.
 # Its --quick form took 176 s on this machine at load average 12-45 (one
-# repetition, 3 nodes only); expect 1-2 minutes on a quiet one.
+# repetition, 3 nodes only); expect 1-2 minutes on a quiet one. Both were
+# measured before figure g (WaitReplicated), which adds its waitrepl time
+# less the cluster starts: waitrepl took 110 and 113 s at load average
+# 4-10 (2026-12-02T1407Z and T1410Z), 75-88 s of it the samples (1,200 cairn
+# and 600 etcd puts, 40 ms apart).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
