@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 
 SKIP = 77
 COUNT = 200
@@ -115,11 +115,7 @@ def main():
         check(lag_p50 <= local_p50 + MARGIN_MS,
               "the median lag %.3f ms is within %g ms of n2's own put %.3f ms (a change "
               "waited for the peer thread's tick)" % (lag_p50, MARGIN_MS, local_p50))
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
