@@ -404,6 +404,15 @@ int cairn_tls_checker_new(cairn_tls_checker **out, const cairn_tls_options *o, c
         cairn_tls_checker_free(c);
         return CAIRN_EIO;
     }
+    if (o->allowed_cn && o->allowed_cn[0] && o->allowed_hostname && o->allowed_hostname[0]) {
+        /* etcd: refused when the TLS config is built (exit 1) */
+        snprintf(
+            err, errlen,
+            "AllowedCN and AllowedHostname are mutually exclusive (cn=\"%s\", hostname=\"%s\")",
+            o->allowed_cn, o->allowed_hostname);
+        cairn_tls_checker_free(c);
+        return CAIRN_EINVAL;
+    }
     if ((o->allowed_cn && o->allowed_cn[0] && !(c->allowed_cn = strdup(o->allowed_cn))) ||
         (o->allowed_hostname && o->allowed_hostname[0] &&
          !(c->allowed_hostname = strdup(o->allowed_hostname)))) {
@@ -499,21 +508,33 @@ static int check_x509(const cairn_tls_checker *c, X509 *x, STACK_OF(X509) * untr
         rc = check_revoked(c, x, why, whylen);
     if (rc)
         return rc;
+    /* etcd: "client certificate authentication failed" on either end of
+     * the link (the dialed member's certificate is checked too); the
+     * parenthesis says which check */
     if (c->allowed_cn) {
         char got[256];
         common_name(x, got, sizeof got);
         if (strcmp(got, c->allowed_cn) != 0) {
-            snprintf(why, whylen, "certificate CN \"%s\" is not the allowed CN \"%s\"", got,
-                     c->allowed_cn);
+            snprintf(why, whylen,
+                     "client certificate authentication failed (certificate CN \"%s\" is not the "
+                     "allowed CN \"%s\")",
+                     got, c->allowed_cn);
             return CAIRN_EINVAL;
         }
     }
     if (c->allowed_hostname) {
+        /* etcd: Go's VerifyHostname: SANs only (a name with no DNS SAN
+         * never falls back to the subject's CN), no partial wildcards */
         int ok = is_ip(c->allowed_hostname)
                      ? X509_check_ip_asc(x, c->allowed_hostname, 0) == 1
-                     : X509_check_host(x, c->allowed_hostname, 0, 0, NULL) == 1;
+                     : X509_check_host(x, c->allowed_hostname, 0,
+                                       X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                                           X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
+                                       NULL) == 1;
         if (!ok) {
-            snprintf(why, whylen, "certificate is not valid for the allowed hostname %s",
+            snprintf(why, whylen,
+                     "client certificate authentication failed (certificate is not valid for the "
+                     "allowed hostname %s)",
                      c->allowed_hostname);
             return CAIRN_EINVAL;
         }

@@ -159,19 +159,41 @@ START_TEST(checker_refuses_with_etcds_reasons)
                      CAIRN_EINVAL);
     cairn_tls_checker_free(c);
 
+    /* etcd: one or the other */
     o.allowed_cn = "n1";
     o.allowed_hostname = "127.0.0.1";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), CAIRN_EINVAL);
+    ck_assert_ptr_null(c);
+    ck_assert_str_eq(err, "AllowedCN and AllowedHostname are mutually exclusive (cn=\"n1\", "
+                          "hostname=\"127.0.0.1\")");
+    o.allowed_hostname = NULL;
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
     ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
     ck_assert_int_eq(check(c, "ca/n2.pem", cn, why), CAIRN_EINVAL);
-    ck_assert_str_eq(why, "certificate CN \"n2\" is not the allowed CN \"n1\"");
+    ck_assert_str_eq(why, "client certificate authentication failed (certificate CN \"n2\" is not "
+                          "the allowed CN \"n1\")");
     cairn_tls_checker_free(c);
     o.allowed_cn = NULL;
     o.allowed_hostname = "example.com";
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
     ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), CAIRN_EINVAL);
-    ck_assert_str_eq(why, "certificate is not valid for the allowed hostname example.com");
+    ck_assert_str_eq(why, "client certificate authentication failed (certificate is not valid for "
+                          "the allowed hostname example.com)");
     cairn_tls_checker_free(c);
+    /* by SAN only: a certificate named localhost in its CN alone is not
+     * valid for localhost (measured: etcd refuses it), one with the SAN is */
+    o.allowed_hostname = "localhost";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/cnonly.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(cn, "localhost");
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
+    cairn_tls_checker_free(c);
+    o.allowed_hostname = "127.0.0.1";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
+    ck_assert_int_eq(check(c, "ca/wrongsan.pem", cn, why), CAIRN_EINVAL);
+    cairn_tls_checker_free(c);
+    o.allowed_hostname = NULL;
 
     o.trusted_ca_file = path("nope.pem");
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), CAIRN_EIO);
