@@ -7,7 +7,10 @@ impostor of member n3 (the same --initial-cluster, so the same member and
 cluster ids and token: only its certificate differs) dials n1 and n2 with
 no certificate, another CA's, a revoked one, one whose CN is not the
 allowed one, and one whose SANs do not name its address: each is refused, n1 logs the reason, and the key the impostor
-wrote never reaches n1 or n2. Every certificate is made at test time.
+wrote never reaches n1 or n2. Then n3 stops and members serving a revoked
+certificate, a disallowed CN or SANs without 127.0.0.1 take its peer URL:
+n1's dials to each are refused and logged. Every certificate is made at
+test time.
 
 Usage: test_peer_tls.py --cairn build/cairn
 """
@@ -171,6 +174,39 @@ def main():
             print(ln)
         check(all(n.proc.poll() is None for n in nodes), "every member still runs")
         check(nodes[2].get("over-tls") == "yes", "n3 still has the data")
+
+        # The dialing end: n3 stops and a member with a bad certificate
+        # serves at n3's peer URL. n1's own dials to it are refused (the
+        # line names n3, not an address and a hello), and nothing it wrote
+        # reaches n1. etcd refuses a server whose certificate does not
+        # name the URL's host or fails the allowed CN as here; a revoked
+        # one cairn refuses on this end too, where etcd 3.4 does not
+        # (docs/FLAGS.md says why).
+        nodes[2].stop()
+        servers = [
+            ("a revoked certificate", "revoked",
+             "peer n3: refused: certificate refused: transport: certificate serial 1002 revoked"),
+            ("a disallowed CN", "intruder",
+             'peer n3: refused: certificate refused: client certificate authentication failed '
+             '(certificate CN "intruder"'),
+            ("SANs that do not name the URL's host", "wrongsan",
+             "peer n3: refused: certificate refused: the TLS handshake failed: "),
+        ]
+        for i, (what, leaf, reason) in enumerate(servers):
+            cert, key = fx.leaf[leaf]
+            x = Node(a.cairn, tmp, "n3", urls[2], urls[2], cluster, tls(cert, key))
+            before = nodes[0].read_log().count(reason)
+            try:
+                x.wait_ready()
+                evil = "evil-served-%d" % i
+                check(x.ctl("put", evil, "applied").returncode == 0, "the bad server's own put")
+                check(wait_for(lambda: nodes[0].read_log().count(reason) > before, 20),
+                      "n1 refuses its dial to a member serving %s: %r" % (what, reason))
+                time.sleep(1.0)
+                check(nodes[0].get(evil) == "" and nodes[1].get(evil) == "",
+                      "n1 and n2 did not apply the key of a member serving %s" % what)
+            finally:
+                x.stop()
     finally:
         for n in nodes:
             n.stop()
