@@ -147,7 +147,13 @@ int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen)
 /* The same from a gRPC call's peer string (grpc_call_get_peer): "fd:<n>"
  * for a connection the listener handed to gRPC by its fd. For the auth
  * layer (etcd: with --client-cert-auth the CN is the user name).
- * CAIRN_ENOTFOUND for any other peer. */
+ * CAIRN_ENOTFOUND for any other peer.
+ * Exact per call while the caller holds the call (before grpc_call_unref):
+ * every stream holds a ref on its chttp2 transport, which closes the fd
+ * only when the last ref goes, so "fd:<n>" names that call's connection
+ * for the whole call, and the cookie tells it from an earlier holder of
+ * the number; the CN is set before the first plaintext byte reaches gRPC,
+ * so no call of a connection with a certificate sees it unset. */
 int cairn_tls_pump_call_cn(cairn_tls_pump *p, const char *grpc_peer, char *cn, size_t cnlen);
 
 #endif
