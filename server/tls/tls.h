@@ -102,7 +102,8 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
  * member that dialed (the leaf of |pem|) against the address it dialed
  * from (|grpc_peer|, grpc_call_get_peer's "ipv4:a.b.c.d:port" or
  * "ipv6:[...]:port"): an IP SAN equal to it passes, else a DNS SAN that
- * resolves to it (a forward lookup: it may block on the resolver); a
+ * is one of its reverse names (a wildcard "*.d" matches a name ending in
+ * ".d") or that resolves to it (lookups: they may block on the resolver); a
  * certificate with no SAN passes, and so does any other kind of peer
  * (unix:). 0, or CAIRN_EINVAL with etcd's reason in |why|. Any thread. */
 int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
