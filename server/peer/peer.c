@@ -244,7 +244,7 @@ typedef struct ppeer {
     /* We refused it for our --peer-links: said once. */
     int refused_logged;
     /* Our dial's TLS handshake failed (its certificate): said once until
-     * a stream to it comes up. */
+     * a dial of ours gets through the handshake. */
     int tls_refused_logged;
 } ppeer;
 
@@ -708,6 +708,8 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     plink *l = arg;
     peer_net *n = l->n;
     char why[256];
+    if (l->dialed)
+        l->p->tls_refused_logged = 0; /* this dial's handshake passed */
     if (check_cert(l, why, sizeof why)) {
         if (!l->dialed && h->name) {
             char named[512];
@@ -1023,23 +1025,25 @@ static void on_close(plink *l)
     }
     if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
-    if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
+    if (l->dialed && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
         if (!l->hello_in && l->n->tls && tls_failed(d)) {
             /* etcd: a dial whose handshake refuses the member's
              * certificate (its chain, or a name that is not the peer
              * URL's host) is logged with the reason, as a refusal; once
-             * until a stream comes up, then at debug level */
+             * until a dial passes the handshake, then at debug level. Also when
+             * the failed send of the hello killed the link first: the
+             * status is still the transport's. */
             cairn_log(l->p->tls_refused_logged ? CAIRN_LOG_DEBUG : CAIRN_LOG_WARN,
                       "peer %s: refused: certificate refused: the TLS handshake failed: %s",
                       peer_name(l), d);
             l->p->tls_refused_logged = 1;
-        } else {
+        } else if (!l->dead) {
             cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
                       "peer %s: stream ended: %s", peer_name(l), d);
+            if (strstr(d, PEER_REMOVED))
+                removed_self(l->n);
         }
-        if (strstr(d, PEER_REMOVED))
-            removed_self(l->n);
         gpr_free(d);
     }
     link_kill(l, "the stream ended");

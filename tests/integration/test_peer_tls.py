@@ -8,7 +8,8 @@ cluster ids and token: only its certificate differs) dials n1 and n2 with
 no certificate, another CA's, a revoked one, one whose CN is not the
 allowed one, and one whose SANs do not name its address: each is refused, n1 logs the reason, and the key the impostor
 wrote never reaches n1 or n2. Then n3 stops and members serving a revoked
-certificate, a disallowed CN or SANs without 127.0.0.1 take its peer URL:
+certificate, another CA's, a disallowed CN or SANs without 127.0.0.1 take
+its peer URL:
 n1's dials to each are refused and logged. Every certificate is made at
 test time.
 
@@ -178,14 +179,18 @@ def main():
         # The dialing end: n3 stops and a member with a bad certificate
         # serves at n3's peer URL. n1's own dials to it are refused (the
         # line names n3, not an address and a hello), and nothing it wrote
-        # reaches n1. etcd refuses a server whose certificate does not
-        # name the URL's host or fails the allowed CN as here; a revoked
-        # one cairn refuses on this end too, where etcd 3.4 does not
-        # (docs/FLAGS.md says why).
+        # reaches n1. etcd refuses a server whose certificate is another
+        # CA's, does not name the URL's host or fails the allowed CN as
+        # here; a revoked one cairn refuses on this end too, where etcd
+        # 3.4 does not (docs/FLAGS.md says why). A failed handshake is
+        # logged once until a dial passes one: the disallowed CN's comes
+        # between the two handshake cases.
         nodes[2].stop()
         servers = [
             ("a revoked certificate", "revoked",
              "peer n3: refused: certificate refused: transport: certificate serial 1002 revoked"),
+            ("another CA's certificate", "other",
+             "peer n3: refused: certificate refused: the TLS handshake failed: "),
             ("a disallowed CN", "intruder",
              'peer n3: refused: certificate refused: client certificate authentication failed '
              '(certificate CN "intruder"'),
