@@ -96,6 +96,7 @@ def wait_for(pred, timeout):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", required=True)
+    ap.add_argument("--etcd", default=None, help="etcd 3.4, for the checks beside it")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cairn-it-peer-tls-")
     nodes = []
@@ -175,6 +176,26 @@ def main():
             print(ln)
         check(all(n.proc.poll() is None for n in nodes), "every member still runs")
         check(nodes[2].get("over-tls") == "yes", "n3 still has the data")
+
+        # etcd: --peer-cert-allowed-cn and --peer-cert-allowed-hostname at
+        # once stop the member at start, exit code 1 (measured)
+        both = tls(*fx.leaf["n1"]) + ["--peer-cert-allowed-hostname", "127.0.0.1"]
+        for kind, binary in (("cairn", a.cairn), ("etcd", a.etcd)):
+            if not binary:
+                continue
+            own = "https://127.0.0.1:%d" % free_port()
+            c = "http://127.0.0.1:%d" % free_port()
+            d = tempfile.mkdtemp(prefix="both-", dir=tmp)
+            r = subprocess.run([binary, "--name", "x", "--data-dir", os.path.join(d, "data"),
+                                "--listen-client-urls", c, "--advertise-client-urls", c,
+                                "--listen-peer-urls", own, "--initial-advertise-peer-urls", own,
+                                "--initial-cluster", "x=" + own] + both,
+                               capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            out = (r.stdout + r.stderr).decode("utf-8", "replace")
+            check(r.returncode == 1 and 'AllowedCN and AllowedHostname are mutually exclusive '
+                  '(cn="cairn-peer", hostname="127.0.0.1")' in out,
+                  "%s with both allowed flags: exit code %s, want 1 with etcd's message:\n%s" %
+                  (kind, r.returncode, out[-400:]))
 
         # The dialing end: n3 stops and a member with a bad certificate
         # serves at n3's peer URL. n1's own dials to it are refused (the
