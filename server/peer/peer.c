@@ -206,6 +206,7 @@ typedef struct qchange {
 } qchange;
 
 typedef struct ppeer {
+    struct peer_net *net;
     char *name;
     uint64_t id;
     char *addr;
@@ -774,13 +775,18 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
  * carried no change, run inside cairn_replica_receive (on_sync decides). */
 static _Thread_local int on_peer_thread, inline_done;
 
+static void wake_thread(peer_net *n);
+
+/* Carried changes, now durable: acknowledge, and wake the thread for it
+ * (else the acknowledgement waited for its next tick, up to PEER_TICK_MS,
+ * and with it every WaitReplicated on the peer). */
 static void received_durable(void *arg, int rc)
 {
     ppeer *p = arg;
     if (on_peer_thread)
         inline_done = !rc;
-    else if (!rc)
-        atomic_store(&p->ack_due, 1); /* carried changes: acknowledge */
+    else if (!rc && !atomic_exchange(&p->ack_due, 1))
+        wake_thread(p->net);
 }
 
 /* A fork the last receive from |p| met: both hashes, so that an operator
@@ -1143,7 +1149,8 @@ static int wake_disarm(peer_net *n)
 }
 
 /* In how many ms a link that could send has a push due (0: now; past
- * PEER_PUSH_GAP_US since its last), or -1 if none has anything queued. */
+ * PEER_PUSH_GAP_US since its last) or an acknowledgement (past
+ * PEER_TICK_MS since its last sync message), or -1 if none has either. */
 static int push_wait_ms(peer_net *n)
 {
     uint64_t now = now_us();
@@ -1153,6 +1160,12 @@ static int push_wait_ms(peer_net *n)
         plink *l = p->live;
         if (!l || l->dead || l->sending)
             continue;
+        if (atomic_load(&p->ack_due)) {
+            uint64_t at = (p->answered_ms + PEER_TICK_MS) * 1000;
+            int ms = at > now ? (int)((at - now + 999) / 1000) : 0;
+            if (best < 0 || ms < best)
+                best = ms;
+        }
         pthread_mutex_lock(&p->qmu);
         int q = p->qhead != NULL;
         pthread_mutex_unlock(&p->qmu);
@@ -1323,6 +1336,7 @@ static int add_member(peer_net *n, const cairn_member_info *m)
         return CAIRN_EINVAL;
     ppeer *p = &n->peers[n->npeers];
     memset(p, 0, sizeof *p);
+    p->net = n;
     char hex[17];
     snprintf(hex, sizeof hex, "%016" PRIx64, m->id);
     p->name = strdup(m->name[0] ? m->name : hex);
@@ -1821,6 +1835,7 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         if (strcmp(m->name, cfg->name) == 0)
             continue;
         ppeer *p = &n->peers[n->npeers];
+        p->net = n;
         char addr[256];
         const char *dial_at = NULL;
         for (size_t j = 0; j < cfg->npeer_dials; j++)
