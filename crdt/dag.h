@@ -106,8 +106,8 @@ void cairn_dag_discard(cairn_dag *d);
  *
  * Memory: the hashes of the last CAIRN_DAG_MAX_REJECTED refused changes
  * (descendants included) are remembered, in a ring that starts at 64 and
- * doubles on demand up to that cap (about 120 bytes each with its table
- * entry: at most ~32 MiB). Offering one again is CAIRN_DAG_KNOWN,
+ * doubles on demand up to that cap (about 140 bytes each with its node
+ * and table slot: at most ~36 MiB). Offering one again is CAIRN_DAG_KNOWN,
  * cairn_dag_has says 2 and cairn_dag_missing never asks for it. Past the
  * cap the oldest is forgotten: offered again it is judged again (the same
  * verdict), and a descendant offered after its ancestor was forgotten

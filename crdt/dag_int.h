@@ -34,11 +34,11 @@ typedef struct node {
     cairn_change *c; /* NULL for a stub or a rejected change */
     /* Pending nodes that wait for this one. */
     struct node **waiters;
+    struct node *next; /* reject_tree's work list */
     uint32_t nwaiters, capwaiters;
     uint32_t nmissing; /* PENDING: deps not ordered yet */
     uint32_t pos;      /* STUB: slot in stubs */
     int why;           /* REJECTED: the verdict (a CAIRN_E* code) */
-    struct node *next; /* reject_tree's work list */
     uint8_t state;
 } node;
 
