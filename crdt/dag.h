@@ -208,7 +208,9 @@ void cairn_dag_save_(struct wire_wr *w, const cairn_dag *d);
 int cairn_dag_restore_(cairn_dag **out, struct wire_rd *r);
 /* 0 if the ordered part's internal invariants hold (every hash found at its
  * index, deps point backwards, heads are exactly the changes no change
- * depends on, authors' seqs add up), else CAIRN_ECORRUPT. Tests, fuzzers. */
+ * depends on, authors' seqs add up) and so do the refused changes' (each
+ * remembered in the ring, none waited for by anything), else
+ * CAIRN_ECORRUPT. Tests, fuzzers. */
 int cairn_dag_check_(const cairn_dag *d);
 /* Changes the ancestry walks have visited so far (a cost counter). */
 uint64_t cairn_dag_walk_steps_(const cairn_dag *d);
