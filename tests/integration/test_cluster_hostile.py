@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server, free_port  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 import wire  # noqa: E402
 
 SKIP = 77
@@ -292,11 +292,7 @@ def main():
             if failures:
                 print("---- %s log ----\n%s" % (n.name, n.read_log()[-6000:]))
             n.cleanup()
-    if failures:
-        print("%d checks failed" % len(failures))
-        return 1
-    print("test_cluster_hostile: all checks passed")
-    return 0
+    return finish("test_cluster_hostile: all checks passed")
 
 
 if __name__ == "__main__":
