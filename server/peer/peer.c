@@ -272,6 +272,9 @@ typedef struct ppeer {
     /* REFUSALS: its hellos are refused until refused_until_ms (we refused
      * it), and it is not dialed before hold_ms (we refused it, or it us). */
     uint64_t refused_until_ms, hold_ms;
+    /* Our dial's TLS handshake failed (its certificate): said once until
+     * a dial of ours gets through the handshake. */
+    int tls_refused_logged;
 } ppeer;
 
 struct peer_net {
@@ -617,6 +620,7 @@ static void make_live(ppeer *p, plink *l)
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
     atomic_fetch_add(&p->connects, 1);
+    p->tls_refused_logged = 0;
     p->next_sync_ms = 0;  /* sync at once */
     p->urls_sent_gen = 0; /* and tell it the members' client URLs */
     cairn_log(p->not_linked ? CAIRN_LOG_DEBUG : CAIRN_LOG_INFO,
@@ -775,6 +779,8 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     plink *l = arg;
     peer_net *n = l->n;
     char why[256];
+    if (l->dialed)
+        l->p->tls_refused_logged = 0; /* this dial's handshake passed */
     if (check_cert(l, why, sizeof why)) {
         if (!l->dialed && h->name) {
             char named[512];
@@ -1103,6 +1109,15 @@ static void on_recv(plink *l, int ok)
         post_recv(l);
 }
 
+/* Whether a dialed call's status details (gRPC's words for why the
+ * channel could not connect) say that the TLS handshake failed, rather
+ * than the connection. */
+static int tls_failed(const char *details)
+{
+    return strstr(details, "Handshake failed") || strstr(details, "peer certificate") ||
+           strstr(details, "SSL_ERROR") || strstr(details, "certificate verify");
+}
+
 static void on_close(plink *l)
 {
     l->closed = 1;
@@ -1112,12 +1127,25 @@ static void on_close(plink *l)
     }
     if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
-    if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
+    if (l->dialed && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
-        cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
-                  "peer %s: stream ended: %s", peer_name(l), d);
-        if (strstr(d, PEER_REMOVED))
-            removed_self(l->n);
+        if (!l->hello_in && l->n->tls && tls_failed(d)) {
+            /* etcd: a dial whose handshake refuses the member's
+             * certificate (its chain, or a name that is not the peer
+             * URL's host) is logged with the reason, as a refusal; once
+             * until a dial passes the handshake, then at debug level. Also when
+             * the failed send of the hello killed the link first: the
+             * status is still the transport's. */
+            cairn_log(l->p->tls_refused_logged ? CAIRN_LOG_DEBUG : CAIRN_LOG_WARN,
+                      "peer %s: refused: certificate refused: the TLS handshake failed: %s",
+                      peer_name(l), d);
+            l->p->tls_refused_logged = 1;
+        } else if (!l->dead) {
+            cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
+                      "peer %s: stream ended: %s", peer_name(l), d);
+            if (strstr(d, PEER_REMOVED))
+                removed_self(l->n);
+        }
         gpr_free(d);
     }
     link_kill(l, "the stream ended");
