@@ -263,9 +263,13 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
     c->state = ST_DONE;
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
     if (e != GRPC_CALL_OK) {
-        /* Only a programming error gets here; never leak the call. */
+        /* Only a programming error gets here; never leak the call (with
+         * rpc_notify_close's op in flight, its completion frees it). */
         cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch failed (%d)", (int)e);
-        call_free(c);
+        if (c->close_state == RPC_CLOSE_STATE)
+            c->done_seen = 1;
+        else
+            call_free(c);
     }
 }
 
