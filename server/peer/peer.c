@@ -228,8 +228,8 @@ typedef struct ppeer {
     size_t nclient_urls;
     uint64_t urls_incarnation; /* the start they are from (Hello.incarnation) */
     uint64_t urls_sent_gen;    /* peer_net.urls_gen last sent to it in a Members */
-    cairn_hash *acked; /* its heads as its last message reported them: durable
-                          on it (replica.h); under peer_net.info_mu */
+    cairn_hash *acked;         /* its heads as its last message reported them: durable
+                                  on it (replica.h); under peer_net.info_mu */
     size_t nacked;
     pthread_mutex_t qmu;
     qchange *qhead, **qtail;
@@ -243,6 +243,9 @@ typedef struct ppeer {
     int not_linked;
     /* We refused it for our --peer-links: said once. */
     int refused_logged;
+    /* Our dial's TLS handshake failed (its certificate): said once until
+     * a dial of ours gets through the handshake. */
+    int tls_refused_logged;
 } ppeer;
 
 struct peer_net {
@@ -261,7 +264,7 @@ struct peer_net {
     grpc_status_code wake_status;
     grpc_slice wake_details;
     int wake_state;
-    atomic_int wake_armed; /* set: the next push cancels wake_call */
+    atomic_int wake_armed;  /* set: the next push cancels wake_call */
     _Atomic uint64_t wakes; /* wake calls completed (peer_net_wakes) */
     grpc_call *acall;
     grpc_call_details adetails;
@@ -277,7 +280,7 @@ struct peer_net {
     pthread_t th;
     int started, stopped;
     atomic_int stop;
-    pthread_mutex_t info_mu; /* the peers' client URLs and acked heads */
+    pthread_mutex_t info_mu;   /* the peers' client URLs and acked heads */
     void (*ack_cb)(void *arg); /* peer_net_set_ack_cb */
     void *ack_arg;
     uint64_t my_id, cluster_id;
@@ -584,6 +587,7 @@ static void make_live(ppeer *p, plink *l)
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
     atomic_fetch_add(&p->connects, 1);
+    p->tls_refused_logged = 0;
     p->next_sync_ms = 0;  /* sync at once */
     p->urls_sent_gen = 0; /* and tell it the members' client URLs */
     cairn_log(p->not_linked ? CAIRN_LOG_DEBUG : CAIRN_LOG_INFO,
@@ -704,6 +708,8 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     plink *l = arg;
     peer_net *n = l->n;
     char why[256];
+    if (l->dialed)
+        l->p->tls_refused_logged = 0; /* this dial's handshake passed */
     if (check_cert(l, why, sizeof why)) {
         if (!l->dialed && h->name) {
             char named[512];
@@ -1001,6 +1007,15 @@ static void on_recv(plink *l, int ok)
         post_recv(l);
 }
 
+/* Whether a dialed call's status details (gRPC's words for why the
+ * channel could not connect) say that the TLS handshake failed, rather
+ * than the connection. */
+static int tls_failed(const char *details)
+{
+    return strstr(details, "Handshake failed") || strstr(details, "peer certificate") ||
+           strstr(details, "SSL_ERROR") || strstr(details, "certificate verify");
+}
+
 static void on_close(plink *l)
 {
     l->closed = 1;
@@ -1010,12 +1025,25 @@ static void on_close(plink *l)
     }
     if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
-    if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
+    if (l->dialed && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
-        cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
-                  "peer %s: stream ended: %s", peer_name(l), d);
-        if (strstr(d, PEER_REMOVED))
-            removed_self(l->n);
+        if (!l->hello_in && l->n->tls && tls_failed(d)) {
+            /* etcd: a dial whose handshake refuses the member's
+             * certificate (its chain, or a name that is not the peer
+             * URL's host) is logged with the reason, as a refusal; once
+             * until a dial passes the handshake, then at debug level. Also when
+             * the failed send of the hello killed the link first: the
+             * status is still the transport's. */
+            cairn_log(l->p->tls_refused_logged ? CAIRN_LOG_DEBUG : CAIRN_LOG_WARN,
+                      "peer %s: refused: certificate refused: the TLS handshake failed: %s",
+                      peer_name(l), d);
+            l->p->tls_refused_logged = 1;
+        } else if (!l->dead) {
+            cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
+                      "peer %s: stream ended: %s", peer_name(l), d);
+            if (strstr(d, PEER_REMOVED))
+                removed_self(l->n);
+        }
         gpr_free(d);
     }
     link_kill(l, "the stream ended");
@@ -1071,10 +1099,9 @@ static void on_accept(peer_net *n, int ok)
 static void wake_new(peer_net *n)
 {
     n->wake_state = W_NONE;
-    n->wake_call =
-        grpc_channel_create_call(n->wake_ch, NULL, GRPC_PROPAGATE_DEFAULTS, n->cq,
-                                 grpc_slice_from_static_string("/cairnpb.Peer/Wake"), NULL,
-                                 gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    n->wake_call = grpc_channel_create_call(n->wake_ch, NULL, GRPC_PROPAGATE_DEFAULTS, n->cq,
+                                            grpc_slice_from_static_string("/cairnpb.Peer/Wake"),
+                                            NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     if (!n->wake_call)
         return;
     grpc_metadata_array_init(&n->wake_md);
@@ -1602,8 +1629,7 @@ static void on_durable(void *arg, int64_t rev, const cairn_hash *hash, const uin
      * SYNC): the others are neither copied nor woken for. The author is
      * bytes 1..16 of a change (change.c). */
     if (!n->cfg->peer_links &&
-        (change_len < 1 + CAIRN_ACTOR_LEN ||
-         memcmp(change + 1, n->actor.b, CAIRN_ACTOR_LEN) != 0))
+        (change_len < 1 + CAIRN_ACTOR_LEN || memcmp(change + 1, n->actor.b, CAIRN_ACTOR_LEN) != 0))
         return;
     int queued = 0;
     for (size_t i = 0; i < n->npeers; i++) {
