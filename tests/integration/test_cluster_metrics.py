@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -196,11 +196,7 @@ def main():
         wait_for(c, 0, lambda m: lag(m, n2.name) == (0, 0), "restarted n1's lag for n2 is 0")
         if failures:
             print(clusterlib.logs(c))
-    if failures:
-        print("%d checks failed" % len(failures))
-        return 1
-    print("test_cluster_metrics: all checks passed")
-    return 0
+    return finish("test_cluster_metrics: all checks passed")
 
 
 if __name__ == "__main__":
