@@ -2133,6 +2133,18 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
     return n->npeers;
 }
 
+int peer_net_lag(peer_net *n, size_t i, uint64_t *changes, uint64_t *age_ms)
+{
+    *changes = 0;
+    *age_ms = 0;
+    if (!n || i >= n->npeers)
+        return CAIRN_ENOTFOUND;
+    ppeer *p = &n->peers[i];
+    if (atomic_load(&p->removed))
+        return CAIRN_ENOTFOUND;
+    return cairn_replica_lag(p->rep, changes, age_ms);
+}
+
 int peer_net_port(const peer_net *n, size_t i)
 {
     return n && i < n->nports ? n->ports[i] : 0;
