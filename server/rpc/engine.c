@@ -246,9 +246,11 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
         ops[n].data.send_message.send_message = c->send;
         n++;
     }
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-    n++;
+    if (!(c->close_state & RPC_CLOSE_ARMED)) { /* else posted by rpc_on_cancel */
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+        n++;
+    }
     grpc_slice_unref(c->status_details);
     c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
@@ -507,6 +509,38 @@ static void dispatch(rpc_call *c)
     m->fn(c, GRPC_SLICE_START_PTR(c->req_bytes), GRPC_SLICE_LENGTH(c->req_bytes));
 }
 
+/* The close of a call armed by rpc_on_cancel. The final batch (ST_DONE)
+ * and this one complete in either order, both on the call's worker: the
+ * call is freed by the second. Before the final batch started, the close
+ * can only mean the call died. */
+static void close_done(void *arg, int ok)
+{
+    (void)ok;
+    rpc_call *c = arg;
+    c->close_state |= RPC_CLOSE_DONE;
+    if (c->close_state & RPC_CLOSE_ENDED) {
+        call_free(c);
+        return;
+    }
+    if (c->state != ST_DONE && c->on_cancel)
+        c->on_cancel(c);
+}
+
+int rpc_on_cancel(rpc_call *c, rpc_side *tag, void (*fn)(rpc_call *c))
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    tag->fn = close_done;
+    tag->arg = c;
+    c->on_cancel = fn;
+    if (rpc_side_batch(c, &op, 1, tag) != 0)
+        return CAIRN_EIO;
+    c->close_state |= RPC_CLOSE_ARMED;
+    return 0;
+}
+
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag)
 {
     tag->state = RPC_SIDE_STATE;
@@ -584,6 +618,10 @@ static void handle(void *tag, int ok)
         c->next(c, ok);
         return;
     case ST_DONE:
+        if ((c->close_state & (RPC_CLOSE_ARMED | RPC_CLOSE_DONE)) == RPC_CLOSE_ARMED) {
+            c->close_state |= RPC_CLOSE_ENDED; /* close_done frees it */
+            return;
+        }
         call_free(c);
         return;
     default:

@@ -94,6 +94,9 @@ struct rpc_call {
     grpc_slice status_details;
     grpc_byte_buffer *send;
     rpc_next_fn next;
+    /* rpc_on_cancel's: RPC_CLOSE_* bits, and the service's callback */
+    int close_state;
+    void (*on_cancel)(rpc_call *c);
     /* rpc_later's: queued on the call's worker */
     struct rpc_call *later_next;
     void (*later_fn)(struct rpc_call *c, int rc);
@@ -206,6 +209,19 @@ void rpc_fail_on_end(rpc_call *c, int rc, const char *detail);
  * to its executor thread, a thread hop per read. One wakeup of the worker
  * (an empty batch on its queue) carries every call queued before it runs. */
 void rpc_later(rpc_call *c, void (*fn)(rpc_call *c, int rc), int rc);
+/* For a call that may wait long before it answers (a Lock waiting for
+ * its turn): |fn| runs on the call's worker when the call dies before it
+ * was answered (the client cancelled or went away, its deadline passed),
+ * at most once, and never once rpc_reply / rpc_fail has started. The call
+ * must still be ended (rpc_fail). Every answer of such a call must be
+ * started from its worker (the handler, rpc_later, or the call's own
+ * completions), so that the callback and the answer never race. |tag| is
+ * the service's (in its ctx; it must live until the call is freed). Once
+ * per call, from its handler. 0, or CAIRN_EIO. */
+#define RPC_CLOSE_ARMED 1
+#define RPC_CLOSE_DONE 2
+#define RPC_CLOSE_ENDED 4
+int rpc_on_cancel(rpc_call *c, rpc_side *tag, void (*fn)(rpc_call *c));
 /* Streaming: sends one message; |next| follows (see rpc_next_fn). */
 void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next);
 /* Bidi streaming: receives the next message into c->payload (NULL when the
