@@ -80,6 +80,7 @@ enum {
 #define EV_HUB 2
 
 typedef struct recipe {
+    struct recipe *next, **pprev; /* |waiting|, while on it */
     rpc_call *c;
     int kind, phase;
     pthread_mutex_t mu;
@@ -116,6 +117,34 @@ typedef struct recipe {
 static void run(rpc_call *c, int unused);
 static void step(recipe *r, int ev, int store_rc);
 
+/* Every call that may wait (Lock, Campaign, Observe), of every server in
+ * the process, so that a stopping server cancels its own at once rather
+ * than after the engine's grace period. */
+static pthread_mutex_t waiting_mu = PTHREAD_MUTEX_INITIALIZER;
+static recipe *waiting;
+
+static void waiting_add(recipe *r)
+{
+    pthread_mutex_lock(&waiting_mu);
+    r->next = waiting;
+    if (waiting)
+        waiting->pprev = &r->next;
+    r->pprev = &waiting;
+    waiting = r;
+    pthread_mutex_unlock(&waiting_mu);
+}
+
+/* The services' stopping hook: every waiting call of server |arg| is
+ * cancelled (it cleans up as a call whose client left). */
+static void recipes_stopping(void *arg)
+{
+    pthread_mutex_lock(&waiting_mu);
+    for (recipe *r = waiting; r; r = r->next)
+        if (etcd_node(r->c) == arg)
+            grpc_call_cancel(r->c->call, NULL);
+    pthread_mutex_unlock(&waiting_mu);
+}
+
 /* ---- plumbing ------------------------------------------------------------ */
 
 static void recipe_free(rpc_call *c)
@@ -123,6 +152,13 @@ static void recipe_free(rpc_call *c)
     recipe *r = c->ctx;
     if (!r)
         return;
+    if (r->pprev) {
+        pthread_mutex_lock(&waiting_mu);
+        *r->pprev = r->next;
+        if (r->next)
+            r->next->pprev = r->pprev;
+        pthread_mutex_unlock(&waiting_mu);
+    }
     cairn_hub_stream_free(r->hs);
     cairn_hub_batch_destroy(&r->batch);
     cairn_txn_resp_destroy(&r->txn);
@@ -795,6 +831,7 @@ static void lock_lock(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, CAIRN_EIO, NULL);
         return;
     }
+    waiting_add(r);
     int rc = begin(r, m->lease);
     if (rc)
         end_store_error(r, rc);
@@ -864,6 +901,7 @@ static void election_campaign(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, r->value ? CAIRN_EIO : CAIRN_ENOMEM, NULL);
         return;
     }
+    waiting_add(r);
     int rc = begin(r, m->lease);
     if (rc)
         end_store_error(r, rc);
@@ -1041,6 +1079,7 @@ static void election_observe(rpc_call *c, const uint8_t *req, size_t len)
         rpc_fail(c, CAIRN_EIO, NULL);
         return;
     }
+    waiting_add(r);
     r->phase = P_FIND;
     observe_next(r);
 }
@@ -1050,8 +1089,8 @@ static const rpc_method lock_methods[] = {
     {"/v3lockpb.Lock/Unlock", RPC_UNARY, lock_unlock, 1},
 };
 
-const rpc_service etcd_lock_service = {"v3lockpb.Lock", lock_methods,
-                                       sizeof lock_methods / sizeof lock_methods[0], NULL};
+const rpc_service etcd_lock_service = {
+    "v3lockpb.Lock", lock_methods, sizeof lock_methods / sizeof lock_methods[0], recipes_stopping};
 
 static const rpc_method election_methods[] = {
     {"/v3electionpb.Election/Campaign", RPC_UNARY, election_campaign, 1},
