@@ -22,6 +22,12 @@
  * its sending side after the body: etcd's Watch goes on, its
  * LeaseKeepAlive ends, so does cairn's KeepAlive; cairn's Watch ends on
  * that close, so a watch keeps its side open until the HTTP client goes.
+ * /v3/election/observe (server streaming) decodes its one request as a
+ * unary call's (a bad body: code 3, 400) and streams like /v3/watch.
+ * /v3/lock/lock and /v3/election/campaign may wait for minutes: they run
+ * on the stream machinery without a deadline, so that a client that goes
+ * away cancels the call (etcd's gateway cancels its context, and the
+ * waiter's key is deleted), and are answered whole as unary calls.
  * A call receives its next response only while less than
  * GATEWAY_STREAM_HIGH bytes of its answer wait for the client (front_flow):
  * a slow reader holds back the gRPC stream (its flow control, then the
