@@ -3,7 +3,8 @@
 
 /*
  * Internal to server/: etcd's v3 services, one file each (kv, watch, lease,
- * cluster, maintenance with its snapshot, auth), each a table of methods
+ * cluster, maintenance with its snapshot, auth, and recipes: v3lock and
+ * v3election), each a table of methods
  * that server.c registers with the gRPC engine (rpc/rpc.h) with the node
  * (node.h) as their argument, and what they share (etcd.c): the response
  * header and etcd's size rules.

@@ -463,9 +463,13 @@ static int drain(recipe *r)
     for (;;) {
         cairn_hub_batch b;
         int rc = cairn_hub_next(r->hs, &b);
-        if (rc == CAIRN_HUB_BATCH)
+        if (rc == CAIRN_HUB_BATCH) {
+            int compacted = b.compact_revision != 0;
             cairn_hub_batch_destroy(&b);
-        else if (rc != CAIRN_HUB_AGAIN)
+            /* etcd: the wait's watch fails, and the call with it */
+            if (compacted)
+                return CAIRN_ECOMPACTED;
+        } else if (rc != CAIRN_HUB_AGAIN)
             return rc < 0 ? rc : 0;
     }
 }
