@@ -469,3 +469,43 @@ def _(c):
     finally:
         o.close()
     return out
+
+
+def lease_count(c):
+    r = c.raw("/etcdserverpb.Lease/LeaseLeases", c.M("LeaseLeasesRequest")(),
+              "LeaseLeasesResponse")
+    return len(r.leases)
+
+
+@rcheck("recipes.election.proclaim_lease_zero")
+def _(c):
+    l1 = c.grant()
+    out = {"campaign": campaign(c, "E", l1, "one")}
+    rev = create_rev(c, lock_key(c, "E", l1))
+    lk = leader_key(c, "E", l1, rev)
+    lk.lease = 0
+    before = lease_count(c)
+    out["proclaim"] = proclaim(c, lk, "two")
+    out["leases granted"] = lease_count(c) - before
+    r = c.raw("/etcdserverpb.KV/Range", c.M("RangeRequest")(key=lock_key(c, "E", l1)),
+              "RangeResponse")
+    out["the key's lease is a new one"] = bool(r.kvs) and r.kvs[0].lease not in (0, l1)
+    out["its TTL"] = c.raw("/etcdserverpb.Lease/LeaseTimeToLive",
+                           c.M("LeaseTimeToLiveRequest")(ID=r.kvs[0].lease),
+                           "LeaseTimeToLiveResponse").grantedTTL if r.kvs else None
+    return out
+
+
+@rcheck("recipes.election.resign_lease_zero")
+def _(c):
+    l1 = c.grant()
+    out = {"campaign": campaign(c, "E", l1, "one")}
+    rev = create_rev(c, lock_key(c, "E", l1))
+    lk = leader_key(c, "E", l1, rev)
+    lk.lease = 0
+    before = lease_count(c)
+    out["resign"] = resign(c, lk)
+    out["leases granted"] = lease_count(c) - before
+    out["leader"] = leader(c, "E")
+    return out
+
