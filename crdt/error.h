@@ -74,6 +74,9 @@
       "etcdserver: can only promote a learner member which is in sync with leader")                \
     X(ETOOMANYLEARNERS, 9, "etcdserver: too many learner members in cluster")                      \
     X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")                             \
+    /* crdt: a change whose causal past holds a refused change (added last). */                    \
+    X(EPASTREFUSED, 3, "cairn: change depends on a refused change")                                \
+    X(EFORKPAST, 3, "cairn: change depends on the refused side of a fork")                         \
     /* etcd: v3lock / v3election (clientv3 concurrency errors: code Unknown) */                    \
     X(ENOTLEADER, 2, "election: not leader")                                                       \
     X(ENOLEADER, 2, "election: no leader")                                                         \

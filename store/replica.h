@@ -87,7 +87,9 @@ typedef void (*cairn_replica_done_cb)(void *arg, int rc);
  * returns its code and |cb| is never called. Otherwise the changes go to
  * the store in one burst and |cb| is called exactly once; *rejected (may
  * be NULL) gets the first code of a change the document refused (a hostile
- * change: unknown object, bad sequence), 0 if none — the others applied.
+ * change: unknown object, bad sequence, a refused change in its past),
+ * preferring one that is not a fork's (CAIRN_EFORK, CAIRN_EFORKPAST), 0 if
+ * none — the others applied.
  * Returns 0, or < 0 with |cb| never called. */
 int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
                           cairn_replica_done_cb cb, void *arg);
@@ -101,6 +103,18 @@ int cairn_replica_last_fork(const cairn_replica *r, cairn_store_fork *out);
 /* The peer's heads as its last message reported them (a new array,
  * *heads caller frees; NULL when *n == 0, before the first message). */
 int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n);
+
+/* Replication lag behind the peer, for metrics: *changes = the changes
+ * this store has applied that the peer has not acknowledged as durable
+ * (cairn_sync_lag: not among or ancestors of its last reported heads),
+ * and *age_ms = the store's clock now less the wall-clock time its author
+ * stamped on the first of them in apply order (0 if in the future; both
+ * 0 when nothing is owed). Changes applied and still waiting for their
+ * fsync count too (at most a group). CAIRN_ENOTFOUND before the peer's
+ * first message since this session was made (nothing is known of it);
+ * EIO, ENOMEM. Cost: the changes since the peer's acknowledged prefix,
+ * under the store's read side, and one change body read. */
+int cairn_replica_lag(cairn_replica *r, uint64_t *changes, uint64_t *age_ms);
 
 /* The store's heads as the document holds them (for tests and the
  * Replication service): a new sorted array (*heads, caller frees; NULL when
@@ -146,10 +160,10 @@ typedef struct cairn_heads_kv {
 typedef struct cairn_heads_range {
     cairn_heads_kv *kvs; /* ascending by key */
     size_t nkvs;
-    int more;       /* |limit| cut the answer */
-    int64_t count;  /* keys in the range at the heads, whatever the limit */
+    int more;         /* |limit| cut the answer */
+    int64_t count;    /* keys in the range at the heads, whatever the limit */
     int64_t revision; /* the local revision that is this state, 0 if none is */
-    int replayed;   /* 1: rebuilt by replaying the heads' past, 0: history */
+    int replayed;     /* 1: rebuilt by replaying the heads' past, 0: history */
 } cairn_heads_range;
 void cairn_heads_range_destroy(cairn_heads_range *r);
 

@@ -28,8 +28,8 @@
  * Range did not see.
  *
  * Threads. Everything of a call runs on its worker: the handler, the store
- * completions and hub notifies (through rpc_later), the cancel callback
- * (rpc_on_cancel) and the stream's send completions. rpc_later keeps one
+ * completions and hub notifies (through rpc_later), the close callback
+ * (rpc_notify_close) and the stream's send completions. rpc_later keeps one
  * entry per call, so |mu| guards the only state other threads touch: the
  * reasons to run (|ev|) and whether a run is queued (|queued|). A call is
  * answered only from a run with nothing queued (|deferred| otherwise), so
@@ -93,7 +93,6 @@ typedef struct recipe {
     int cancelled;
     int sending; /* Observe: a message is in flight */
     int done;    /* end() was called */
-    rpc_side close_tag;
     cairn_hub_stream *hs;
     int64_t watch_id;
     /* name/, the prefix's end, the contender's (or followed) key */
@@ -261,9 +260,13 @@ static void end_store_error(recipe *r, int rc)
         end(r, CAIRN_EPASSED, cairn_strerror(rc), NULL);
 }
 
-static void on_cancel(rpc_call *c)
+/* rpc_notify_close's callback: the call is over. Before it was answered,
+ * that means it died. */
+static void on_close(rpc_call *c)
 {
     recipe *r = c->ctx;
+    if (!c->cancelled || r->done || r->cancelled)
+        return;
     r->cancelled = 1;
     step(r, 0, 0);
 }
@@ -831,7 +834,7 @@ static void lock_lock(rpc_call *c, const uint8_t *req, size_t len)
     recipe *r = recipe_new(c, R_LOCK, &m->name);
     if (!r)
         return;
-    if (rpc_on_cancel(c, &r->close_tag, on_cancel)) {
+    if (rpc_notify_close(c, on_close, GRPC_STATUS_CANCELLED)) {
         rpc_fail(c, CAIRN_EIO, NULL);
         return;
     }
@@ -901,7 +904,7 @@ static void election_campaign(rpc_call *c, const uint8_t *req, size_t len)
         return;
     r->value = dup_bytes(m->value.data, m->value.len);
     r->value_len = m->value.len;
-    if (!r->value || rpc_on_cancel(c, &r->close_tag, on_cancel)) {
+    if (!r->value || rpc_notify_close(c, on_close, GRPC_STATUS_CANCELLED)) {
         rpc_fail(c, r->value ? CAIRN_EIO : CAIRN_ENOMEM, NULL);
         return;
     }
@@ -1079,7 +1082,7 @@ static void election_observe(rpc_call *c, const uint8_t *req, size_t len)
     recipe *r = recipe_new(c, R_OBSERVE, &m->name);
     if (!r)
         return;
-    if (rpc_on_cancel(c, &r->close_tag, on_cancel)) {
+    if (rpc_notify_close(c, on_close, GRPC_STATUS_CANCELLED)) {
         rpc_fail(c, CAIRN_EIO, NULL);
         return;
     }

@@ -20,8 +20,8 @@
  * {"result":...} and a newline; the stream ends with the call (a last
  * error as a {"error":{"grpc_code":...}} chunk). etcd's gateway closes
  * its sending side after the body: etcd's Watch goes on, its
- * LeaseKeepAlive ends, so does cairn's KeepAlive; cairn's Watch ends on
- * that close, so a watch keeps its side open until the HTTP client goes.
+ * LeaseKeepAlive ends, and cairn's do the same; a watch here keeps its
+ * side open until the HTTP client goes all the same.
  * /v3/election/observe (server streaming) decodes its one request as a
  * unary call's (a bad body: code 3, 400) and streams like /v3/watch.
  * /v3/lock/lock and /v3/election/campaign may wait for minutes: they run
