@@ -27,9 +27,9 @@
 #include <string.h>
 
 static const rpc_service *const services[] = {
-    &etcd_kv_service,           &etcd_watch_service,       &etcd_lease_service,
-    &etcd_cluster_service,      &etcd_maintenance_service, &etcd_auth_service,
-    &cairn_replication_service,
+    &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
+    &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+    &etcd_lock_service,    &etcd_election_service,    &cairn_replication_service,
 };
 
 /* ---- TLS (tls/) ---- */

@@ -605,6 +605,11 @@ static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 
 /* ---- the server's side of the hub --------------------------------------- */
 
+struct cairn_hub *watch_hub_of(cairn_server *srv)
+{
+    return srv->watch->hub;
+}
+
 cairn_store_subscriber watch_hub_subscriber(cairn_server *srv)
 {
     cairn_store_subscriber sub = {cairn_hub_events_cb, srv->watch->hub};
