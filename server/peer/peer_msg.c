@@ -79,9 +79,25 @@ void peer_msg_dispatch(const uint8_t *buf, size_t len, int hello_in, const peer_
  * then fails to find its peers), and a member with the joiner's own
  * advertised URLs (etcd 3.4 panics). */
 
+/* cairn_store_member_list_free's twin, so that this file (and its fuzz
+ * target) needs no store library. */
+static void members_free(cairn_member_info *m, size_t n)
+{
+    for (size_t i = 0; m && i < n; i++) {
+        free(m[i].name);
+        for (size_t j = 0; j < m[i].npeer_urls; j++)
+            free(m[i].peer_urls[j]);
+        free(m[i].peer_urls);
+        for (size_t j = 0; j < m[i].nclient_urls; j++)
+            free(m[i].client_urls[j]);
+        free(m[i].client_urls);
+    }
+    free(m);
+}
+
 void peer_join_destroy(peer_join *j)
 {
-    cairn_store_member_list_free(j->members, j->nmembers);
+    members_free(j->members, j->nmembers);
     free(j->heads);
     memset(j, 0, sizeof *j);
 }
