@@ -60,6 +60,8 @@ static void *committer_main(void *arg)
             break;
         leveldb_writebatch_t *b = NULL;
         size_t nb = s->batch_n;
+        uint64_t nbytes = s->batch_bytes;
+        s->batch_bytes = 0;
         if (s->batch_n) {
             b = s->batch;
             s->batch = leveldb_writebatch_create();
@@ -91,6 +93,7 @@ static void *committer_main(void *arg)
             if (!rc) {
                 atomic_fetch_add(&s->n_syncs, 1);
                 atomic_fetch_add(&s->n_changes, nb);
+                atomic_fetch_add(&s->n_change_bytes, nbytes);
                 uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
                               (uint64_t)(t1.tv_nsec - t0.tv_nsec);
                 size_t i = 0;
@@ -304,6 +307,7 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
 {
     out->syncs = atomic_load(&s->n_syncs);
     out->changes = atomic_load(&s->n_changes);
+    out->change_bytes = atomic_load(&s->n_change_bytes);
     for (size_t i = 0; i <= CAIRN_STORE_SYNC_BUCKETS; i++)
         out->sync_le[i] = atomic_load_explicit(&s->sync_le[i], memory_order_relaxed);
     out->sync_ns = atomic_load_explicit(&s->sync_ns, memory_order_relaxed);

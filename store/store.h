@@ -793,6 +793,9 @@ uint64_t cairn_store_members_gen(const cairn_store *s);
 typedef struct cairn_store_stats {
     uint64_t syncs;
     uint64_t changes;
+    /* The canonical bytes of the changes those group commits wrote (the
+     * changes' own bytes: the join bench's denominator). */
+    uint64_t change_bytes;
     /* How long each group write took (the write with its fsync): counts in
      * etcd's buckets, upper bounds 1 ms << i (the last: above 8.192 s),
      * and the sum in nanoseconds. */

@@ -409,6 +409,8 @@ struct cairn_store {
     int compact_jobs;   /* compactions queued or compacting physically (close waits) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
+    _Atomic uint64_t n_change_bytes;
+    uint64_t batch_bytes; /* the batch's change bodies (under qmu) */
     _Atomic uint64_t n_forks;
     /* Where the observer notes the first fork of a burst (under rw
      * write; NULL: only counted). */
