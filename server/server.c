@@ -230,6 +230,7 @@ int cairn_server_join_wait(cairn_server *srv, const sigset_t *sigs)
                       (double)(said - t0) / 1000.0, h.revision);
         }
     }
+    peer_net_joined(srv->peer);
     node_publish(srv);
     int rc = front_start(srv->front);
     if (rc)

@@ -87,6 +87,17 @@
  * removed member exits. Peer slots are never reused (etcd never reuses a
  * removed id either), at most PEER_MAX_MEMBERS per process.
  *
+ * JOIN. A node started with --initial-cluster-state existing on an empty
+ * data dir has no identity yet: before its store opens it calls
+ * cairnpb.Peer/Join (unary) on the other members of --initial-cluster in
+ * turn, on a scratch peer_net that only holds the TLS settings
+ * (peer_net_join). A member serves the call on this thread: the request's
+ * checks and the answer are peer_msg.c's (sans-I/O, fuzzed), from the
+ * member table and heads read from the store, after the same certificate
+ * checks as a stream's. The joiner's peers are then the answered table
+ * (add_peers' seed), whose ids --initial-cluster cannot give for members
+ * that were added (etcd: their ids carry the time of the add).
+ *
  * TLS. An https:// peer URL is served and dialed with gRPC's TLS
  * credentials from the --peer-* flags; the server asks for a client
  * certificate but leaves every check of it to tls/ (cairn_tls_check_pem,
@@ -297,8 +308,13 @@ struct peer_net {
     void (*ack_cb)(void *arg); /* peer_net_set_ack_cb */
     void *ack_arg;
     uint64_t my_id, cluster_id;
-    uint64_t incarnation; /* this start, in ms since the epoch */
-    uint64_t urls_gen;    /* bumped when a member's client URLs change */
+    /* A join catching up (JOIN above): only the member that answered it
+     * is synced with until peer_net_joined, so that the history comes
+     * once, not once per member; 0 when not joining. */
+    _Atomic uint64_t join_from;
+    uint64_t join_from_seen_ms; /* its stream was last up then */
+    uint64_t incarnation;       /* this start, in ms since the epoch */
+    uint64_t urls_gen;          /* bumped when a member's client URLs change */
     cairn_actor actor;
     uint8_t token_hash[32];
     /* TLS (https:// peer URLs): PEM text of the --peer-* files */
@@ -1577,8 +1593,22 @@ static void tick(peer_net *n)
             continue;
         }
         plink *l = p->live;
+        uint64_t from = atomic_load(&n->join_from);
+        if (from && p->id == from && l && !l->dead)
+            n->join_from_seen_ms = now;
+        if (from && now > n->join_from_seen_ms + PEER_JOIN_MS) {
+            cairn_log(CAIRN_LOG_WARN,
+                      "joining: no stream to the member that answered the join for %d ms: "
+                      "catching up from every member",
+                      PEER_JOIN_MS);
+            atomic_store(&n->join_from, 0);
+            from = 0;
+        }
         if (!l || l->dead || l->sending)
             continue;
+        /* joining: the others hear nothing from us yet but pushes (their
+         * answers to our sync messages would each be the whole history) */
+        int quiet = from && p->id != from;
         uint8_t *msg = NULL;
         size_t len = 0;
         int rc = 0;
@@ -1602,7 +1632,7 @@ static void tick(peer_net *n)
          * would otherwise get its own (the thread ticks after every
          * event). Any sync message carries our heads, so it counts. */
         int ack = now >= p->answered_ms + PEER_TICK_MS && atomic_load(&p->ack_due);
-        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || ack || periodic)) {
+        if (!rc && !msg && !quiet && (atomic_exchange(&p->answer_due, 0) || ack || periodic)) {
             atomic_store(&p->ack_due, 0);
             p->answered_ms = now;
             if (periodic) {
@@ -1937,6 +1967,10 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
         /* a join: the table the cluster answered (the ids of added members
          * are not --initial-cluster's) */
         for (size_t i = 0; i < seed->nmembers; i++) {
+            if (seed->members[i].name && strcmp(seed->members[i].name, seed->from) == 0) {
+                atomic_store(&n->join_from, seed->members[i].id);
+                n->join_from_seen_ms = now_ms();
+            }
             if (seed->members[i].id == n->my_id)
                 continue;
             int rc = add_member(n, &seed->members[i]);
@@ -2145,6 +2179,12 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
         o->sync_rounds = atomic_load(&p->sync_rounds);
     }
     return n->npeers;
+}
+
+void peer_net_joined(peer_net *n)
+{
+    if (n && atomic_exchange(&n->join_from, 0))
+        cairn_log(CAIRN_LOG_DEBUG, "joined: syncing with every member");
 }
 
 int peer_net_port(const peer_net *n, size_t i)

@@ -40,6 +40,11 @@ int peer_net_join(peer_join *out, const cairn_config *cfg, char *err, size_t err
  * to |err|: CAIRN_EIO (cannot listen), CAIRN_EINVAL, CAIRN_ENOMEM. */
 int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, const peer_join *seed,
                  char *err, size_t errlen);
+/* A joining node caught up: from now on it syncs with every member (until
+ * then only with the member that answered its join, whose stream carries
+ * the history once; after PEER_JOIN_MS without that stream, with every
+ * member anyway). Any thread. */
+void peer_net_joined(peer_net *n);
 /* Starts the thread: dialing, accepting, syncing. */
 int peer_net_start(peer_net *n);
 /* The client URLs member |id| advertised in its last hello (copies:
