@@ -158,6 +158,34 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
         snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
         return rc;
     }
+    /* A dir a join made that holds nothing yet (stopped before the first
+     * change came): it never joined as far as the cluster's history goes,
+     * so it asks again for the heads to catch up with (its ids stay). */
+    if (!srv->join && cairn_store_awaiting_genesis(srv->store)) {
+        peer_join *j = calloc(1, sizeof *j);
+        char why[1024];
+        rc = j ? peer_net_join(j, cfg, why, sizeof why) : CAIRN_ENOMEM;
+        if (!rc && j->member_id != cairn_store_member_id(srv->store)) {
+            snprintf(why, sizeof why, "the cluster answered member %016" PRIx64, j->member_id);
+            rc = CAIRN_EINVAL;
+        }
+        if (rc) {
+            cairn_log(CAIRN_LOG_WARN,
+                      "%s was made by a join and holds no change yet; asking the cluster "
+                      "again failed (%s): catching up from --initial-cluster's members",
+                      cfg->data_dir, j ? why : "out of memory");
+            if (j)
+                peer_join_destroy(j);
+            free(j);
+        } else {
+            srv->join = j;
+            srv->join_started_ms = now_ms();
+            cairn_log(CAIRN_LOG_INFO,
+                      "joining again (the data dir holds no change yet): %zu heads "
+                      "to catch up with, answered by %s",
+                      j->nheads, j->from);
+        }
+    }
     /* a joining node publishes once it caught up (its entry comes with
      * the history) */
     if (!srv->join)
