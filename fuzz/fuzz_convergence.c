@@ -24,11 +24,13 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 const char *__asan_default_options(void);
 
-/* An exec allocates and frees a few hundred KB (four replicas); ASan's default
- * 256 MB quarantine then makes every allocation touch a fresh page, and
- * page faults were half of the run's time. 16 MB still holds the frees of
- * the last ~50 execs, so a use after free within an exec is caught as
- * before. ASAN_OPTIONS overrides it. */
+/* For runs under ASan (the corpus replay in the sanitizer leg; the fuzz
+ * binary itself is built without ASan, see fuzz/CMakeLists.txt): an exec
+ * allocates and frees a few hundred KB (four replicas); ASan's default 256 MB
+ * quarantine then makes every allocation touch a fresh page, and page faults
+ * were half of the run's time. 16 MB still holds the frees of the last ~50
+ * execs, so a use after free within an exec is caught as before.
+ * ASAN_OPTIONS overrides it. */
 const char *__asan_default_options(void)
 {
     return "quarantine_size_mb=16";

@@ -41,18 +41,18 @@ Usage: probe.py watch-latency --endpoint 127.0.0.1:PORT [--count N]
 
 import argparse
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from watchtimer import WatchTimer  # noqa: E402
 
 
 def load_pb(workdir):
@@ -146,40 +146,11 @@ def main():
     wch = ch
     if a.watch_endpoint:
         wch = grpc.insecure_channel(a.watch_endpoint.replace("http://", ""))
-    watch = wch.stream_stream("/etcdserverpb.Watch/Watch",
-                             request_serializer=rpc.WatchRequest.SerializeToString,
-                             response_deserializer=rpc.WatchResponse.FromString)
 
     prefix = b"watchlat/%d/" % os.getpid()
-    reqs = queue.Queue()
-    reqs.put(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-        key=prefix, range_end=prefix[:-1] + bytes([prefix[-1] + 1]))))
-
-    def gen():
-        while True:
-            r = reqs.get()
-            if r is None:
-                return
-            yield r
-
-    events = queue.Queue()
-    created = threading.Event()
-    stream = watch(gen(), timeout=a.timeout)
-
-    def reader():
-        try:
-            for resp in stream:
-                now = time.perf_counter_ns()
-                if resp.created:
-                    created.set()
-                for ev in resp.events:
-                    events.put((ev.kv.key, now))
-        except grpc.RpcError:
-            pass
-
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    if not created.wait(10):
+    w = WatchTimer(wch, rpc.WatchRequest, rpc.WatchCreateRequest, rpc.WatchResponse,
+                   prefix, prefix[:-1] + bytes([prefix[-1] + 1]), timeout=a.timeout)
+    if not w.created(10):
         sys.exit("watch-latency: watch not created within 10 s")
 
     value = b"v" * 32
@@ -189,15 +160,11 @@ def main():
         t0 = time.perf_counter_ns()
         put(rpc.PutRequest(key=key, value=value), timeout=10)
         t_ack = time.perf_counter_ns()
-        while True:
-            k, t1 = events.get(timeout=10)
-            if k == key:
-                break
+        t1 = w.arrival(key)
         if i >= 20:
             lat.append((t1 - (t_ack if a.from_ack else t0)) / 1e6)
             sent.append((t1 - t0) / 1e6)
-    reqs.put(None)
-    stream.cancel()
+    w.close()
     ch.close()
     if wch is not ch:
         wch.close()

@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 from wire import decode, field_bytes, field_int  # noqa: E402
 
 PUT = "/etcdserverpb.KV/Put"
@@ -196,10 +196,7 @@ def main():
     flag_checks(a.cairn)
     run_batched(a.cairn)
     run_default(a.cairn)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

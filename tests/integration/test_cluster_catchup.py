@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 
 SKIP = 77
 CATCHUP_S = 30.0
@@ -171,7 +171,7 @@ def main():
               % (pd * 1000, bound * 1000))
         ok, rep = c.converge(60)
         check(ok, "every node converges after the catch-up: %s" % rep)
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
 import wire  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 
 SKIP = 77
 THREADS, PUTS = 8, 150
@@ -171,11 +171,7 @@ def main():
         check(relay <= RELAY_BOUND * recv,
               "n2 and n3 do not relay n1's changes to each other: %d <= %g x %d"
               % (relay, RELAY_BOUND, recv))
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

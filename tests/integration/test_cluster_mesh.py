@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 SKIP = 77
 ROUNDS = 20
@@ -180,8 +180,7 @@ def main():
                   "n%d has both puts made while n2 was down" % (i + 1))
         if failures:
             print(clusterlib.logs(c))
-    print("FAILED: %d checks" % len(failures) if failures else "OK")
-    return 1 if failures else 0
+    return finish("OK")
 
 
 if __name__ == "__main__":

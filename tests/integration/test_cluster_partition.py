@@ -45,7 +45,7 @@ sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
 from test_lock_elect import Ctl, Fail  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 SKIP = 77
 WAIT = 15.0        # seconds for something that must happen
@@ -208,8 +208,7 @@ def main():
             if failures:
                 print(clusterlib.logs(c))
     signal.alarm(0)
-    print("FAILED: %d checks" % len(failures) if failures else "OK")
-    return 1 if failures else 0
+    return finish("OK")
 
 
 def run(c, procs):

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server  # noqa: E402
-from verdict import check, failures, strip_ids  # noqa: E402
+from verdict import check, failures, strip_ids, finish  # noqa: E402
 
 HARD_TIMEOUT = 170  # seconds; ctest allows 200
 
@@ -372,10 +372,7 @@ def main():
                 check(rc == 0, "cairn exits 0 on SIGTERM at the end (got %r)" % rc)
             s.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("all etcdctl checks passed")
+    sys.exit(finish("all etcdctl checks passed"))
 
 
 if __name__ == "__main__":

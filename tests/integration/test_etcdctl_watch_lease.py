@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import Server  # noqa: E402
-from verdict import check, failures, strip_ids  # noqa: E402
+from verdict import check, failures, strip_ids, finish  # noqa: E402
 
 HARD_TIMEOUT = 170   # seconds for the whole test
 LINE_WAIT = 8.0      # seconds a watch may take to print what it must
@@ -298,10 +298,7 @@ def main():
                 print("---- %s log (tail) ----\n%s" % (s.kind, s.read_log()[-2000:]))
             s.stop()
             s.cleanup()
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("all etcdctl watch/lease checks passed")
+    sys.exit(finish("all etcdctl watch/lease checks passed"))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server, free_port  # noqa: E402
 from wire import field_bytes, field_int, varint  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 HARD_TIMEOUT = 170
 SEED = 20261129
@@ -445,10 +445,7 @@ def main():
             etcd.cleanup()
     quota_checks(binary)
     sigterm_under_load(binary)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("all fault checks passed")
+    sys.exit(finish("all fault checks passed"))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
 from system_python import grpc  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 SKIP = 77
 HARD_TIMEOUT = 150
@@ -328,8 +328,7 @@ def main():
             raise
         if failures:
             print(clusterlib.logs(c, 40))
-    print("%d failures" % len(failures))
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":
