@@ -312,6 +312,11 @@ struct peer_net {
      * is synced with until peer_net_joined, so that the history comes
      * once, not once per member; 0 when not joining. */
     _Atomic uint64_t join_from;
+    /* Set from the seed until peer_net_joined: the member table applied so
+     * far is a past state of the cluster's (the history arrives in order),
+     * in which members added since are missing; following it would take
+     * them for removed, refuse them, and so stop them. */
+    atomic_int catching_up;
     uint64_t join_from_seen_ms; /* its stream was last up then */
     uint64_t incarnation;       /* this start, in ms since the epoch */
     uint64_t urls_gen;          /* bumped when a member's client URLs change */
@@ -1531,6 +1536,8 @@ static void readdress(peer_net *n, ppeer *p, const cairn_member_info *m)
  * one list read of the table (a few entries) per change of it. */
 static void follow_members(peer_net *n)
 {
+    if (atomic_load(&n->catching_up))
+        return; /* the answered table stands until then */
     uint64_t gen = cairn_store_members_gen(n->store) + 1;
     if (gen == n->members_gen)
         return;
@@ -1957,6 +1964,21 @@ static grpc_server_credentials *server_creds(peer_net *n, const char *url, char 
         NULL);
 }
 
+/* Equal as sets. */
+static int same_urls(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb)
+        return 0;
+    for (size_t i = 0; i < na; i++) {
+        int in = 0;
+        for (size_t j = 0; j < nb && !in; j++)
+            in = strcmp(a[i], b[j]) == 0;
+        if (!in)
+            return 0;
+    }
+    return 1;
+}
+
 static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errlen)
 {
     const cairn_config *cfg = n->cfg;
@@ -1966,6 +1988,7 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
     if (seed) {
         /* a join: the table the cluster answered (the ids of added members
          * are not --initial-cluster's) */
+        atomic_store(&n->catching_up, 1);
         for (size_t i = 0; i < seed->nmembers; i++) {
             if (seed->members[i].name && strcmp(seed->members[i].name, seed->from) == 0) {
                 atomic_store(&n->join_from, seed->members[i].id);
@@ -1986,9 +2009,28 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
         snprintf(err, errlen, "more than %d members in --initial-cluster", PEER_MAX_MEMBERS);
         return CAIRN_EINVAL;
     }
-    for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
+    /* A restart: a member of --initial-cluster that the table holds at the
+     * same peer URLs under another id was added later (its id carries the
+     * time of the add, which the flags cannot give): it comes through
+     * follow_members under its real id. (One the table lacks altogether
+     * was removed: it is added, so that follow_members marks it removed
+     * and its hellos get etcd's refusal.) */
+    cairn_member_info *tab = NULL;
+    size_t ntab = 0;
+    if (cairn_store_member_list(n->store, &tab, &ntab))
+        ntab = 0;
+    int rc = 0;
+    for (size_t i = 0; i < cfg->ninitial_cluster && !rc; i++) {
         const cairn_config_member *m = &cfg->initial_cluster[i];
         if (strcmp(m->name, cfg->name) == 0)
+            continue;
+        uint64_t id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
+                                               cfg->initial_cluster_token);
+        int later = 0;
+        for (size_t j = 0; j < ntab && !later; j++)
+            later = tab[j].id != id &&
+                    same_urls(tab[j].peer_urls, tab[j].npeer_urls, m->peer_urls, m->npeer_urls);
+        if (later)
             continue;
         ppeer *p = &n->peers[n->npeers];
         char addr[256];
@@ -1999,15 +2041,15 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
         if (!dial_at) {
             if (m->npeer_urls == 0 || cairn_url_to_addr(addr, sizeof addr, m->peer_urls[0])) {
                 snprintf(err, errlen, "member %s has no usable peer URL", m->name);
-                return CAIRN_EINVAL;
+                rc = CAIRN_EINVAL;
+                break;
             }
             dial_at = addr;
         }
         p->name = strdup(m->name);
         p->addr = strdup(dial_at);
         p->url = m->npeer_urls ? strdup(m->peer_urls[0]) : NULL;
-        p->id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
-                                         cfg->initial_cluster_token);
+        p->id = id;
         pthread_mutex_init(&p->qmu, NULL);
         p->qtail = &p->qhead;
         p->backoff_ms = PEER_BACKOFF_MIN_MS;
@@ -2018,12 +2060,12 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
         atomic_init(&p->connected, 0);
         n->npeers++;
         if (!p->name || !p->addr || cairn_replica_new(&p->rep, n->store, NULL))
-            return CAIRN_ENOMEM;
-        p->ch = open_channel(n, p->addr, m->npeer_urls ? m->peer_urls[0] : "");
-        if (!p->ch)
-            return CAIRN_ENOMEM;
+            rc = CAIRN_ENOMEM;
+        else if (!(p->ch = open_channel(n, p->addr, m->npeer_urls ? m->peer_urls[0] : "")))
+            rc = CAIRN_ENOMEM;
     }
-    return 0;
+    cairn_store_member_list_free(tab, ntab);
+    return rc;
 }
 
 int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, const peer_join *seed,
@@ -2183,6 +2225,8 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
 
 void peer_net_joined(peer_net *n)
 {
+    if (n)
+        atomic_store(&n->catching_up, 0);
     if (n && atomic_exchange(&n->join_from, 0))
         cairn_log(CAIRN_LOG_DEBUG, "joined: syncing with every member");
 }
