@@ -228,6 +228,9 @@ static void drop_node(cairn_dag *d, node *n)
 
 /* ---- add ------------------------------------------------------------- */
 
+static int inherited(int why);
+static void reject_tree(cairn_dag *d, node *n, int why);
+
 int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
 {
     int rc;
@@ -248,9 +251,34 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         goto fail;
 
     uint32_t missing = 0;
-    for (uint32_t i = 0; i < c->ndeps; i++)
-        if (!get_ordered(d, &c->deps[i], NULL))
-            missing++;
+    int why = 0;
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        if (get_ordered(d, &c->deps[i], NULL))
+            continue;
+        missing++;
+        const node *dep = get_node(d, &c->deps[i]);
+        if (dep && dep->state == ST_REJECTED && (!why || why == CAIRN_EFORKPAST))
+            why = inherited(dep->why);
+    }
+    if (why) {
+        /* a dep was refused: so is this change, and what waits for it */
+        if (!n) {
+            n = calloc(1, sizeof *n);
+            if (!n) {
+                rc = CAIRN_ENOMEM;
+                goto fail;
+            }
+            n->hash = c->hash;
+            n->pos = NO_POS;
+            cairn_htab_put(&d->nodes, n, node_hash(d, n));
+        } else {
+            list_remove(&d->stubs, n);
+        }
+        cairn_change_free(c);
+        reject_tree(d, n, why);
+        *state = CAIRN_DAG_REJECTED;
+        return why;
+    }
     if (missing) {
         if (d->npending >= CAIRN_DAG_MAX_PENDING ||
             d->pending_edges + missing > MAX_PENDING_EDGES ||
@@ -380,49 +408,146 @@ void cairn_dag_discard(cairn_dag *d)
     drop_node(d, n);
 }
 
-/* Drops the front ready change for good. The verdict is final (it depends
- * on the change and its ancestors, which are fixed), so a body-less
- * REJECTED node stays while the hash is among the last
- * CAIRN_DAG_MAX_REJECTED rejected, or while pending changes wait for it:
- * has() reports it known, missing() does not ask for it again, add() drops
- * it without the document judging it again. The ring of remembered hashes
- * is the bound: a peer that keeps sending new invalid changes only pushes
- * old ones out, which are then judged once more if they come back. */
-static void reject(cairn_dag *d)
+/* ---- rejection -------------------------------------------------------- */
+
+/* The verdict a descendant of a change refused with |why| gets: refused
+ * too, whatever else it holds, since its causal past does. A fork's side
+ * is kept apart: the peer that sends it may be honest (it took the other
+ * side first), the transport treats it so. */
+static int inherited(int why)
 {
-    node *n = ready_pop(d);
-    cairn_change_free(n->c);
-    n->c = NULL;
-    n->state = ST_REJECTED;
-    if (!d->rej)
-        d->rej = malloc(CAIRN_DAG_MAX_REJECTED * sizeof *d->rej);
-    if (!d->rej) {
-        /* out of memory: remembered only while something waits for it */
-        if (!n->nwaiters)
-            drop_node(d, n);
-        return;
+    return why == CAIRN_EFORK || why == CAIRN_EFORKPAST ? CAIRN_EFORKPAST : CAIRN_EPASTREFUSED;
+}
+
+/* Puts |n|'s hash in the ring of remembered rejections, growing it (up to
+ * CAIRN_DAG_MAX_REJECTED) or, full, forgetting the oldest. Out of memory
+ * with no ring at all: CAIRN_ENOMEM (the caller forgets |n|). */
+static int remember(cairn_dag *d, node *n)
+{
+    if (d->rej_n == d->rej_cap && d->rej_cap < CAIRN_DAG_MAX_REJECTED) {
+        size_t cap = d->rej_cap ? d->rej_cap * 2 : 64;
+        if (cap > CAIRN_DAG_MAX_REJECTED)
+            cap = CAIRN_DAG_MAX_REJECTED;
+        cairn_hash *r = malloc(cap * sizeof *r);
+        if (r) {
+            for (size_t i = 0; i < d->rej_n; i++)
+                r[i] = d->rej[(d->rej_head + i) % d->rej_cap];
+            free(d->rej);
+            d->rej = r;
+            d->rej_head = 0;
+            d->rej_cap = cap;
+        }
     }
-    if (d->rej_n == CAIRN_DAG_MAX_REJECTED) {
+    if (!d->rej_cap)
+        return CAIRN_ENOMEM;
+    if (d->rej_n == d->rej_cap) {
+        /* full (at the cap, or out of memory to grow): the oldest goes */
         node *old = get_node(d, &d->rej[d->rej_head]);
         if (old && old->state == ST_REJECTED && !old->nwaiters)
             drop_node(d, old);
         d->rej[d->rej_head] = n->hash;
-        d->rej_head = (d->rej_head + 1) % CAIRN_DAG_MAX_REJECTED;
-        return;
+        d->rej_head = (d->rej_head + 1) % d->rej_cap;
+        return 0;
     }
-    d->rej[(d->rej_head + d->rej_n++) % CAIRN_DAG_MAX_REJECTED] = n->hash;
+    d->rej[(d->rej_head + d->rej_n++) % d->rej_cap] = n->hash;
+    return 0;
 }
 
-void cairn_dag_reject(cairn_dag *d)
+/* Takes pending |w| out of the waiter lists of its deps other than |skip|
+ * (a stub nothing waits for any more goes) and out of the pending counts,
+ * and frees its body. */
+static void unlink_pending(cairn_dag *d, node *w, const node *skip)
+{
+    const cairn_change *c = w->c;
+    for (uint32_t i = 0; i < c->ndeps; i++) {
+        node *dep = get_node(d, &c->deps[i]);
+        if (!dep || dep == skip)
+            continue; /* ordered, or the one being rejected */
+        for (uint32_t k = 0; k < dep->nwaiters; k++)
+            if (dep->waiters[k] == w) {
+                dep->waiters[k] = dep->waiters[--dep->nwaiters];
+                break;
+            }
+        if (dep->state == ST_STUB && dep->nwaiters == 0) {
+            list_remove(&d->stubs, dep);
+            drop_node(d, dep);
+        }
+    }
+    d->npending--;
+    d->pending_edges -= w->nmissing;
+    d->pending_bytes -= c->len;
+    cairn_change_free(w->c);
+    w->c = NULL;
+    w->nmissing = 0;
+}
+
+/* Marks body-less |n| REJECTED with verdict |why|, and with it every
+ * pending change that waits for it, transitively (their verdict:
+ * inherited()): a descendant of a refused change is refused the moment
+ * its ancestor is, whichever came first, so none is ever ordered and none
+ * sits in the pending buffer. The walk is a list threaded through the
+ * nodes (no allocation, so it cannot fail half-way); each node is visited
+ * once, since a rejected node leaves every waiter list it was on. Then
+ * each is remembered (remember()); one that cannot be, out of memory, is
+ * forgotten (judged again if it comes back). */
+static void reject_tree(cairn_dag *d, node *n, int why)
+{
+    n->state = ST_REJECTED;
+    n->why = why;
+    n->next = NULL;
+    node *work = n;
+    while (work) {
+        node *x = work;
+        work = x->next;
+        node **ws = x->waiters;
+        uint32_t nw = x->nwaiters;
+        x->waiters = NULL;
+        x->nwaiters = x->capwaiters = 0;
+        for (uint32_t i = 0; i < nw; i++) {
+            node *w = ws[i];
+            if (w->state != ST_PENDING)
+                continue;
+            unlink_pending(d, w, x);
+            w->state = ST_REJECTED;
+            w->why = inherited(x->why);
+            w->next = work;
+            work = w;
+        }
+        free(ws);
+        if (remember(d, x))
+            drop_node(d, x);
+    }
+}
+
+/* Drops the front ready change for good with verdict |why|. The verdict
+ * is final (it depends on the change and its ancestors, which are fixed),
+ * so a body-less REJECTED node stays while the hash is among the last
+ * CAIRN_DAG_MAX_REJECTED rejected: has() reports it known, missing() does
+ * not ask for it again, add() drops it without the document judging it
+ * again and refuses every change that names it as a dep. */
+static void reject(cairn_dag *d, int why)
+{
+    node *n = ready_pop(d);
+    cairn_change_free(n->c);
+    n->c = NULL;
+    reject_tree(d, n, why);
+}
+
+void cairn_dag_reject(cairn_dag *d, int why)
 {
     if (d->rlen)
-        reject(d);
+        reject(d, why < 0 ? why : CAIRN_EINVAL);
 }
 
 int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h)
 {
     const node *n = get_node(d, h);
-    return n && n->state == ST_REJECTED;
+    return n && n->state == ST_REJECTED ? n->why : 0;
+}
+
+size_t cairn_dag_rejected_count(const cairn_dag *d)
+{
+    return d->rej_n;
 }
 
 /* A growable stack of apply indices. */
@@ -516,11 +641,11 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
     struct actor_rec *a = tab_get(d, &d->actors, c->actor.b, CAIRN_ACTOR_LEN);
     uint64_t max = a ? a->max_seq : 0;
     if (c->seq <= max) {
-        reject(d);
+        reject(d, CAIRN_EFORK);
         return CAIRN_EFORK;
     }
     if (c->seq > max + 1) {
-        reject(d);
+        reject(d, CAIRN_ESEQGAP);
         return CAIRN_ESEQGAP;
     }
     if (max > 0) {
@@ -528,7 +653,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
         if (rc < 0)
             return rc; /* ENOMEM: still ready, may be retried */
         if (rc == 0) {
-            reject(d);
+            reject(d, CAIRN_ESEQGAP);
             return CAIRN_ESEQGAP;
         }
     }

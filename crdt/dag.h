@@ -38,7 +38,8 @@ typedef struct cairn_dag cairn_dag;
 enum {
     CAIRN_DAG_READY = 0,   /* all deps ordered: queued for the caller */
     CAIRN_DAG_PENDING = 1, /* some dep missing: buffered */
-    CAIRN_DAG_KNOWN = 2    /* already ordered, ready or pending: dropped */
+    CAIRN_DAG_KNOWN = 2,   /* already ordered, ready or pending: dropped */
+    CAIRN_DAG_REJECTED = 3 /* a dep was refused: refused too (see cairn_dag_reject) */
 };
 
 /* Bound on buffered pending changes (hostile peers): beyond it, add fails with
@@ -67,7 +68,9 @@ int cairn_dag_set_loader(cairn_dag *d, cairn_dag_load_cb fn, void *arg);
 /* Offers a decoded (hence hash-verified) change. Takes ownership of |c| in
  * every case, freeing it when it is a duplicate or on error. *state is one of
  * CAIRN_DAG_*. A pending change becomes ready when its last missing
- * dependency is ordered. */
+ * dependency is ordered. A change with a refused dep is refused at once:
+ * *state CAIRN_DAG_REJECTED and the verdict returned (CAIRN_EPASTREFUSED,
+ * or CAIRN_EFORKPAST when the refusal goes back to a fork only). */
 int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state);
 
 /* The oldest ready change, or NULL. Borrowed: valid until cairn_dag_order
@@ -76,8 +79,8 @@ const cairn_change *cairn_dag_peek_ready(const cairn_dag *d);
 
 /* Appends the peeked ready change to the apply order (it becomes a head) and
  * makes ready every pending change whose dependencies are now all ordered.
- * Fails (and rejects the change as cairn_dag_reject does; changes depending
- * on it stay pending) with CAIRN_ESEQGAP or CAIRN_EFORK. *index (if not
+ * Fails (and rejects the change as cairn_dag_reject does, its descendants
+ * with it) with CAIRN_ESEQGAP or CAIRN_EFORK. *index (if not
  * NULL) receives its index. The DAG lets go of the decoded change: *body
  * (if not NULL) receives it, owned by the caller (the pointer
  * cairn_dag_peek_ready gave); with |body| NULL it is freed. CAIRN_ESTATE if
@@ -90,22 +93,36 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body);
  * Changes that depend on it stay pending (bounded by CAIRN_DAG_MAX_PENDING). */
 void cairn_dag_discard(cairn_dag *d);
 
-/* Drops the peeked ready change for good: the document found it invalid,
- * a verdict that depends only on the change and its causal past, so every
- * honest node gives the same and it is never worth fetching or checking
- * again. The last CAIRN_DAG_MAX_REJECTED such hashes are remembered (and,
- * beyond them, those that pending changes wait for): offering one again is
- * CAIRN_DAG_KNOWN, cairn_dag_has says 2 and cairn_dag_missing never asks
- * for it. Changes that depend on it stay pending within the pending bounds.
- * The sequence rule's rejections in cairn_dag_order are remembered too. */
-void cairn_dag_reject(cairn_dag *d);
+/* Drops the peeked ready change for good with verdict |why| (a negative
+ * CAIRN_E* code; anything else is taken as CAIRN_EINVAL): the document
+ * found it invalid, a verdict that depends only on the change and its
+ * causal past, so every honest node gives the same and it is never worth
+ * fetching or checking again. Every change that depends on it is refused
+ * with it: those pending now at once, those offered later by
+ * cairn_dag_add (CAIRN_EPASTREFUSED, or CAIRN_EFORKPAST below a fork), so
+ * no descendant of a refused change is ever ordered or buffered, whatever
+ * the order things came in. The sequence rule's rejections in
+ * cairn_dag_order are the same.
+ *
+ * Memory: the hashes of the last CAIRN_DAG_MAX_REJECTED refused changes
+ * (descendants included) are remembered, in a ring that starts at 64 and
+ * doubles on demand up to that cap (about 140 bytes each with its node
+ * and table slot: at most ~36 MiB). Offering one again is CAIRN_DAG_KNOWN,
+ * cairn_dag_has says 2 and cairn_dag_missing never asks for it. Past the
+ * cap the oldest is forgotten: offered again it is judged again (the same
+ * verdict), and a descendant offered after its ancestor was forgotten
+ * waits as pending for a dep it names (missing() asks for it; the peer
+ * that sends it has it judged, and the descendant refused, again). */
+void cairn_dag_reject(cairn_dag *d, int why);
 
-/* How many rejected hashes are remembered at most (32 bytes each, plus a
- * body-less node while remembered). */
-#define CAIRN_DAG_MAX_REJECTED 4096u
+#define CAIRN_DAG_MAX_REJECTED (1u << 18)
 
-/* 1 if |h| was rejected for good and is still remembered, else 0. */
+/* The verdict |h| was refused with (a negative code) while it is
+ * remembered, else 0. */
 int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h);
+
+/* How many refused hashes are remembered now (<= CAIRN_DAG_MAX_REJECTED). */
+size_t cairn_dag_rejected_count(const cairn_dag *d);
 
 /* Number of ordered changes. */
 uint64_t cairn_dag_count(const cairn_dag *d);
@@ -191,7 +208,9 @@ void cairn_dag_save_(struct wire_wr *w, const cairn_dag *d);
 int cairn_dag_restore_(cairn_dag **out, struct wire_rd *r);
 /* 0 if the ordered part's internal invariants hold (every hash found at its
  * index, deps point backwards, heads are exactly the changes no change
- * depends on, authors' seqs add up), else CAIRN_ECORRUPT. Tests, fuzzers. */
+ * depends on, authors' seqs add up) and so do the refused changes' (each
+ * remembered in the ring, none waited for by anything), else
+ * CAIRN_ECORRUPT. Tests, fuzzers. */
 int cairn_dag_check_(const cairn_dag *d);
 /* Changes the ancestry walks have visited so far (a cost counter). */
 uint64_t cairn_dag_walk_steps_(const cairn_dag *d);

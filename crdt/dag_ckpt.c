@@ -304,7 +304,31 @@ int cairn_dag_check_(const cairn_dag *d)
             goto out;
         sum += a->max_seq;
     }
-    rc = sum == n ? 0 : CAIRN_ECORRUPT;
+    if (sum != n)
+        goto out;
+    /* Refused changes: body-less, waited for by nothing (their waiters
+     * were refused with them), each in the ring exactly once; a pending
+     * change waits for no refused one. */
+    size_t nrej = 0;
+    for (uint32_t i = 0; i < d->nodes.cap; i++) {
+        const node *x = d->nodes.slots[i];
+        if (!x)
+            continue;
+        if (x->state == ST_REJECTED && (x->c || x->nwaiters || x->why >= 0))
+            goto out;
+        nrej += x->state == ST_REJECTED;
+        for (uint32_t k = 0; k < x->nwaiters; k++)
+            if (x->waiters[k]->state != ST_PENDING)
+                goto out;
+    }
+    if (nrej != d->rej_n || d->rej_n > d->rej_cap || d->rej_cap > CAIRN_DAG_MAX_REJECTED)
+        goto out;
+    for (size_t i = 0; i < d->rej_n; i++) {
+        const node *x = get_node(d, &d->rej[(d->rej_head + i) % d->rej_cap]);
+        if (!x || x->state != ST_REJECTED)
+            goto out;
+    }
+    rc = 0;
 out:
     free(isdep);
     free(head);

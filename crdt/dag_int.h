@@ -34,9 +34,11 @@ typedef struct node {
     cairn_change *c; /* NULL for a stub or a rejected change */
     /* Pending nodes that wait for this one. */
     struct node **waiters;
+    struct node *next; /* reject_tree's work list */
     uint32_t nwaiters, capwaiters;
     uint32_t nmissing; /* PENDING: deps not ordered yet */
     uint32_t pos;      /* STUB: slot in stubs */
+    int why;           /* REJECTED: the verdict (a CAIRN_E* code) */
     uint8_t state;
 } node;
 
@@ -97,10 +99,11 @@ struct cairn_dag {
     int heads_dirty;
     size_t npending, pending_edges, pending_bytes;
     /* The last CAIRN_DAG_MAX_REJECTED changes rejected for good, oldest at
-     * |rej_head|: each is a REJECTED node while it is here (or while
-     * pending changes wait for it). Allocated on the first rejection. */
+     * |rej_head|, in a ring of |rej_cap| slots that doubles on demand up
+     * to that cap: each is a body-less REJECTED node while it is here,
+     * which nothing waits for (its waiters were rejected with it). */
     cairn_hash *rej;
-    size_t rej_head, rej_n;
+    size_t rej_head, rej_n, rej_cap;
     /* Changes the ancestry walks visited (a cost counter the tests read;
      * the walks are const, callers serialise them). */
     uint64_t walk_steps;

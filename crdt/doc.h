@@ -76,8 +76,8 @@ typedef struct cairn_patch {
     cairn_objid obj;
     const uint8_t *key; /* maps */
     size_t key_len;
-    uint64_t index;  /* lists */
-    cairn_read value; /* PUT / INSERT / SET / INC: the new visible winner */
+    uint64_t index;      /* lists */
+    cairn_read value;    /* PUT / INSERT / SET / INC: the new visible winner */
     uint32_t nconflicts; /* values now visible at this key, winner included */
 } cairn_patch;
 
@@ -160,18 +160,20 @@ void cairn_doc_rollback(cairn_doc *doc);
  * replica accepts or rejects a given change alike, and the state stays a
  * function of the set of accepted changes. A rejected change is not
  * ordered, and neither is anything that depends on it: its descendants
- * (among them every later change of its author, by the sequence rule)
- * stay pending, identically on every replica (bounded by the DAG's pending
- * limits), and offering it again is dropped as known: the DAG remembers
- * the last CAIRN_DAG_MAX_REJECTED rejected hashes, so a peer that sends one
- * again costs a hash lookup, and sync never asks for it. Cost: nothing extra
+ * (among them every later change of its author, by the sequence rule) are
+ * rejected with it, identically on every replica and in any arrival order
+ * — those already pending at once, a later one when it is offered
+ * (CAIRN_EPASTREFUSED) — and offering it again is dropped as known: the
+ * DAG remembers the last CAIRN_DAG_MAX_REJECTED rejected hashes (dag.h
+ * says what happens past them), so a peer that sends one again costs a
+ * hash lookup, and sync never asks for it. Cost: nothing extra
  * when the change's deps are this replica's heads; otherwise about the
  * changes ordered here since it forked (see doc_receive.c).
  *
  * Not covered: two changes with one (actor, seq), a fork that only a buggy
  * or hostile author makes. The first to arrive stays; the other is
  * rejected with CAIRN_EFORK, reported to obs->fork_cb, and its descendants
- * stay pending here — so two replicas that hold different forks never
+ * are rejected here (CAIRN_EFORKPAST) — so two replicas that hold different forks never
  * accept each other's changes made after them (README, "What differs from
  * etcd"). */
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
@@ -203,8 +205,7 @@ int cairn_doc_dump(uint8_t **out, size_t *len, const cairn_doc *doc);
 
 /* A new read-only document holding exactly the state as of |heads| (replays
  * their ancestors: O(history)). */
-int cairn_doc_new_at(cairn_doc **out, const cairn_doc *doc, const cairn_hash *heads,
-                     size_t nheads);
+int cairn_doc_new_at(cairn_doc **out, const cairn_doc *doc, const cairn_hash *heads, size_t nheads);
 
 /* ---- checkpoints ----------------------------------------------------------
  * A checkpoint memoises a replica so that a restart need not replay every

@@ -447,7 +447,7 @@ int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer
             rc = run_reserve(doc, amap[0]); /* before ordering: nothing fails after */
         if (rc) {
             if (final_verdict(rc))
-                cairn_dag_reject(doc->dag);
+                cairn_dag_reject(doc->dag, rc);
             else
                 cairn_dag_discard(doc->dag);
             if (!first)

@@ -72,7 +72,10 @@
     X(EMEMBERNOTLEARNER, 9, "etcdserver: can only promote a learner member")                       \
     X(ELEARNERNOTREADY, 9, "etcdserver: can only promote a learner member which is in sync with leader") \
     X(ETOOMANYLEARNERS, 9, "etcdserver: too many learner members in cluster")                      \
-    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")
+    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")                            \
+    /* crdt: a change whose causal past holds a refused change (added last). */                    \
+    X(EPASTREFUSED, 3, "cairn: change depends on a refused change")                                \
+    X(EFORKPAST, 3, "cairn: change depends on the refused side of a fork")
 
 enum {
     CAIRN_OK = 0,

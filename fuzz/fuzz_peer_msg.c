@@ -11,8 +11,15 @@
  * or the document refuses ends the stream, and the next message starts a
  * new one (which must open with a hello again). Every failure must be a
  * named error and the replica must stay sound (cairn_doc_check_); never a
- * crash or a leak. The store's own receive (group commit, durability) is
- * not here: it needs a disk, and it is fed exactly what this session hands
+ * crash or a leak. A change the document refuses ends the stream as
+ * peer.c's refusal does (peer_verdict_refuses: not a fork's other side).
+ * And acceptance must not depend on arrival order: no change waits as
+ * pending on a refused dep (a descendant is refused with its ancestor),
+ * and a second replica fed every change the session handed out, in the
+ * reverse order, ends with the same heads and the same verdict (ordered,
+ * refused, pending) for each — unless a fork was met (first arrival wins,
+ * README) or a pending bound refused one (ELIMIT: not a verdict). The store's own receive (group
+ * commit, durability) is not here: it needs a disk, and it is fed exactly what this session hands
  * back.
  *
  * Built with -DPEER_MSG_GEN it is instead the seed writer: it plays a real
@@ -83,6 +90,9 @@ static cairn_doc *replica(void)
     return d;
 }
 
+/* Every change the session handed out, as bytes, in arrival order. */
+#define MAX_OFFERED 1024
+
 struct stream {
     cairn_doc *doc;
     cairn_sync_state *st;
@@ -90,7 +100,31 @@ struct stream {
     uint8_t salt_ctr;
     uint8_t *answer; /* the last message generated for the peer */
     size_t answer_len;
+    uint8_t *offered[MAX_OFFERED];
+    size_t offered_len[MAX_OFFERED], noffered;
+    int forked, limited; /* a fork was met; a pending bound refused one */
 };
+
+static void on_fork(void *arg, const cairn_change *c, const cairn_hash *held)
+{
+    (void)c;
+    (void)held;
+    *(int *)arg = 1;
+}
+
+/* No change |d| holds as pending has a refused dep. */
+static void check_no_pending_on_refused(cairn_doc *d, struct stream *s)
+{
+    const cairn_dag *dag = cairn_doc_dag(d);
+    for (size_t i = 0; i < s->noffered; i++) {
+        cairn_change *c;
+        check(cairn_change_decode(&c, s->offered[i], s->offered_len[i], NULL) == 0);
+        if (cairn_dag_has(dag, &c->hash) == 2 && !cairn_dag_rejected(dag, &c->hash))
+            for (uint32_t k = 0; k < c->ndeps; k++)
+                check(!cairn_dag_rejected(dag, &c->deps[k]));
+        cairn_change_free(c);
+    }
+}
 
 static void end_stream(struct stream *s)
 {
@@ -119,14 +153,26 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
         return;
     }
     int rejected = 0;
+    cairn_doc_observer obs = {.arg = &s->forked, .fork_cb = on_fork};
     for (size_t i = 0; i < n; i++) {
-        rc = cairn_doc_receive(s->doc, cs[i], NULL);
+        if (s->noffered < MAX_OFFERED) {
+            uint8_t *b = malloc(cs[i]->len);
+            check(b != NULL);
+            memcpy(b, cs[i]->bytes, cs[i]->len);
+            s->offered[s->noffered] = b;
+            s->offered_len[s->noffered++] = cs[i]->len;
+        } else {
+            s->limited = 1; /* not compared: the shadow would lack it */
+        }
+        rc = cairn_doc_receive(s->doc, cs[i], &obs);
         cs[i] = NULL;
         if (rc) {
             named(rc);
-            rejected = 1;
+            s->limited |= rc == CAIRN_ELIMIT || rc == CAIRN_ENOMEM;
+            rejected |= peer_verdict_refuses(rc);
         }
     }
+    check_no_pending_on_refused(s->doc, s);
     cairn_sync_changes_free(cs, n);
     check(cairn_sync_applied(s->st, s->doc) == 0);
     if (rejected) {
@@ -170,8 +216,42 @@ static struct stream *stream_new(void)
     return s;
 }
 
+/* The order check: a fresh replica takes every offered change in reverse. */
+static void check_order_free(struct stream *s)
+{
+    cairn_doc *shadow = replica();
+    int forked = 0;
+    cairn_doc_observer obs = {.arg = &forked, .fork_cb = on_fork};
+    for (size_t i = s->noffered; i-- > 0;) {
+        cairn_change *c;
+        check(cairn_change_decode(&c, s->offered[i], s->offered_len[i], NULL) == 0);
+        int rc = cairn_doc_receive(shadow, c, &obs);
+        if (rc)
+            named(rc);
+        s->limited |= rc == CAIRN_ELIMIT || rc == CAIRN_ENOMEM;
+    }
+    check_no_pending_on_refused(shadow, s);
+    check(cairn_doc_check_(shadow) == 0);
+    if (!forked && !s->forked && !s->limited) {
+        const cairn_dag *a = cairn_doc_dag(s->doc), *b = cairn_doc_dag(shadow);
+        const cairn_hash *ha, *hb;
+        size_t na = cairn_dag_heads(a, &ha), nb = cairn_dag_heads(b, &hb);
+        check(na == nb && memcmp(ha, hb, na * sizeof *ha) == 0);
+        check(cairn_dag_count(a) == cairn_dag_count(b));
+        for (size_t i = 0; i < s->noffered; i++) {
+            cairn_hash h;
+            cairn_hash_bytes(&h, s->offered[i], s->offered_len[i]);
+            check(cairn_dag_has(a, &h) == cairn_dag_has(b, &h));
+            check(!cairn_dag_rejected(a, &h) == !cairn_dag_rejected(b, &h));
+        }
+    }
+    cairn_doc_free(shadow);
+}
+
 static void stream_free(struct stream *s)
 {
+    for (size_t i = 0; i < s->noffered; i++)
+        free(s->offered[i]);
     free(s->answer);
     cairn_sync_state_free(s->st);
     cairn_doc_free(s->doc);
@@ -208,6 +288,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size -= len;
     }
     check(cairn_doc_check_(s->doc) == 0);
+    check_order_free(s);
     stream_free(s);
     return 0;
 }
@@ -364,6 +445,81 @@ static void exchange(struct out *o, int push)
     cairn_doc_free(p);
 }
 
+/* An op-less change by actor |a| (all bytes), seq |seq|, on |deps|. */
+static cairn_change *bare_change(uint8_t a, uint64_t seq, const cairn_hash *deps, uint32_t ndeps)
+{
+    cairn_change t;
+    memset(&t, 0, sizeof t);
+    cairn_actor act = actor(a);
+    t.actor = act;
+    t.seq = seq;
+    t.start_op = 1;
+    t.time_ms = 1;
+    t.ndeps = ndeps;
+    t.deps = (cairn_hash *)deps;
+    t.nactors = 1;
+    t.actors = &act;
+    cairn_change *c;
+    check(cairn_change_new(&c, &t) == 0);
+    return c;
+}
+
+static size_t put_uv(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        p[n++] = (uint8_t)(v & 0x7f) | (v > 0x7f ? 0x80 : 0);
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+/* A sync message by hand (sync.c's table): no heads, need or filter. */
+static void sync_of(struct out *o, cairn_change *const *cs, size_t n)
+{
+    static uint8_t b[1 << 16];
+    size_t k = 0;
+    b[k++] = 0x01;
+    b[k++] = 0x00;
+    b[k++] = 0; /* heads */
+    b[k++] = 0; /* need */
+    k += put_uv(b + k, n);
+    for (size_t i = 0; i < n; i++) {
+        k += put_uv(b + k, cs[i]->len);
+        memcpy(b + k, cs[i]->bytes, cs[i]->len);
+        k += cs[i]->len;
+    }
+    sync_msg(o, b, k);
+}
+
+/* A seq gap (actor 9's seq 2 on nothing), a descendant that comes first
+ * (buffered, then refused with it) and a grandchild that comes after
+ * (refused on arrival), then an honest change; then a fork of this
+ * node's first change's author. */
+static void hostile_seeds(struct out *o, const char *dir)
+{
+    cairn_change *gap = bare_change(9, 2, NULL, 0);
+    cairn_change *desc = bare_change(10, 1, &gap->hash, 1);
+    cairn_change *grand = bare_change(11, 1, &desc->hash, 1);
+    cairn_change *honest = bare_change(12, 1, NULL, 0);
+    cairn_change *fork = bare_change(1, 1, NULL, 0);
+    cairn_change *fork_child = bare_change(13, 1, &fork->hash, 1);
+    o->n = 0;
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    sync_of(o, &desc, 1);
+    sync_of(o, &gap, 1);
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    sync_of(o, (cairn_change *[]){grand, honest}, 2);
+    write_seed(dir, "descendants_of_a_refused_change", o);
+    o->n = 0;
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    sync_of(o, (cairn_change *[]){fork_child, fork, honest}, 3);
+    write_seed(dir, "fork_and_its_child", o);
+    cairn_change *all[] = {gap, desc, grand, honest, fork, fork_child};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        cairn_change_free(all[i]);
+}
+
 int main(int argc, char **argv)
 {
     check(argc == 2);
@@ -391,6 +547,7 @@ int main(int argc, char **argv)
     hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
     sync_msg(&o, (const uint8_t *)"\x01\x02\x03", 3);
     write_seed(argv[1], "before_hello_garbage_bad_sync", &o);
+    hostile_seeds(&o, argv[1]);
     return 0;
 }
 

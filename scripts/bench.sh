@@ -44,11 +44,22 @@
 #               changes a side; e. aggregate put throughput, clients on all
 #               3 nodes; f. one node cut off while the others take
 #               --catchup-changes puts, then healed: its local put p99
-#               during the catch-up vs idle, and the catch-up time. Each
+#               during the catch-up vs idle, and the catch-up time; g.
+#               WaitReplicated latency, as waitrepl below. Each
 #               system's clusters run one after the other (not alternating
 #               run by run), nothing pinned. Table: results.md's "Cluster"
 #               section (also cluster.md), raw rows cl-* in raw.tsv,
 #               timelines in cluster/.
+#   waitrepl    the cluster part's figure g alone (not one of the default
+#               parts: cluster runs it): 3-node cairn and etcd through the
+#               same proxies, 0 and 10 ms one-way links; one client on node
+#               1 puts, then cairn's WaitReplicated for that revision, n=1
+#               and n=2 alternating (5 s timeout), a put every 40 ms,
+#               --wait-samples per n: p50/p99 of put ack -> WaitReplicated
+#               returns and of put sent -> it returns, beside etcd's put
+#               (sent -> ack: a quorum holds it) on a follower, same pacing.
+#               Its rows land in the cluster table; LATEST.md's cluster
+#               section is rewritten only by a run of the cluster part.
 #   tls         client TLS: fresh etcd and cairn on an https:// client URL
 #               with the same certificates (made by
 #               tests/integration/tls_fixtures.py with openssl: a CA, the
@@ -73,6 +84,8 @@
 #   --rates "R ..."      YCSB A rates (default 250 500 1000 ... 12000)
 #   --big-keys N         keys for big (default 1000000)
 #   --cluster-rate R     cluster: YCSB A rate for figure a (default 2000)
+#   --wait-samples N     cluster, waitrepl: samples per setting of figure g
+#                        (default 300; --quick 50)
 #   --catchup-changes N  cluster: puts made while a node is cut off for
 #                        figure f (default 200000; 1000000 is the issue's
 #                        figure and adds about 2 x 1.5 minutes)
@@ -113,7 +126,11 @@
 # --catchup-changes 1000000 adds cairn's catch-up five times over until
 # that is fixed.
 # Its --quick form took 176 s on this machine at load average 12-45 (one
-# repetition, 3 nodes only); expect 1-2 minutes on a quiet one.
+# repetition, 3 nodes only); expect 1-2 minutes on a quiet one. Both were
+# measured before figure g (WaitReplicated), which adds its waitrepl time
+# less the cluster starts: waitrepl took 110 and 113 s at load average
+# 4-10 (2026-12-02T1407Z and T1410Z), 75-88 s of it the samples (1,200 cairn
+# and 600 etcd puts, 40 ms apart).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -121,29 +138,33 @@ REPO=$(pwd)
 . bench/scripts/lib.sh
 
 QUICK=0 BUILD=build REPS="" DURATION="" BIG_KEYS="" RATES="" NOPIN=0 NOSETUP=0 OUTDIR="" KEEP=""
-EB_PUT_TOTAL="" EB_RANGE_TOTAL="" EB="" CLUSTER_RATE="" CATCHUP=""
+EB_PUT_TOTAL="" EB_RANGE_TOTAL="" EB="" CLUSTER_RATE="" CATCHUP="" WAIT_SAMPLES=""
 ALL_PARTS="peak mixed ycsb watch etcd-bench batch big cluster tls"
+EXTRA_PARTS="waitrepl"   # known, not in a default run (cluster includes it)
 PARTS=$ALL_PARTS
 ARGS=("$@")
 lib_parse bench.sh "quick=QUICK parts:PARTS reps:REPS duration:DURATION rates:RATES big-keys:BIG_KEYS
   eb-put-total:EB_PUT_TOTAL eb-range-total:EB_RANGE_TOTAL build:BUILD etcd-benchmark:EB no-setup=NOSETUP
-  cluster-rate:CLUSTER_RATE catchup-changes:CATCHUP
+  cluster-rate:CLUSTER_RATE catchup-changes:CATCHUP wait-samples:WAIT_SAMPLES
   no-pin=NOPIN out:OUTDIR keep-data:KEEP" "$@"
 [ ${#LIB_ARGS[@]} -eq 0 ] || { echo "bench.sh: unexpected argument ${LIB_ARGS[0]}" >&2; exit 2; }
 for p in $PARTS; do
-  case " $ALL_PARTS " in *" $p "*) ;; *) echo "bench.sh: unknown part $p (parts: $ALL_PARTS)" >&2; exit 2 ;; esac
+  case " $ALL_PARTS $EXTRA_PARTS " in
+    *" $p "*) ;;
+    *) echo "bench.sh: unknown part $p (parts: $ALL_PARTS $EXTRA_PARTS)" >&2; exit 2 ;;
+  esac
 done
 if [ "$QUICK" = 1 ]; then
   : "${REPS:=1}" "${DURATION:=2}" "${BIG_KEYS:=20000}" "${RATES:=1000 4000}"
   : "${EB_PUT_TOTAL:=12500}" "${EB_RANGE_TOTAL:=10000}"
-  : "${CLUSTER_RATE:=500}" "${CATCHUP:=20000}"
+  : "${CLUSTER_RATE:=500}" "${CATCHUP:=20000}" "${WAIT_SAMPLES:=50}"
   WATCH_COUNT=100
   CLUSTER_FLAGS=(--quick --sizes 3 --cut-s 3 --cut-post-s 3 --lag-count 50 --idle-s 2 --keys 2000
     --agg-clients 16)
 else
   : "${REPS:=3}" "${DURATION:=5}" "${BIG_KEYS:=1000000}" "${RATES:=250 500 1000 1500 2000 3000 4000 6000 8000 12000}"
   : "${EB_PUT_TOTAL:=250000}" "${EB_RANGE_TOTAL:=200000}"
-  : "${CLUSTER_RATE:=2000}" "${CATCHUP:=200000}"
+  : "${CLUSTER_RATE:=2000}" "${CATCHUP:=200000}" "${WAIT_SAMPLES:=300}"
   WATCH_COUNT=500
   CLUSTER_FLAGS=()
 fi
@@ -531,8 +552,22 @@ if want cluster; then
   part_begin "cluster: 3- and 5-node cairn beside etcd through link proxies, $REPS repetitions"
   "$PY" "$REPO/bench/scripts/cluster_bench.py" --cairn "$CAIRN" --etcd "$ETCD" --loadgen "$LOADGEN" \
     --out "$OUTDIR" --work "$WORK" --reps "$REPS" --duration "$DURATION" --rate "$CLUSTER_RATE" \
-    --catchup-changes "$CATCHUP" "${CLUSTER_FLAGS[@]}" </dev/null || say "the cluster part failed"
+    --catchup-changes "$CATCHUP" --wait-samples "$WAIT_SAMPLES" "${CLUSTER_FLAGS[@]}" </dev/null ||
+    say "the cluster part failed"
   part_end cluster
+fi
+
+# --------------------------------------------------------------- waitrepl
+if want waitrepl; then
+  if want cluster; then
+    say "waitrepl: skipped, the cluster part ran its figure g"
+  else
+    part_begin "waitrepl: WaitReplicated latency, 3-node cairn beside etcd through link proxies"
+    "$PY" "$REPO/bench/scripts/cluster_bench.py" --cairn "$CAIRN" --etcd "$ETCD" --loadgen "$LOADGEN" \
+      --out "$OUTDIR" --work "$WORK" --reps "$REPS" --figures g --sizes 3 \
+      --wait-samples "$WAIT_SAMPLES" "${CLUSTER_FLAGS[@]}" </dev/null || say "the waitrepl part failed"
+    part_end waitrepl
+  fi
 fi
 
 # -------------------------------------------------------------------- tls

@@ -523,8 +523,14 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
         atomic_fetch_sub(&r->refs, 1);
         free(w);
     } else if (rejected) {
-        for (size_t i = 0; i < n && !*rejected; i++)
-            *rejected = verdicts[i] < 0 ? verdicts[i] : 0;
+        /* the first refusal, one that is not a fork's if there is one */
+        for (size_t i = 0; i < n; i++) {
+            int v = verdicts[i];
+            int fork = v == CAIRN_EFORK || v == CAIRN_EFORKPAST;
+            int held_fork = *rejected == CAIRN_EFORK || *rejected == CAIRN_EFORKPAST;
+            if (v < 0 && (!*rejected || (held_fork && !fork)))
+                *rejected = v;
+        }
     }
     free(verdicts);
     return rc;

@@ -87,7 +87,9 @@ typedef void (*cairn_replica_done_cb)(void *arg, int rc);
  * returns its code and |cb| is never called. Otherwise the changes go to
  * the store in one burst and |cb| is called exactly once; *rejected (may
  * be NULL) gets the first code of a change the document refused (a hostile
- * change: unknown object, bad sequence), 0 if none — the others applied.
+ * change: unknown object, bad sequence, a refused change in its past),
+ * preferring one that is not a fork's (CAIRN_EFORK, CAIRN_EFORKPAST), 0 if
+ * none — the others applied.
  * Returns 0, or < 0 with |cb| never called. */
 int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int *rejected,
                           cairn_replica_done_cb cb, void *arg);
@@ -146,10 +148,10 @@ typedef struct cairn_heads_kv {
 typedef struct cairn_heads_range {
     cairn_heads_kv *kvs; /* ascending by key */
     size_t nkvs;
-    int more;       /* |limit| cut the answer */
-    int64_t count;  /* keys in the range at the heads, whatever the limit */
+    int more;         /* |limit| cut the answer */
+    int64_t count;    /* keys in the range at the heads, whatever the limit */
     int64_t revision; /* the local revision that is this state, 0 if none is */
-    int replayed;   /* 1: rebuilt by replaying the heads' past, 0: history */
+    int replayed;     /* 1: rebuilt by replaying the heads' past, 0: history */
 } cairn_heads_range;
 void cairn_heads_range_destroy(cairn_heads_range *r);
 

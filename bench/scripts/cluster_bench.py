@@ -37,6 +37,14 @@ Figures (medians over --reps, each system's runs grouped per cluster):
      node 3's local put p99 (open loop, --local-rate) during the catch-up
      against idle, and the catch-up time (heal -> node 3 sees a marker
      written on node 1 after the load)
+  g  WaitReplicated latency: one client on node 1 puts, then calls
+     cairnpb.Replication/WaitReplicated for the put's revision (n=1 and
+     n=2 alternating, --wait-timeout-ms), one sample every --wait-period-ms
+     (a late one starts at once), --wait-samples per n, 0 and --delay-ms
+     links: p50/p99 of put ack -> WaitReplicated returns and of put sent ->
+     it returns. etcd's column: its put (sent -> ack) with the same pacing,
+     the client on a follower, since etcd acks a put once a quorum (2 of 3,
+     cairn's n=1) holds it
 Writes DIR/raw.tsv rows (figure, system, rep, value; figures cl-*),
 DIR/cluster.md (the table), DIR/cluster/*.dat and, with gnuplot, cut.png.
 Stops everything it started, by PID, also on errors and signals.
@@ -106,12 +114,27 @@ class Client:
     def heads(self):
         return sorted(bytes(h) for h in self.raw(cl.HEADS_METHOD, 5.0).get(1, []))
 
+    def wait_replicated(self, revision, n, timeout_ms):
+        """cairnpb.Replication/WaitReplicated for a local revision; raises
+        grpc.RpcError (DEADLINE_EXCEEDED) when fewer than n peers hold it."""
+        return self._call("/cairnpb.Replication/WaitReplicated", self.m["cairnpb.WaitRequest"](
+            revision=revision, n=n, timeout_ms=timeout_ms), "cairnpb.WaitResponse",
+            timeout_ms / 1000.0 + 2)
+
     def change_bytes(self):
         d = self.raw("/cairnpb.Replication/ChangeBytes")
         return (d.get(1, [0])[0], d.get(2, [0])[0])
 
     def close(self):
         self.ch.close()
+
+
+def pctl(xs, p):
+    """The p-th percentile of xs by nearest rank (NaN for no samples)."""
+    if not xs:
+        return math.nan
+    xs = sorted(xs)
+    return xs[max(0, min(len(xs) - 1, int(math.ceil(p / 100.0 * len(xs))) - 1))]
 
 
 def wait_for(pred, timeout, step=0.02):
@@ -506,6 +529,97 @@ class Bench:
             self.rec("cl-lag-%s.sent_p50" % case, kind, rep, row[7])
             self.rec("cl-lag-%s.sent_p99" % case, kind, rep, row[8])
 
+    # ---- g
+    def fig_g(self, c, kind, case):
+        """One client on node 1, one sample at a time on a fixed schedule
+        (--wait-period-ms apart; a late sample starts at once): cairn puts,
+        then waits with WaitReplicated for the put's revision, n = 1 and
+        n = 2 in turn; etcd only puts (its ack already means a quorum, 2 of
+        3, holds the put). Records put sent -> ack, ack -> WaitReplicated
+        returns and sent -> returns, in ms; a failed call counts as failed
+        and is not a sample."""
+        if kind == "etcd":
+            c._not_leader(0)
+            ld = c.leader()
+            log("  etcd/wait/%s: the leader is member %s, the client's is member 1" % (
+                case, "unknown" if ld is None else ld + 1))
+        cli = Client(self.msgs, c.endpoints[0])
+        ns = (1, 2) if kind == "cairn" else (0,)
+        tmo = int(self.a.wait_timeout_ms)
+        value = b"v" * VALUE_BYTES
+
+        def sample(i, n):
+            key = (b"wait-%s-%d" % (case.encode(), i)).ljust(KEY_BYTES, b"-")
+            t_sent = time.perf_counter()
+            r = cli.put(key, value, timeout=tmo / 1000.0 + 2)
+            t_ack = time.perf_counter()
+            if n:
+                w = cli.wait_replicated(r.header.revision, n, tmo)
+                if w.holding < n:
+                    raise RuntimeError("WaitReplicated n=%d answered holding %d" % (n, w.holding))
+            t_ret = time.perf_counter()
+            return t_sent, t_ack, t_ret
+        # warm-up, not sampled: the channel's connection, the first waits
+        for i in range(10):
+            try:
+                sample(-1 - i, ns[i % len(ns)])
+            except (grpc.RpcError, RuntimeError):
+                pass
+        lat = {n: {"put": [], "ack": [], "sent": []} for n in ns}
+        failed = {n: 0 for n in ns}
+        errors = []
+        rows = []       # every sample, for cluster/wait.KIND.CASE.dat
+        period = self.a.wait_period_ms / 1000.0
+        total = self.a.wait_samples * len(ns)
+        t0, t0_perf = time.monotonic(), time.perf_counter()
+        for i in range(total):
+            due = t0 + i * period
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            n = ns[i % len(ns)]
+            try:
+                t_sent, t_ack, t_ret = sample(i, n)
+            except (grpc.RpcError, RuntimeError) as e:
+                failed[n] += 1
+                if len(errors) < 3:
+                    errors.append(str(e.code()) if isinstance(e, grpc.RpcError) else str(e))
+                rows.append("%d %d %.3f nan nan nan" % (i, n, (due - t0) * 1000))
+                continue
+            rows.append("%d %d %.3f %.3f %.3f %.3f" % (
+                i, n, (t_sent - t0_perf) * 1000, (t_ack - t_sent) * 1000, (t_ret - t_ack) * 1000,
+                (t_ret - t_sent) * 1000))
+            lat[n]["put"].append((t_ack - t_sent) * 1000)
+            lat[n]["ack"].append((t_ret - t_ack) * 1000)
+            lat[n]["sent"].append((t_ret - t_sent) * 1000)
+        secs = time.monotonic() - t0
+        cli.close()
+        with open(os.path.join(self.dat, "wait.%s.%s.dat" % (kind, case)), "w") as f:
+            f.write("# sample n(0: etcd put only) sent_ms(since the first) put_ms ack_to_return_ms "
+                    "sent_to_return_ms\n" + "\n".join(rows) + "\n")
+        for n in ns:
+            fig = "cl-wait-%s" % case if n == 0 else "cl-wait-%s-n%d" % (case, n)
+            parts = ("put",) if n == 0 else ("put", "ack", "sent")
+            for what in parts:
+                for p in (50, 99):
+                    self.rec("%s.%s_p%d" % (fig, what, p), kind, 1, pctl(lat[n][what], p))
+            self.rec("%s.samples" % fig, kind, 1, len(lat[n]["put"]))
+            self.rec("%s.failed" % fig, kind, 1, failed[n])
+            x = lat[n]
+            if n == 0:
+                log("  %s/wait/%s: put sent -> ack p50 %.3f ms p99 %.3f ms (%d samples, %d failed)"
+                    % (kind, case, pctl(x["put"], 50), pctl(x["put"], 99), len(x["put"]),
+                       failed[n]))
+            else:
+                log("  %s/wait/%s n=%d: ack -> WaitReplicated returns p50 %.3f ms p99 %.3f ms; "
+                    "put sent -> returns p50 %.3f ms p99 %.3f ms; put p50 %.3f ms (%d samples, "
+                    "%d failed)" % (kind, case, n, pctl(x["ack"], 50), pctl(x["ack"], 99),
+                                    pctl(x["sent"], 50), pctl(x["sent"], 99),
+                                    pctl(x["put"], 50), len(x["put"]), failed[n]))
+        log("  %s/wait/%s: %d samples in %.1f s (%.0f ms apart)%s" % (
+            kind, case, total, secs, self.a.wait_period_ms,
+            "; failures: " + ", ".join(errors) if errors else ""))
+
     # ---- d
     def settle(self, c, cls, timeout=60):
         return wait_for(lambda: c.converged(cls), timeout, 0.05)
@@ -777,7 +891,8 @@ class Bench:
                 self.preload(s)
                 self.fig_a(s, kind, "single")
                 self.stop(s)
-            for n in a.sizes:
+            # only figure a runs on clusters of other sizes than 3
+            for n in [x for x in a.sizes if x == 3 or "a" in figs]:
                 c = self.start(kind, n)
                 self.preload(c)
                 cls = self.clients(c)
@@ -789,6 +904,8 @@ class Bench:
                 if n == 3:
                     if "c" in figs:
                         self.fig_c(c, kind, "0ms")
+                    if "g" in figs:
+                        self.fig_g(c, kind, "0ms")
                     if "d" in figs:
                         self.fig_d(c, kind)
                     if "b" in figs:
@@ -797,12 +914,15 @@ class Bench:
                         self.fig_e(c, kind)
                     if "f" in figs:
                         self.fig_f(c, kind)
-                if a.delay_ms > 0 and ("a" in figs or ("c" in figs and n == 3)):
+                if a.delay_ms > 0 and ("a" in figs or (n == 3 and ("c" in figs or "g" in figs))):
                     c.delay(a.delay_ms)
                     if "a" in figs:
                         self.fig_a(c, kind, "n%d-%gms" % (n, a.delay_ms))
                     if "c" in figs and n == 3:
                         self.fig_c(c, kind, "%gms" % a.delay_ms)
+                    if "g" in figs and n == 3:
+                        time.sleep(0.5)   # the delay reaches bytes already queued
+                        self.fig_g(c, kind, "%gms" % a.delay_ms)
                 self.stop(c)
         self.raw.close()
 
@@ -830,14 +950,15 @@ def report(out, a):
                                                           else "%.3f" % x)
     rows = []
 
-    def add(label, e, k, ratio=None, target="", ok=None):
+    def add(label, e, k, ratio=None, target="", ok=None, count=False):
         if math.isnan(e) and math.isnan(k):
             return
         if ratio is None:
             ratio = k / e if e > 0 and k > 0 else math.nan   # NaN compares false
         verdict = "" if ok is None else (" met" if ok else " MISSED")
+        f = (lambda x: "–" if math.isnan(x) else "{:,.0f}".format(x)) if count else fmt
         rows.append("| %s | %s | %s | %s | %s%s |" % (
-            label, fmt(e), fmt(k), "–" if math.isnan(ratio) else "%.2f×" % ratio, target,
+            label, f(e), f(k), "–" if math.isnan(ratio) else "%.2f×" % ratio, target,
             verdict if target else ""))
     d = a.delay_ms
     for stat in ("p50", "p99"):
@@ -866,6 +987,38 @@ def report(out, a):
             add("put sent on node 1 → watch event on node 2, %s links, %s ms" % (case, stat),
                 med("cl-lag-%s.sent_%s" % (case, stat), "etcd"),
                 med("cl-lag-%s.sent_%s" % (case, stat), "cairn"))
+    for case in ("0ms", "%gms" % d):
+        for stat in ("p50", "p99"):
+            add("WaitReplicated n=1 (2 of 3 hold it), %s links: put ack on node 1 → it returns, "
+                "%s ms" % (case, stat), math.nan,
+                med("cl-wait-%s-n1.ack_%s" % (case, stat), "cairn"))
+            add("WaitReplicated n=1, %s links: put sent → it returns (etcd: put sent → ack, a "
+                "quorum holds it), %s ms" % (case, stat), med("cl-wait-%s.put_%s" % (case, stat),
+                                                              "etcd"),
+                med("cl-wait-%s-n1.sent_%s" % (case, stat), "cairn"))
+            add("WaitReplicated n=2 (all 3 hold it), %s links: put ack on node 1 → it returns, "
+                "%s ms" % (case, stat), math.nan,
+                med("cl-wait-%s-n2.ack_%s" % (case, stat), "cairn"))
+            add("WaitReplicated n=2, %s links: put sent → it returns, %s ms" % (case, stat),
+                math.nan, med("cl-wait-%s-n2.sent_%s" % (case, stat), "cairn"))
+    counts = {}     # (system, "samples" | "failed") -> sum over the settings
+    for case in ("0ms", "%gms" % d):
+        for s, figs in (("etcd", ["cl-wait-%s" % case]),
+                        ("cairn", ["cl-wait-%s-n1" % case, "cl-wait-%s-n2" % case])):
+            for fig in figs:
+                for what in ("samples", "failed"):
+                    x = med("%s.%s" % (fig, what), s)
+                    if not math.isnan(x):
+                        counts[(s, what)] = counts.get((s, what), 0) + x
+
+    def calls(s):
+        return counts.get((s, "samples"), 0) + counts.get((s, "failed"), 0)
+    if counts:
+        add("WaitReplicated figure: calls that failed (timeout %g s; cairn: put + "
+            "WaitReplicated, of %d; etcd: put, of %d)" % (a.wait_timeout_ms / 1000.0,
+                                                          calls("cairn"), calls("etcd")),
+            counts.get(("etcd", "failed"), math.nan), counts.get(("cairn", "failed"), math.nan),
+            math.nan, count=True)
     k = med("cl-bytes-push.ratio", "cairn")
     add("wire bytes per replicated change / its own bytes, steady push (etcd: per put per "
         "follower / key+value)", med("cl-bytes-push.ratio", "etcd"), k, math.nan, "≤ 1.2×",
@@ -894,10 +1047,13 @@ def report(out, a):
     add("node 3 local put p99 during the catch-up, ms (ratio: cairn / its idle)",
         med("cl-catchup.during_p99", "etcd"), kd, r, "≤ 2×", None if math.isnan(r) else r <= 2)
     md = ["## cluster", "",
-          "Medians of %d runs (the catch-up rows: one run); ratio = cairn/etcd unless the row "
+          "Medians of %d runs (the catch-up rows: one run; the WaitReplicated rows: one run of "
+          "%d samples a row, one client on node 1 (an etcd follower), a put every %g ms, cairn's "
+          "alternating n=1 and n=2, in-process Python gRPC); ratio = cairn/etcd unless the row "
           "says otherwise. Peer links "
           "through tests/integration/netproxy.py (Python, one process) for both systems; "
-          "nothing pinned. %s" % (a.reps, "QUICK: a smoke run, not a measurement." if a.quick
+          "nothing pinned. %s" % (a.reps, a.wait_samples, a.wait_period_ms,
+                                  "QUICK: a smoke run, not a measurement." if a.quick
                                   else ""), "",
           "| figure | etcd | cairn | ratio | target |", "|---|---:|---:|---:|---|"] + rows
     if os.path.exists(os.path.join(out, "cluster-cut.png")):
@@ -983,7 +1139,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--duration", type=float, default=5)
-    ap.add_argument("--figures", default="abcdef")
+    ap.add_argument("--figures", default="abcdefg")
     ap.add_argument("--sizes", default="3 5")
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--keys", type=int, default=10000)
@@ -999,6 +1155,9 @@ def main():
     ap.add_argument("--catchup-cap-s", type=float, default=300)
     ap.add_argument("--local-rate", type=int, default=200)
     ap.add_argument("--idle-s", type=float, default=4)
+    ap.add_argument("--wait-samples", type=int, default=300)
+    ap.add_argument("--wait-period-ms", type=float, default=40)
+    ap.add_argument("--wait-timeout-ms", type=float, default=5000)
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--latest", help="also put the table into this LATEST.md")
     ap.add_argument("--commit", default="unknown")

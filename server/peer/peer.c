@@ -60,8 +60,25 @@
  * member (a Members message, again whenever they change; of two reports on
  * a member the one from its later start wins), so MemberList names them
  * on nodes with no link to that member.
- * A message that does not decode, or carries a change the document
- * refuses, resets the stream with a log line naming the peer and why.
+ * REFUSALS. A message that does not decode or does not fit the stream, a
+ * sync message crdt/sync refuses (not canonical, over a limit,
+ * truncated), or a change the document refuses (its sequence rule, an op
+ * outside its causal past, a refused change in its past: doc.h): nothing
+ * of that change is applied, a WARN line names the peer (its address
+ * before its hello) and why, and the stream is refused: a Goodbye saying
+ * "refused: <why>", then PERMISSION_DENIED with the same words (the peer
+ * is not denied one call but refused as a peer for a while, and gRPC's
+ * clients retry neither; INVALID_ARGUMENT would say "fix this message and
+ * send again"). A refused member, once it is known to be who it says
+ * (dialed by us, or its hello passed, the certificate's check included),
+ * is not dialed nor accepted for PEER_REFUSE_MS (its hellos meanwhile get
+ * the same goodbye, logged at debug level), so a hostile peer costs a
+ * refusal every PEER_REFUSE_MS at most; a peer that refused us is not
+ * dialed for as long. An unnamed one (a bad hello, a refused certificate)
+ * cannot be told from the members sharing its address, so only its
+ * stream is refused. A fork's other side (CAIRN_EFORK, CAIRN_EFORKPAST)
+ * is no refusal: an honest peer may hold it (README, "Forks"); it is
+ * logged (log_fork) and not applied, and the stream stays.
  *
  * LEAVING. On shutdown every live stream gets a Goodbye and its clean
  * close (the client's half-close, the server's OK status), and the thread
@@ -158,6 +175,9 @@
  * etcd's benchmark put: the thread had a sixth of the server's CPU. */
 #define PEER_IDLE_MS 100
 #define PEER_GOODBYE_MS 500
+/* A peer refused for what it sent (REFUSALS above) is neither dialed nor
+ * accepted again for this long, so a hostile one cannot spin the node. */
+#define PEER_REFUSE_MS 2000u
 /* Peer slots for the life of the process (members ever known, this one
  * excluded): slots are filled in place, so other threads may walk them. */
 #define PEER_MAX_MEMBERS 64
@@ -207,6 +227,12 @@ typedef struct plink {
     int refusing;
     /* That goodbye's reason, while a send is in flight. */
     const char *bye_due;
+    /* A refusal's status (PERMISSION_DENIED; OK for --peer-links), its
+     * goodbye ("refused: why") and when it began (killed PEER_GOODBYE_MS
+     * later if the peer does not close). */
+    grpc_status_code refuse_status;
+    char refuse_why[320];
+    uint64_t refuse_ms;
     /* the goodbye was to a removed member: kill on close */
     int bye_removed;
     size_t sbuf_len;
@@ -232,6 +258,7 @@ typedef struct qchange {
 } qchange;
 
 typedef struct ppeer {
+    struct peer_net *net;
     char *name;
     uint64_t id;
     char *addr;
@@ -269,6 +296,12 @@ typedef struct ppeer {
     int not_linked;
     /* We refused it for our --peer-links: said once. */
     int refused_logged;
+    /* REFUSALS: its hellos are refused until refused_until_ms (we refused
+     * it), and it is not dialed before hold_ms (we refused it, or it us). */
+    uint64_t refused_until_ms, hold_ms;
+    /* Our dial's TLS handshake failed (its certificate): said once until
+     * a dial of ours gets through the handshake. */
+    int tls_refused_logged;
 } ppeer;
 
 struct peer_net {
@@ -395,7 +428,9 @@ static void link_kill(plink *l, const char *why)
     if (l->dead)
         return;
     l->dead = 1;
-    if (l->call)
+    if (l->call && l->refusing && l->refuse_status != GRPC_STATUS_OK)
+        grpc_call_cancel_with_status(l->call, l->refuse_status, l->refuse_why, NULL);
+    else if (l->call)
         grpc_call_cancel_with_status(l->call, GRPC_STATUS_UNAVAILABLE, why, NULL);
     ppeer *p = l->p;
     if (!p)
@@ -417,6 +452,8 @@ static void link_kill(plink *l, const char *why)
         /* jittered exponential backoff: [b/2, b) */
         uint32_t b = p->backoff_ms;
         p->next_dial_ms = now_ms() + b / 2 + randombytes_uniform(b / 2 + 1);
+        if (p->next_dial_ms < p->hold_ms)
+            p->next_dial_ms = p->hold_ms;
         p->backoff_ms = b * 2 > PEER_BACKOFF_MAX_MS ? PEER_BACKOFF_MAX_MS : b * 2;
     }
 }
@@ -621,6 +658,7 @@ static void make_live(ppeer *p, plink *l)
     pthread_mutex_unlock(&p->qmu);
     atomic_store(&p->connected, 1);
     atomic_fetch_add(&p->connects, 1);
+    p->tls_refused_logged = 0;
     p->next_sync_ms = 0;  /* sync at once */
     p->urls_sent_gen = 0; /* and tell it the members' client URLs */
     cairn_log(p->not_linked ? CAIRN_LOG_DEBUG : CAIRN_LOG_INFO,
@@ -628,14 +666,50 @@ static void make_live(ppeer *p, plink *l)
               l->dialed ? "dialed" : "accepted");
 }
 
-/* Logs and ends a stream whose peer broke the protocol, naming the peer
- * (its address while it has not said who it is). */
+/* Ends |l| as a refusal (REFUSALS above): a Goodbye saying "refused:
+ * |what|", then the stream's end with PERMISSION_DENIED and the same words
+ * (the dialing side half-closes: a client has no status to send; the
+ * peer's end, or PEER_GOODBYE_MS, closes it). With |hold| and a peer that
+ * is known to be who it is (we dialed it, or its hello passed), it is not
+ * dialed or accepted for PEER_REFUSE_MS. What it sends meanwhile is
+ * dropped unread. */
+static void refuse_stream(plink *l, const char *what, int hold)
+{
+    if (l->dead || l->refusing)
+        return;
+    ppeer *p = l->p;
+    uint64_t now = now_ms();
+    if (hold && p && (l->dialed || l->hello_in)) {
+        p->refused_until_ms = p->hold_ms = now + PEER_REFUSE_MS;
+        if (p->next_dial_ms < p->hold_ms)
+            p->next_dial_ms = p->hold_ms;
+        if (p->dial && p->dial != l)
+            link_kill(p->dial, "refused");
+    }
+    snprintf(l->refuse_why, sizeof l->refuse_why, "refused: %s", what);
+    l->refusing = 1;
+    l->refuse_status = GRPC_STATUS_PERMISSION_DENIED;
+    l->refuse_ms = now;
+    if (!l->call) {
+        link_kill(l, l->refuse_why);
+    } else if (l->sending) {
+        l->bye_due = l->refuse_why;
+    } else {
+        say_goodbye(l, l->refuse_why);
+        if (!l->bye)
+            link_kill(l, l->refuse_why); /* could not send: the status says it */
+    }
+}
+
+/* Logs and refuses a stream whose peer broke the protocol or sent what
+ * this node refuses, naming the peer (its address while it has not said
+ * who it is) and why. */
 static void refuse(plink *l, const char *what)
 {
     char *addr = l->p || !l->call ? NULL : grpc_call_get_peer(l->call);
     cairn_log(CAIRN_LOG_WARN, "peer %s: refused: %s", addr ? addr : peer_name(l), what);
     gpr_free(addr);
-    link_kill(l, what);
+    refuse_stream(l, what, 1);
 }
 
 /* A hello from a member this node's --peer-links leaves out: a Goodbye that
@@ -651,6 +725,8 @@ static void refuse_unlinked(plink *l, ppeer *p)
               p->name);
     p->refused_logged = 1;
     l->refusing = 1;
+    l->refuse_status = GRPC_STATUS_OK;
+    l->refuse_ms = now_ms();
     if (l->sending)
         l->bye_due = "member is " PEER_BYE_NOT_LINKED;
     else
@@ -745,6 +821,8 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     plink *l = arg;
     peer_net *n = l->n;
     char why[256];
+    if (l->dialed)
+        l->p->tls_refused_logged = 0; /* this dial's handshake passed */
     if (check_cert(l, why, sizeof why)) {
         if (!l->dialed && h->name) {
             char named[512];
@@ -774,6 +852,16 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
     }
     if (!p->linked) {
         refuse_unlinked(l, p);
+        return;
+    }
+    uint64_t now = now_ms();
+    if (!l->dialed && now < p->refused_until_ms) {
+        /* refused lately: turned away until the hold ends, which this
+         * does not extend (logged once per refusal, at the refusal) */
+        snprintf(why, sizeof why, "member %s was refused lately: accepted again in %" PRIu64 " ms",
+                 p->name, p->refused_until_ms - now);
+        cairn_log(CAIRN_LOG_DEBUG, "peer %s: refused: %s", p->name, why);
+        refuse_stream(l, why, 0);
         return;
     }
     l->p = p;
@@ -809,13 +897,18 @@ static void on_hello(void *arg, const Cairnpb__Hello *h)
  * carried no change, run inside cairn_replica_receive (on_sync decides). */
 static _Thread_local int on_peer_thread, inline_done;
 
+static void wake_thread(peer_net *n);
+
+/* Carried changes, now durable: acknowledge, and wake the thread for it
+ * (else the acknowledgement waited for its next tick, up to PEER_TICK_MS,
+ * and with it every WaitReplicated on the peer). */
 static void received_durable(void *arg, int rc)
 {
     ppeer *p = arg;
     if (on_peer_thread)
         inline_done = !rc;
-    else if (!rc)
-        atomic_store(&p->ack_due, 1); /* carried changes: acknowledge */
+    else if (!rc && !atomic_exchange(&p->ack_due, 1))
+        wake_thread(p->net);
 }
 
 /* A fork the last receive from |p| met: both hashes, so that an operator
@@ -882,13 +975,20 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
     char why[160];
     if (rc) {
         snprintf(why, sizeof why, "a malformed sync message (%s)", cairn_strerror(rc));
-        cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
-        link_kill(l, why);
+        refuse(l, why);
     } else if (rejected) {
         log_fork(p);
-        snprintf(why, sizeof why, "a change the document refuses (%s)", cairn_strerror(rejected));
-        cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", p->name, why);
-        link_kill(l, why);
+        if (peer_verdict_refuses(rejected)) {
+            snprintf(why, sizeof why, "a change the document refuses (%s)",
+                     cairn_strerror(rejected));
+            refuse(l, why);
+        } else {
+            /* a fork's other side: the peer may be honest (it took that
+             * side first); log_fork said it, its descendants are refused
+             * quietly and the stream stays */
+            cairn_log(CAIRN_LOG_DEBUG, "peer %s: not applied: %s", p->name,
+                      cairn_strerror(rejected));
+        }
     }
 }
 
@@ -972,6 +1072,22 @@ static void on_goodbye(void *arg, const char *reason)
         link_kill(l, "not in the peer's --peer-links");
         return;
     }
+    if (strncmp(reason, PEER_BYE_REFUSED, strlen(PEER_BYE_REFUSED)) == 0) {
+        /* it refused us: not dialed again for PEER_REFUSE_MS */
+        if (strstr(reason, PEER_REMOVED)) {
+            link_kill(l, PEER_REMOVED);
+            removed_self(l->n);
+            return;
+        }
+        if (p)
+            p->hold_ms = now_ms() + PEER_REFUSE_MS;
+        char why[400];
+        snprintf(why, sizeof why, "the peer refused this node (goodbye: %.300s)", reason);
+        cairn_log(CAIRN_LOG_WARN, "peer %s: %s: dialing it again in %u ms at the earliest",
+                  peer_name(l), why, PEER_REFUSE_MS);
+        link_kill(l, why);
+        return;
+    }
     /* a clean departure: link_kill's line says it, and the peer is dialed
      * again after the backoff */
     char why[160];
@@ -986,9 +1102,7 @@ static void on_refuse(void *arg, const char *why)
 
 static void on_reset(void *arg, const char *why)
 {
-    plink *l = arg;
-    cairn_log(CAIRN_LOG_WARN, "peer %s: %s: resetting the stream", peer_name(l), why);
-    link_kill(l, why);
+    refuse(arg, why);
 }
 
 static void on_recv(plink *l, int ok)
@@ -1020,7 +1134,7 @@ static void on_recv(plink *l, int ok)
     grpc_byte_buffer_destroy(l->rbuf);
     l->rbuf = NULL;
     if (!read) {
-        refuse(l, "a peer message that does not decode: resetting the stream");
+        refuse(l, "a peer message that does not decode");
         return;
     }
     const peer_self self = {l->n->cluster_id, l->n->token_hash};
@@ -1042,6 +1156,15 @@ static void on_recv(plink *l, int ok)
         post_recv(l);
 }
 
+/* Whether a dialed call's status details (gRPC's words for why the
+ * channel could not connect) say that the TLS handshake failed, rather
+ * than the connection. */
+static int tls_failed(const char *details)
+{
+    return strstr(details, "Handshake failed") || strstr(details, "peer certificate") ||
+           strstr(details, "SSL_ERROR") || strstr(details, "certificate verify");
+}
+
 static void on_close(plink *l)
 {
     l->closed = 1;
@@ -1051,12 +1174,25 @@ static void on_close(plink *l)
     }
     if (l->bye && !l->bye_removed)
         return; /* shutting down: link_kill comes after the goodbyes */
-    if (l->dialed && !l->dead && l->status != GRPC_STATUS_OK) {
+    if (l->dialed && l->status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(l->status_details);
-        cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
-                  "peer %s: stream ended: %s", peer_name(l), d);
-        if (strstr(d, PEER_REMOVED))
-            removed_self(l->n);
+        if (!l->hello_in && l->n->tls && tls_failed(d)) {
+            /* etcd: a dial whose handshake refuses the member's
+             * certificate (its chain, or a name that is not the peer
+             * URL's host) is logged with the reason, as a refusal; once
+             * until a dial passes the handshake, then at debug level. Also when
+             * the failed send of the hello killed the link first: the
+             * status is still the transport's. */
+            cairn_log(l->p->tls_refused_logged ? CAIRN_LOG_DEBUG : CAIRN_LOG_WARN,
+                      "peer %s: refused: certificate refused: the TLS handshake failed: %s",
+                      peer_name(l), d);
+            l->p->tls_refused_logged = 1;
+        } else if (!l->dead) {
+            cairn_log(l->hello_in && !l->p->not_linked ? CAIRN_LOG_INFO : CAIRN_LOG_DEBUG,
+                      "peer %s: stream ended: %s", peer_name(l), d);
+            if (strstr(d, PEER_REMOVED))
+                removed_self(l->n);
+        }
         gpr_free(d);
     }
     link_kill(l, "the stream ended");
@@ -1278,7 +1414,8 @@ static int wake_disarm(peer_net *n)
 }
 
 /* In how many ms a link that could send has a push due (0: now; past
- * PEER_PUSH_GAP_US since its last), or -1 if none has anything queued. */
+ * PEER_PUSH_GAP_US since its last) or an acknowledgement (past
+ * PEER_TICK_MS since its last sync message), or -1 if none has either. */
 static int push_wait_ms(peer_net *n)
 {
     uint64_t now = now_us();
@@ -1286,8 +1423,14 @@ static int push_wait_ms(peer_net *n)
     for (size_t i = 0; i < n->npeers; i++) {
         ppeer *p = &n->peers[i];
         plink *l = p->live;
-        if (!l || l->dead || l->sending)
+        if (!l || l->dead || l->sending || l->refusing || l->bye)
             continue;
+        if (atomic_load(&p->ack_due)) {
+            uint64_t at = (p->answered_ms + PEER_TICK_MS) * 1000;
+            int ms = at > now ? (int)((at - now + 999) / 1000) : 0;
+            if (best < 0 || ms < best)
+                best = ms;
+        }
         pthread_mutex_lock(&p->qmu);
         int q = p->qhead != NULL;
         pthread_mutex_unlock(&p->qmu);
@@ -1465,6 +1608,7 @@ static int add_member(peer_net *n, const cairn_member_info *m)
             snprintf(addr, sizeof addr, "%s", n->cfg->peer_dials[j].addr);
     ppeer *p = &n->peers[n->npeers];
     memset(p, 0, sizeof *p);
+    p->net = n;
     char hex[17];
     snprintf(hex, sizeof hex, "%016" PRIx64, m->id);
     p->name = strdup(m->name[0] ? m->name : hex);
@@ -1611,7 +1755,7 @@ static void tick(peer_net *n)
             atomic_store(&n->join_from, 0);
             from = 0;
         }
-        if (!l || l->dead || l->sending)
+        if (!l || l->dead || l->sending || l->refusing || l->bye)
             continue;
         /* joining: the others hear nothing from us yet but pushes (their
          * answers to our sync messages would each be the whole history) */
@@ -1659,6 +1803,10 @@ static void tick(peer_net *n)
         if (msg && send_sync(l, msg, len))
             link_kill(l, "cannot send");
     }
+    /* a refused peer that does not end its side: ended here */
+    for (plink *l = n->links; l; l = l->next)
+        if (l->refusing && !l->dead && now >= l->refuse_ms + PEER_GOODBYE_MS)
+            link_kill(l, "refused");
     links_sweep(n);
 }
 
@@ -1682,7 +1830,7 @@ static void say_goodbye(plink *l, const char *reason)
     g.reason = (char *)reason;
     if (l->refusing) {
         grpc_slice_unref(l->bye_details);
-        l->bye_details = grpc_slice_from_static_string(reason);
+        l->bye_details = grpc_slice_from_copied_string(reason);
     }
     Cairnpb__PeerMessage m = CAIRNPB__PEER_MESSAGE__INIT;
     m.body_case = CAIRNPB__PEER_MESSAGE__BODY_GOODBYE;
@@ -1701,7 +1849,8 @@ static void say_goodbye(plink *l, const char *reason)
         ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     } else {
         ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-        ops[1].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[1].data.send_status_from_server.status =
+            l->refusing ? l->refuse_status : GRPC_STATUS_OK;
         ops[1].data.send_status_from_server.status_details = &l->bye_details;
     }
     l->bye = 1;
@@ -2033,6 +2182,7 @@ static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errle
         if (later)
             continue;
         ppeer *p = &n->peers[n->npeers];
+        p->net = n;
         char addr[256];
         const char *dial_at = NULL;
         for (size_t j = 0; j < cfg->npeer_dials; j++)

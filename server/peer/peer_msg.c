@@ -39,12 +39,17 @@ int peer_hello_check(const Cairnpb__Hello *h, const peer_self *self, char *why, 
     return 0;
 }
 
+int peer_verdict_refuses(int rc)
+{
+    return rc < 0 && rc != CAIRN_EFORK && rc != CAIRN_EFORKPAST;
+}
+
 void peer_msg_dispatch(const uint8_t *buf, size_t len, int hello_in, const peer_self *self,
                        const peer_handlers *h)
 {
     Cairnpb__PeerMessage *m = cairnpb__peer_message__unpack(NULL, len, buf);
     if (!m) {
-        h->refuse(h->arg, "a peer message that does not decode: resetting the stream");
+        h->refuse(h->arg, "a peer message that does not decode");
         return;
     }
     char why[256];

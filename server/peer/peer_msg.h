@@ -20,6 +20,16 @@
  * then dials it only at its longest backoff, and says so once. */
 #define PEER_BYE_NOT_LINKED "not in my --peer-links"
 
+/* How a Goodbye's reason starts when its sender refuses the receiver
+ * (peer.c, REFUSALS): the receiver does not dial it again for a while. */
+#define PEER_BYE_REFUSED "refused: "
+
+/* 1 if a received change's verdict |rc| (cairn_doc_receive's code, < 0)
+ * refuses the stream it came on: every verdict but a fork's (CAIRN_EFORK,
+ * CAIRN_EFORKPAST), which an honest peer may relay, having taken the other
+ * side first. 0 for rc >= 0. */
+int peer_verdict_refuses(int rc);
+
 /* This node, as a hello is checked against it. */
 typedef struct peer_self {
     uint64_t cluster_id;

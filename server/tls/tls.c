@@ -404,6 +404,15 @@ int cairn_tls_checker_new(cairn_tls_checker **out, const cairn_tls_options *o, c
         cairn_tls_checker_free(c);
         return CAIRN_EIO;
     }
+    if (o->allowed_cn && o->allowed_cn[0] && o->allowed_hostname && o->allowed_hostname[0]) {
+        /* etcd: refused when the TLS config is built (exit 1) */
+        snprintf(
+            err, errlen,
+            "AllowedCN and AllowedHostname are mutually exclusive (cn=\"%s\", hostname=\"%s\")",
+            o->allowed_cn, o->allowed_hostname);
+        cairn_tls_checker_free(c);
+        return CAIRN_EINVAL;
+    }
     if ((o->allowed_cn && o->allowed_cn[0] && !(c->allowed_cn = strdup(o->allowed_cn))) ||
         (o->allowed_hostname && o->allowed_hostname[0] &&
          !(c->allowed_hostname = strdup(o->allowed_hostname)))) {
@@ -499,21 +508,33 @@ static int check_x509(const cairn_tls_checker *c, X509 *x, STACK_OF(X509) * untr
         rc = check_revoked(c, x, why, whylen);
     if (rc)
         return rc;
+    /* etcd: "client certificate authentication failed" on either end of
+     * the link (the dialed member's certificate is checked too); the
+     * parenthesis says which check */
     if (c->allowed_cn) {
         char got[256];
         common_name(x, got, sizeof got);
         if (strcmp(got, c->allowed_cn) != 0) {
-            snprintf(why, whylen, "certificate CN \"%s\" is not the allowed CN \"%s\"", got,
-                     c->allowed_cn);
+            snprintf(why, whylen,
+                     "client certificate authentication failed (certificate CN \"%s\" is not the "
+                     "allowed CN \"%s\")",
+                     got, c->allowed_cn);
             return CAIRN_EINVAL;
         }
     }
     if (c->allowed_hostname) {
+        /* etcd: Go's VerifyHostname: SANs only (a name with no DNS SAN
+         * never falls back to the subject's CN), no partial wildcards */
         int ok = is_ip(c->allowed_hostname)
                      ? X509_check_ip_asc(x, c->allowed_hostname, 0) == 1
-                     : X509_check_host(x, c->allowed_hostname, 0, 0, NULL) == 1;
+                     : X509_check_host(x, c->allowed_hostname, 0,
+                                       X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                                           X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
+                                       NULL) == 1;
         if (!ok) {
-            snprintf(why, whylen, "certificate is not valid for the allowed hostname %s",
+            snprintf(why, whylen,
+                     "client certificate authentication failed (certificate is not valid for the "
+                     "allowed hostname %s)",
                      c->allowed_hostname);
             return CAIRN_EINVAL;
         }
@@ -593,6 +614,54 @@ static int grpc_peer_host(char *out, size_t outlen, const char *peer)
     return 0;
 }
 
+/* Go's words for a failed lookup of |what|. */
+static void lookup_failed(char *err, size_t errlen, const char *what, int not_found,
+                          const char *other)
+{
+    snprintf(err, errlen, "lookup %.200s: %s", what, not_found ? "no such host" : other);
+}
+
+/* etcd: a reverse name of |host| that is one of the DNS SANs, or that ends
+ * in the ".d" of a wildcard SAN "*.d" (the names of a reverse lookup, its
+ * trailing dot dropped). A failed lookup's words go to |err|. */
+static int reverse_matches(const GENERAL_NAMES *sans, const char *host, char *err, size_t errlen)
+{
+    unsigned char a[16];
+    int fam = inet_pton(AF_INET, host, a) == 1 ? AF_INET : AF_INET6;
+    if (fam == AF_INET6 && inet_pton(AF_INET6, host, a) != 1)
+        return 0;
+    struct hostent he, *res = NULL;
+    char buf[8192];
+    int herr = 0;
+    if (gethostbyaddr_r(a, fam == AF_INET ? 4 : 16, fam, &he, buf, sizeof buf, &res, &herr) != 0 ||
+        !res) {
+        lookup_failed(err, errlen, host, herr == HOST_NOT_FOUND || herr == NO_DATA,
+                      hstrerror(herr));
+        return 0;
+    }
+    for (int k = -1; k < 0 || (res->h_aliases && res->h_aliases[k]); k++) {
+        char name[256];
+        snprintf(name, sizeof name, "%s", k < 0 ? res->h_name : res->h_aliases[k]);
+        size_t nl = strlen(name);
+        if (nl && name[nl - 1] == '.')
+            name[--nl] = '\0';
+        for (int i = 0; nl && i < sk_GENERAL_NAME_num(sans); i++) {
+            const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+            if (g->type != GEN_DNS)
+                continue;
+            const char *d = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
+            size_t dl = (size_t)ASN1_STRING_length(g->d.dNSName);
+            if (dl > 2 && d[0] == '*' && d[1] == '.') {
+                if (nl >= dl - 1 && memcmp(name + nl - (dl - 1), d + 1, dl - 1) == 0)
+                    return 1;
+            } else if (dl == nl && memcmp(name, d, nl) == 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* Whether |name| resolves to |host| (forward lookup, as etcd's). The
  * last failure's words go to |err|. */
 static int name_has_addr(const char *name, const char *host, char *err, size_t errlen)
@@ -605,7 +674,7 @@ static int name_has_addr(const char *name, const char *host, char *err, size_t e
     hints.ai_socktype = SOCK_STREAM;
     int e = getaddrinfo(name, NULL, &hints, &res);
     if (e) {
-        snprintf(err, errlen, "lookup %.200s: %s", name, gai_strerror(e));
+        lookup_failed(err, errlen, name, e == EAI_NONAME, gai_strerror(e));
         return 0;
     }
     int ok = 0;
@@ -668,6 +737,10 @@ int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer,
         ok = 1;
     if (!ok && nips)
         ok = X509_check_ip_asc(x, host, 0) == 1;
+    /* etcd: the address's reverse names first, then each DNS SAN but the
+     * wildcards forward; the last failure is the one told */
+    if (!ok && ndns)
+        ok = reverse_matches(sans, host, lookup, sizeof lookup);
     for (int i = 0; !ok && ndns && i < sk_GENERAL_NAME_num(sans); i++) {
         const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
         if (g->type != GEN_DNS)

@@ -102,7 +102,8 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
  * member that dialed (the leaf of |pem|) against the address it dialed
  * from (|grpc_peer|, grpc_call_get_peer's "ipv4:a.b.c.d:port" or
  * "ipv6:[...]:port"): an IP SAN equal to it passes, else a DNS SAN that
- * resolves to it (a forward lookup: it may block on the resolver); a
+ * is one of its reverse names (a wildcard "*.d" matches a name ending in
+ * ".d") or that resolves to it (lookups: they may block on the resolver); a
  * certificate with no SAN passes, and so does any other kind of peer
  * (unix:). 0, or CAIRN_EINVAL with etcd's reason in |why|. Any thread. */
 int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
@@ -147,7 +148,13 @@ int cairn_tls_pump_peer_cn(cairn_tls_pump *p, int plain, char *cn, size_t cnlen)
 /* The same from a gRPC call's peer string (grpc_call_get_peer): "fd:<n>"
  * for a connection the listener handed to gRPC by its fd. For the auth
  * layer (etcd: with --client-cert-auth the CN is the user name).
- * CAIRN_ENOTFOUND for any other peer. */
+ * CAIRN_ENOTFOUND for any other peer.
+ * Exact per call while the caller holds the call (before grpc_call_unref):
+ * every stream holds a ref on its chttp2 transport, which closes the fd
+ * only when the last ref goes, so "fd:<n>" names that call's connection
+ * for the whole call, and the cookie tells it from an earlier holder of
+ * the number; the CN is set before the first plaintext byte reaches gRPC,
+ * so no call of a connection with a certificate sees it unset. */
 int cairn_tls_pump_call_cn(cairn_tls_pump *p, const char *grpc_peer, char *cn, size_t cnlen);
 
 #endif

@@ -3,7 +3,8 @@
 and peer certificates for 127.0.0.1/localhost; client certificates that are
 good, revoked (listed in the CA's CRL), expired, from the other CA, or
 signed by an intermediate CA under the main one; peer certificates whose
-SANs leave 127.0.0.1 out (none, wrong ones, a DNS name alone).
+SANs leave 127.0.0.1 out (none, wrong ones, a DNS name alone); one whose
+only name is its CN "localhost" (no SAN).
 
     f = make(tmpdir)            # -> Fixtures; every path is under tmpdir
     f.ca, f.server_cert, f.server_key, f.client("good") -> (cert, key)
@@ -144,6 +145,8 @@ def make(root, peers=(), peer_cn=None):
     # DNS:localhost alone (CN n2, as a member's)
     for ext in ("nosan", "wrongsan", "dnssan"):
         f.leaf[ext] = ca.leaf(peer_cn or "n2", fname=ext, ext="ext_leaf_" + ext)
+    # a name only in the subject's CN, no SAN (Go never falls back to it)
+    f.leaf["cnonly"] = ca.leaf("localhost", fname="cnonly", ext="ext_leaf_nosan")
     # a certificate whose validity ended a year ago
     f.leaf["expired"] = ca.leaf("expired", "20240101000000Z", "20250101000000Z")
     f.leaf["other"] = other.leaf("other")

@@ -255,31 +255,136 @@ END_TEST
 
 /* ---- the sequence rule ------------------------------------------------ */
 
-START_TEST(rejected_ring_is_bounded)
+/* Adds a copy of |c| and returns the state; *rc gets add's code. */
+static int add_rc(cairn_dag *d, const cairn_change *c, int *rc)
 {
-    /* A peer sending ever new invalid changes: the DAG remembers the last
-     * CAIRN_DAG_MAX_REJECTED of them, not all. */
+    int state = -1;
+    *rc = cairn_dag_add(d, copy(c), &state);
+    return state;
+}
+
+START_TEST(rejected_memory_grows_to_its_cap)
+{
+    /* A peer sending ever new invalid changes: the DAG remembers them in
+     * a ring that grows on demand up to CAIRN_DAG_MAX_REJECTED (the old
+     * fixed ring held 4096), then forgets the oldest. A descendant of one
+     * still remembered is refused on arrival; one of a forgotten one
+     * waits for it as pending, and missing() asks for it. */
     cairn_dag *d;
     ck_assert_rc(cairn_dag_new(&d), 0);
     cairn_change *a1 = mk(1, 1, NULL, 0, 0);
     ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
-    cairn_hash first = {{0}}, last = {{0}};
-    for (uint64_t k = 1; k <= CAIRN_DAG_MAX_REJECTED + 10; k++) {
+    const uint64_t total = CAIRN_DAG_MAX_REJECTED + 10, old = 5000;
+    cairn_hash first = {{0}}, kept = {{0}}, gone = {{0}}, h_old = {{0}}, last = {{0}};
+    size_t mem0 = 0;
+    for (uint64_t k = 1; k <= total; k++) {
         cairn_change *f = mk(1, 1, NULL, 0, k);
         if (k == 1)
             first = f->hash;
+        if (k == 10)
+            gone = f->hash;
+        if (k == 11)
+            kept = f->hash;
+        if (k == total - old)
+            h_old = f->hash;
         last = f->hash;
-        ck_assert_int_eq(add(d, f), CAIRN_DAG_READY);
-        ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
-        cairn_change_free(f);
+        int state = -1;
+        REQUIRE(cairn_dag_add(d, f, &state) == 0 && state == CAIRN_DAG_READY);
+        REQUIRE(cairn_dag_order(d, NULL, NULL) == CAIRN_EFORK);
+        if (k == 64)
+            mem0 = cairn_dag_rejected_count(d);
     }
+    ck_assert_uint_eq(mem0, 64);
+    ck_assert_uint_eq(cairn_dag_rejected_count(d), CAIRN_DAG_MAX_REJECTED);
     ck_assert_int_eq(cairn_dag_has(d, &first), 0); /* forgotten: judged again */
+    ck_assert_int_eq(cairn_dag_rejected(d, &gone), 0);
+    ck_assert_int_eq(cairn_dag_rejected(d, &kept), CAIRN_EFORK);
+    ck_assert_int_eq(cairn_dag_rejected(d, &h_old), CAIRN_EFORK);
     ck_assert_int_eq(cairn_dag_has(d, &last), 2);
-    ck_assert_int_eq(cairn_dag_rejected(d, &last), 1);
+    ck_assert_int_eq(cairn_dag_rejected(d, &last), CAIRN_EFORK);
+    /* a descendant of a change refused 5000 refusals ago */
+    cairn_change *desc = mk(2, 1, &h_old, 1, 0);
+    int rc;
+    ck_assert_int_eq(add_rc(d, desc, &rc), CAIRN_DAG_REJECTED);
+    ck_assert_rc(rc, CAIRN_EFORKPAST);
+    ck_assert_int_eq(cairn_dag_rejected(d, &desc->hash), CAIRN_EFORKPAST);
+    /* one of a forgotten one: pending, its dep asked for */
+    cairn_change *lost = mk(3, 1, &first, 1, 0);
+    ck_assert_int_eq(add(d, lost), CAIRN_DAG_PENDING);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 1);
+    ck_assert_mem_eq(miss[0].b, first.b, 32);
+    free(miss);
     ck_assert_rc(cairn_dag_check_(d), 0);
     cairn_change_free(a1);
+    cairn_change_free(desc);
+    cairn_change_free(lost);
     cairn_dag_free(d);
+}
+END_TEST
+
+START_TEST(descendants_of_a_rejected_change_are_rejected)
+{
+    /* x skips a seq (ESEQGAP). y depends on x, z on y and on an unknown
+     * stub u, w on z: in every arrival order none is ordered, all are
+     * remembered as refused, nothing stays pending, and u is no longer
+     * asked for. An honest change h beside them is ordered. */
+    cairn_change *a1 = mk(1, 1, NULL, 0, 0);
+    cairn_change *x = mk(1, 3, &a1->hash, 1, 0);
+    cairn_change *u = mk(5, 1, NULL, 0, 0);
+    cairn_change *y = mk(2, 1, &x->hash, 1, 0);
+    cairn_change *z = mk(3, 1, (cairn_hash[]){y->hash, u->hash}, 2, 0);
+    cairn_change *w = mk(4, 1, &z->hash, 1, 0);
+    cairn_change *h = mk(6, 1, &a1->hash, 1, 0);
+    const cairn_change *order[][5] = {
+        {x, y, z, w, h}, {w, z, y, x, h}, {y, w, x, z, h}, {z, x, w, h, y}, {h, w, y, z, x}};
+    for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
+        cairn_dag *d;
+        ck_assert_rc(cairn_dag_new(&d), 0);
+        ck_assert_int_eq(add(d, a1), CAIRN_DAG_READY);
+        ck_assert_uint_eq(drain(d), 1);
+        for (int i = 0; i < 5; i++) {
+            const cairn_change *c = order[o][i];
+            int rc;
+            int state = add_rc(d, c, &rc);
+            if (state == CAIRN_DAG_REJECTED) {
+                ck_assert_rc(rc, CAIRN_EPASTREFUSED);
+            } else {
+                ck_assert_rc(rc, 0);
+            }
+            while (cairn_dag_peek_ready(d)) {
+                const cairn_change *r = cairn_dag_peek_ready(d);
+                int want = memcmp(r->hash.b, x->hash.b, 32) == 0 ? CAIRN_ESEQGAP : 0;
+                ck_assert_rc(cairn_dag_order(d, NULL, NULL), want);
+            }
+        }
+        ck_assert_uint_eq(cairn_dag_count(d), 2); /* a1 and h */
+        ck_assert_rc(cairn_dag_find(d, &h->hash, NULL), 0);
+        ck_assert_int_eq(cairn_dag_rejected(d, &x->hash), CAIRN_ESEQGAP);
+        const cairn_change *desc[] = {y, z, w};
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(cairn_dag_rejected(d, &desc[i]->hash), CAIRN_EPASTREFUSED);
+            ck_assert_int_eq(cairn_dag_has(d, &desc[i]->hash), 2);
+        }
+        ck_assert_uint_eq(cairn_dag_rejected_count(d), 4);
+        ck_assert_int_eq(cairn_dag_has(d, &u->hash), 0);
+        cairn_hash *miss;
+        size_t nmiss;
+        ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+        ck_assert_uint_eq(nmiss, 0);
+        free(miss);
+        /* u arriving now orders alone: nothing waited for it any more */
+        ck_assert_int_eq(add(d, u), CAIRN_DAG_READY);
+        ck_assert_uint_eq(drain(d), 1);
+        ck_assert_rc(cairn_dag_check_(d), 0);
+        cairn_dag_free(d);
+    }
+    cairn_change *all[] = {a1, x, u, y, z, w, h};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        cairn_change_free(all[i]);
 }
 END_TEST
 
@@ -302,7 +407,7 @@ START_TEST(seq_gap_and_fork)
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_EFORK);
     /* rejected for good: remembered, so neither asked for nor judged again */
     ck_assert_int_eq(cairn_dag_has(d, &a1b->hash), 2);
-    ck_assert_int_eq(cairn_dag_rejected(d, &a1b->hash), 1);
+    ck_assert_int_eq(cairn_dag_rejected(d, &a1b->hash), CAIRN_EFORK);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), 0);
     ck_assert_rc(cairn_dag_order(d, NULL, NULL), CAIRN_ESEQGAP);
     ck_assert_int_eq(add(d, a3), CAIRN_DAG_READY);
@@ -1128,7 +1233,8 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, duplicates_dropped);
     tcase_add_test(tc, pending_cascade);
     tcase_add_test(tc, seq_gap_and_fork);
-    tcase_add_test(tc, rejected_ring_is_bounded);
+    tcase_add_test(tc, rejected_memory_grows_to_its_cap);
+    tcase_add_test(tc, descendants_of_a_rejected_change_are_rejected);
     tcase_add_test(tc, discard_keeps_dependents_pending);
     tcase_add_test(tc, diamond_ancestry);
     tcase_add_test(tc, missing_lists_unknown_deps);

@@ -879,7 +879,7 @@ static void expect_rejected(cairn_doc *d, cairn_change *c, int want)
     ck_assert_uint_eq(cairn_dag_count(cairn_doc_dag(d)), count);
     /* remembered as rejected: known, never asked for, not judged again */
     ck_assert_int_eq(cairn_dag_has(cairn_doc_dag(d), &h), 2);
-    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(d), &h), 1);
+    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(d), &h), want);
     free(before);
     free(after);
 }
@@ -1056,8 +1056,8 @@ START_TEST(acceptance_depends_only_on_the_causal_past)
     cairn_hash in_m_h = in_m_later->hash, after_e_h = after_e_later->hash;
     ck_assert_int_eq(cairn_doc_receive(r2, in_m_later, NULL), 0);
     ck_assert_int_eq(cairn_doc_receive(r2, after_e_later, NULL), 0);
-    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(r2), &in_m_h), 1);
-    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(r2), &after_e_h), 1);
+    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(r2), &in_m_h), CAIRN_ENOOBJ);
+    ck_assert_int_eq(cairn_dag_rejected(cairn_doc_dag(r2), &after_e_h), CAIRN_ENOTFOUND);
     assert_same(r1, r2);
 
     /* honest: actor 9 on top of G overwrites G's "k" and follows G's element
@@ -1133,6 +1133,110 @@ START_TEST(acceptance_depends_only_on_the_causal_past)
     cairn_doc_free(r1);
     cairn_doc_free(r2);
     cairn_doc_free(r3);
+}
+END_TEST
+
+/* Issue 16: a hostile change and its descendants are decided alike on
+ * replicas with different histories and arrival orders. G (actor 1) sets
+ * "k"; X (actor 2, on G) overwrites it (op 200). H (actor 7, on G alone)
+ * overwrites X's op, which is not in its past: refused everywhere. D
+ * (actor 8, on H) and E (actor 10, on D and X) are honest-looking but
+ * descend from H: refused everywhere too, whether they come before H
+ * (pending, then refused with it), after it (refused on arrival), or
+ * before X. Nothing of them is ever applied, nothing waits in the pending
+ * buffer, and every replica ends with the same state as one that never
+ * saw them. */
+START_TEST(hostile_change_and_descendants_decided_alike)
+{
+    cairn_doc *a = new_doc(1), *p = new_doc(2), *clean = new_doc(3);
+    ck_assert_int_eq(cairn_doc_begin(a, 100), 0);
+    put_s(a, CAIRN_ROOT, "k", "v0");
+    commit(a);
+    cairn_hash g = *cairn_dag_hash_at(cairn_doc_dag(a), 0);
+    deliver(p, a);
+    ck_assert_int_eq(cairn_doc_begin(p, 200), 0);
+    put_s(p, CAIRN_ROOT, "k", "x");
+    commit(p);
+    cairn_hash x = *cairn_dag_hash_at(cairn_doc_dag(p), 1);
+    deliver(clean, p);
+
+    cairn_actor two = actor_n(2);
+    cairn_op op = set_op(CAIRN_ROOT, "k", "hostile");
+    cairn_opid pred = {200, 1};
+    op.pred = &pred;
+    op.npred = 1;
+    cairn_change *h = change_on(&g, 1, 7, 1, 300, &op, 1, &two, 1);
+    op = set_op(CAIRN_ROOT, "d", "descendant");
+    cairn_change *dd = change_on(&h->hash, 1, 8, 1, 301, &op, 1, NULL, 0);
+    cairn_hash edeps[2] = {dd->hash, x};
+    if (cairn_hash_cmp(&edeps[0], &edeps[1]) > 0) {
+        edeps[0] = x;
+        edeps[1] = dd->hash;
+    }
+    op = set_op(CAIRN_ROOT, "e", "grandchild");
+    cairn_change *e = change_on(edeps, 2, 10, 1, 302, &op, 1, NULL, 0);
+
+    /* each replica's arrival order; 'X' is p's change X, 'G' is given */
+    const char *orders[] = {"XHDE", "HDEX", "EDHX", "DXEH", "EXDH", "HXED", "DEXH"};
+    const size_t norders = sizeof orders / sizeof orders[0];
+    cairn_doc *r[8];
+    for (size_t k = 0; k < norders; k++) {
+        r[k] = new_doc((uint8_t)(20 + k));
+        deliver(r[k], a);
+        /* seen and refused so far, as bits H=1, D=2, E=4 */
+        int seen = 0, refused = 0;
+        for (const char *o = orders[k]; *o; o++) {
+            if (*o == 'X') {
+                deliver(r[k], p);
+                continue;
+            }
+            const cairn_change *c = *o == 'H' ? h : *o == 'D' ? dd : e;
+            int bit = *o == 'H' ? 1 : *o == 'D' ? 2 : 4;
+            int rc = cairn_doc_receive(r[k], clone_change(c), NULL);
+            if (bit == 1)
+                ck_assert_int_eq(rc, CAIRN_ENOTPAST); /* with or without X */
+            else if (refused & (bit >> 1))
+                ck_assert_int_eq(rc, CAIRN_EPASTREFUSED); /* its dep was refused */
+            else
+                ck_assert_int_eq(rc, 0); /* pending: its past is not all here */
+            seen |= bit;
+            /* a refusal takes every descendant seen so far with it */
+            refused = seen & 1;
+            if (refused & 1)
+                refused |= seen & 2;
+            if (refused & 2)
+                refused |= seen & 4;
+            ck_assert_int_eq(!!cairn_dag_rejected(cairn_doc_dag(r[k]), &dd->hash), !!(refused & 2));
+            ck_assert_int_eq(!!cairn_dag_rejected(cairn_doc_dag(r[k]), &e->hash), !!(refused & 4));
+        }
+        const cairn_dag *dag = cairn_doc_dag(r[k]);
+        ck_assert_uint_eq(cairn_dag_count(dag), 2);
+        ck_assert_int_eq(cairn_dag_rejected(dag, &h->hash), CAIRN_ENOTPAST);
+        ck_assert_int_eq(cairn_dag_rejected(dag, &dd->hash), CAIRN_EPASTREFUSED);
+        ck_assert_int_eq(cairn_dag_rejected(dag, &e->hash), CAIRN_EPASTREFUSED);
+        cairn_hash *miss;
+        size_t nmiss;
+        ck_assert_int_eq(cairn_dag_missing(&miss, &nmiss, dag), 0);
+        ck_assert_uint_eq(nmiss, 0);
+        free(miss);
+        ck_assert_str_eq(get_s(r[k], CAIRN_ROOT, "k"), "x");
+        ck_assert_str_eq(get_s(r[k], CAIRN_ROOT, "d"), "");
+        ck_assert_str_eq(get_s(r[k], CAIRN_ROOT, "e"), "");
+        assert_same(r[k], clean);
+        /* offered again, from another peer: dropped as known */
+        ck_assert_int_eq(cairn_doc_receive(r[k], clone_change(e), NULL), 0);
+        ck_assert_int_eq(cairn_doc_receive(r[k], clone_change(h), NULL), 0);
+        assert_same(r[k], clean);
+        ck_assert_int_eq(cairn_doc_check_(r[k]), 0);
+    }
+    for (size_t k = 0; k < norders; k++)
+        cairn_doc_free(r[k]);
+    cairn_change_free(h);
+    cairn_change_free(dd);
+    cairn_change_free(e);
+    cairn_doc_free(a);
+    cairn_doc_free(p);
+    cairn_doc_free(clean);
 }
 END_TEST
 
@@ -2191,6 +2295,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, observer_patches);
     tcase_add_test(tc, hostile_changes_rejected);
     tcase_add_test(tc, acceptance_depends_only_on_the_causal_past);
+    tcase_add_test(tc, hostile_change_and_descendants_decided_alike);
     tcase_add_test(tc, receive_reports_first_error_and_applies_the_rest);
     tcase_add_test(tc, alloc_failure_changes_nothing);
     tcase_add_test(tc, alloc_failure_in_commit_rolls_back);

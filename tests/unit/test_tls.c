@@ -159,19 +159,41 @@ START_TEST(checker_refuses_with_etcds_reasons)
                      CAIRN_EINVAL);
     cairn_tls_checker_free(c);
 
+    /* etcd: one or the other */
     o.allowed_cn = "n1";
     o.allowed_hostname = "127.0.0.1";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), CAIRN_EINVAL);
+    ck_assert_ptr_null(c);
+    ck_assert_str_eq(err, "AllowedCN and AllowedHostname are mutually exclusive (cn=\"n1\", "
+                          "hostname=\"127.0.0.1\")");
+    o.allowed_hostname = NULL;
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
     ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
     ck_assert_int_eq(check(c, "ca/n2.pem", cn, why), CAIRN_EINVAL);
-    ck_assert_str_eq(why, "certificate CN \"n2\" is not the allowed CN \"n1\"");
+    ck_assert_str_eq(why, "client certificate authentication failed (certificate CN \"n2\" is not "
+                          "the allowed CN \"n1\")");
     cairn_tls_checker_free(c);
     o.allowed_cn = NULL;
     o.allowed_hostname = "example.com";
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
     ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), CAIRN_EINVAL);
-    ck_assert_str_eq(why, "certificate is not valid for the allowed hostname example.com");
+    ck_assert_str_eq(why, "client certificate authentication failed (certificate is not valid for "
+                          "the allowed hostname example.com)");
     cairn_tls_checker_free(c);
+    /* by SAN only: a certificate named localhost in its CN alone is not
+     * valid for localhost (measured: etcd refuses it), one with the SAN is */
+    o.allowed_hostname = "localhost";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/cnonly.pem", cn, why), CAIRN_EINVAL);
+    ck_assert_str_eq(cn, "localhost");
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
+    cairn_tls_checker_free(c);
+    o.allowed_hostname = "127.0.0.1";
+    ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), 0);
+    ck_assert_int_eq(check(c, "ca/n1.pem", cn, why), 0);
+    ck_assert_int_eq(check(c, "ca/wrongsan.pem", cn, why), CAIRN_EINVAL);
+    cairn_tls_checker_free(c);
+    o.allowed_hostname = NULL;
 
     o.trusted_ca_file = path("nope.pem");
     ck_assert_int_eq(cairn_tls_checker_new(&c, &o, err, sizeof err), CAIRN_EIO);
@@ -363,6 +385,85 @@ START_TEST(peer_san_is_checked_against_the_address)
 }
 END_TEST
 
+/* Two clients with different certificates connected at once: each
+ * connection's CN is its own, looked up from two threads at the same
+ * time by fd and by gRPC's "fd:<n>" peer name, as two calls would. */
+typedef struct cn_lookup {
+    cairn_tls_pump *p;
+    int plain[2];
+    const char *want[2];
+    int wrong;
+} cn_lookup;
+
+static void *lookup_main(void *arg)
+{
+    cn_lookup *l = arg;
+    for (int i = 0; i < 2000; i++) {
+        int k = i & 1;
+        char cn[256] = "", peer[32];
+        snprintf(peer, sizeof peer, "fd:%d", l->plain[k]);
+        int rc = (i & 2) ? cairn_tls_pump_call_cn(l->p, peer, cn, sizeof cn)
+                         : cairn_tls_pump_peer_cn(l->p, l->plain[k], cn, sizeof cn);
+        if (rc != 0 || strcmp(cn, l->want[k]) != 0)
+            l->wrong++;
+    }
+    return NULL;
+}
+
+START_TEST(cn_is_per_connection_with_two_clients_at_once)
+{
+    cairn_tls_options o = {0};
+    o.cert_file = path("ca/server.pem");
+    o.key_file = path("ca/server-key.pem");
+    o.trusted_ca_file = path("ca/ca.pem");
+    o.client_cert_auth = 1;
+    char err[256] = "";
+    cairn_tls_server *s;
+    ck_assert_int_eq(cairn_tls_server_new(&s, &o, err, sizeof err), 0);
+    cairn_tls_pump *p;
+    ck_assert_int_eq(cairn_tls_pump_new(&p, 16), 0);
+    int port, hold[2];
+    int lfd = listen_any(&port);
+    ck_assert_int_eq(pipe(hold), 0);
+    client cl[2] = {
+        {port, path("ca/good.pem"), path("ca/good-key.pem"), 0, 0, "", hold[0]},
+        {port, path("ca/intruder.pem"), path("ca/intruder-key.pem"), 0, 0, "", hold[0]}};
+    pthread_t th[2];
+    cn_lookup l = {p, {-1, -1}, {"good", "intruder"}, 0};
+    for (int k = 0; k < 2; k++) {
+        /* one at a time, so that plain[k] is client k's */
+        pthread_create(&th[k], NULL, client_main, &cl[k]);
+        int fd = accept(lfd, NULL, NULL);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(cairn_tls_pump_add(p, s, fd, &l.plain[k]), 0);
+        fcntl(l.plain[k], F_SETFL, fcntl(l.plain[k], F_GETFL) & ~O_NONBLOCK);
+        char got[8];
+        ck_assert_int_eq(read(l.plain[k], got, 4), 4);
+    }
+    /* both TLS sides are open (held); two threads ask at once */
+    cn_lookup l2 = l;
+    pthread_t q[2];
+    pthread_create(&q[0], NULL, lookup_main, &l);
+    pthread_create(&q[1], NULL, lookup_main, &l2);
+    pthread_join(q[0], NULL);
+    pthread_join(q[1], NULL);
+    ck_assert_int_eq(l.wrong, 0);
+    ck_assert_int_eq(l2.wrong, 0);
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(write(l.plain[k], "pong", 4), 4);
+    close(hold[1]);
+    for (int k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        ck_assert_str_eq(cl[k].got, "pong");
+        close(l.plain[k]);
+    }
+    close(hold[0]);
+    close(lfd);
+    cairn_tls_pump_free(p);
+    cairn_tls_server_free(s);
+}
+END_TEST
+
 /* gRPC names a connection "fd:<n>" and fd numbers are reused: a CN is
  * never given to a later socket that took a closed connection's number,
  * even while that connection's TLS side is still open. */
@@ -447,6 +548,7 @@ static Suite *suite(void)
     tcase_add_test(tc, checker_refuses_with_etcds_reasons);
     tcase_add_test(tc, pump_carries_bytes_and_refuses);
     tcase_add_test(tc, cn_never_goes_to_a_reused_fd);
+    tcase_add_test(tc, cn_is_per_connection_with_two_clients_at_once);
     tcase_add_test(tc, peer_san_is_checked_against_the_address);
     suite_add_tcase(s, tc);
     return s;
