@@ -3,7 +3,9 @@
  * the code peer.c runs on bytes from the network. The first input byte
  * picks the side: even, the answering member's (peer_join_answer: a
  * JoinRequest from a would-be member, checked against a fixed cluster of
- * three members, one of them added and never started); odd, the joiner's
+ * three members, one of them added and never started; 2 mod 4: of 64
+ * members with long URLs, whose refusal must still fit a gRPC status);
+ * odd, the joiner's
  * (peer_join_decode: a JoinResponse from whoever answered). Every failure
  * must be a refusal with a reason or ENOMEM, never a crash or a leak; an
  * answer that is given must decode on the joiner's side and name the
@@ -39,12 +41,41 @@ static const uint8_t token_hash[32] = {7};
 static const cairn_hash heads[2] = {{{1}}, {{2}}};
 static const peer_join_self self = {0xc1c1, token_hash, members, 3, heads, 2};
 
+/* A cluster of PEER_JOIN_MAX_MEMBERS members with long URLs: the
+ * refusal's dump of it is cut (first byte 2 mod 4). */
+static cairn_member_info big[PEER_JOIN_MAX_MEMBERS];
+static char big_urls[PEER_JOIN_MAX_MEMBERS][200], *big_url[PEER_JOIN_MAX_MEMBERS];
+
+static const peer_join_self *big_self(void)
+{
+    static peer_join_self b;
+    if (!b.nmembers) {
+        for (size_t i = 0; i < PEER_JOIN_MAX_MEMBERS; i++) {
+            snprintf(big_urls[i], sizeof big_urls[i], "http://member-%03zu.%0150d:2380", i, 0);
+            big_url[i] = big_urls[i];
+            big[i] = (cairn_member_info){0x100 + i, n2, &big_url[i], 1, NULL, 0, 0};
+        }
+        b = (peer_join_self){0xc1c1, token_hash, big, PEER_JOIN_MAX_MEMBERS, heads, 2};
+    }
+    return &b;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    char why[4096];
-    if (data[0] % 2 == 0) {
+    char why[16384];
+    if (data[0] % 4 == 2) {
+        uint8_t *out;
+        size_t len;
+        uint64_t who;
+        int rc =
+            peer_join_answer(&out, &len, &who, data + 1, size - 1, big_self(), why, sizeof why);
+        if (rc == 0)
+            free(out);
+        else if (rc == -1 && strlen(why) > 8000) /* must fit a gRPC status */
+            abort();
+    } else if (data[0] % 2 == 0) {
         uint8_t *out;
         size_t len;
         uint64_t who;
@@ -119,11 +150,12 @@ static void request(const char *dir, const char *name, const uint8_t *th, char *
         uint8_t *out;
         size_t len;
         uint64_t who;
-        char why[4096];
+        char why[16384];
         if (peer_join_answer(&out, &len, &who, buf, n, &self, why, sizeof why))
             exit(2);
         put(dir, "answer", 1, out, len);
         free(out);
+        put(dir, "big_cluster", 2, buf, n); /* refused by the big cluster */
     }
 }
 

@@ -53,7 +53,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     cairn_config cfg;
-    char err[8192];
+    char err[16384];
     int rc = cairn_config_parse(&cfg, argc, argv, err, sizeof err);
     if (rc == CAIRN_CONFIG_HELP) {
         cairn_config_usage(stdout);

@@ -1273,7 +1273,7 @@ static void on_join(peer_net *n, pjoin *j, int ok)
         all = grpc_byte_buffer_reader_readall(&rd);
         grpc_byte_buffer_reader_destroy(&rd);
     }
-    char why[4096] = "a join request that does not decode";
+    char why[16384] = "a join request that does not decode";
     uint8_t *ans = NULL;
     size_t alen = 0;
     uint64_t who = 0;

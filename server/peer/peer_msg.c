@@ -146,23 +146,29 @@ static void cat_urls(char *buf, size_t cap, char *const *v, size_t k)
 }
 
 /* etcd: "error validating peerURLs %s: %v", the cluster as Go prints it
- * (ids in hex without padding, as types.ID does). */
+ * (ids in hex without padding, as types.ID does). The dump is cut at
+ * REFUSAL_DUMP bytes so that the reason after it always fits in the
+ * status (gRPC's metadata limit is 8 KiB). */
+#define REFUSAL_DUMP 3072
 static void refusal(char *why, size_t whylen, const peer_join_self *self, const char *reason)
 {
-    why[0] = 0;
-    cat(why, whylen, "error validating peerURLs {ClusterID:%" PRIx64 " Members:[",
-        self->cluster_id);
+    char dump[REFUSAL_DUMP];
+    dump[0] = 0;
+    cat(dump, sizeof dump, "{ClusterID:%" PRIx64 " Members:[", self->cluster_id);
     for (size_t i = 0; i < self->nmembers; i++) {
         const cairn_member_info *m = &self->members[i];
-        cat(why, whylen, "%s&{ID:%" PRIx64 " RaftAttributes:{PeerURLs:", i ? " " : "", m->id);
-        cat_urls(why, whylen, m->peer_urls, m->npeer_urls);
-        cat(why, whylen,
+        cat(dump, sizeof dump, "%s&{ID:%" PRIx64 " RaftAttributes:{PeerURLs:", i ? " " : "", m->id);
+        cat_urls(dump, sizeof dump, m->peer_urls, m->npeer_urls);
+        cat(dump, sizeof dump,
             " IsLearner:%s} Attributes:{Name:%s ClientURLs:", m->learner ? "true" : "false",
             m->name ? m->name : "");
-        cat_urls(why, whylen, m->client_urls, m->nclient_urls);
-        cat(why, whylen, "}}");
+        cat_urls(dump, sizeof dump, m->client_urls, m->nclient_urls);
+        cat(dump, sizeof dump, "}}");
     }
-    cat(why, whylen, "] RemovedMemberIDs:[]}: %s", reason);
+    cat(dump, sizeof dump, "] RemovedMemberIDs:[]}");
+    if (strlen(dump) + 1 >= sizeof dump)
+        memcpy(dump + sizeof dump - 5, "...}", 5);
+    snprintf(why, whylen, "error validating peerURLs %s: %s", dump, reason);
 }
 
 static int urls_ok(char *const *v, size_t k)
