@@ -127,6 +127,10 @@ size_t cairn_dag_rejected_count(const cairn_dag *d);
 /* Number of ordered changes. */
 uint64_t cairn_dag_count(const cairn_dag *d);
 
+/* Number of changes buffered until their dependencies are ordered (the
+ * pending buffer, bounded by CAIRN_DAG_MAX_PENDING). */
+size_t cairn_dag_pending_count(const cairn_dag *d);
+
 /* The hash of the change at apply-order |index|, or NULL if out of range.
  * Borrowed: valid until the next cairn_dag_order. */
 const cairn_hash *cairn_dag_hash_at(const cairn_dag *d, uint64_t index);

@@ -23,6 +23,11 @@ uint64_t cairn_dag_count(const cairn_dag *d)
     return d->norder;
 }
 
+size_t cairn_dag_pending_count(const cairn_dag *d)
+{
+    return d->npending;
+}
+
 const cairn_hash *cairn_dag_hash_at(const cairn_dag *d, uint64_t index)
 {
     return index < d->norder ? &d->ohash[index] : NULL;

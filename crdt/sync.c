@@ -102,8 +102,9 @@ struct cairn_sync_state {
     size_t nlast_heads;
     cairn_hash *last_need;
     size_t nlast_need;
-    uint8_t *sent;  /* bitmap over our apply indices: sent, not acknowledged */
-    uint64_t floor; /* every change below it is an ancestor of the peer's */
+    uint8_t *sent;      /* bitmap over our apply indices: sent, not acknowledged */
+    uint64_t floor;     /* every change below it is an ancestor of the peer's */
+    uint64_t lag_floor; /* the same, for cairn_sync_lag; lowered on hello only */
     size_t sent_bytes;
     /* The last message's filter base and sample, sorted: hashes the peer
      * has, common as soon as we have them too (cairn_sync_applied). */
@@ -668,6 +669,55 @@ static int peer_base(cairn_hash **out, size_t *n, const cairn_dag *d, const cair
     *out = b;
     *n = k;
     return 0;
+}
+
+/*
+ * What the peer has acknowledged is every ordered ancestor of its last
+ * reported heads and of our shared heads (peer_base). As in
+ * changes_to_send, the walk stops at lag_floor, below which everything is
+ * known to be acknowledged, and the floor then moves up over the prefix
+ * the peer has: a call costs about the changes since the peer's
+ * acknowledged prefix (one bit each, and the ancestors marked above it),
+ * not the history. The acknowledged set only grows while the peer stays
+ * the same copy, so only its hello lowers the floor again (a reset,
+ * which is about messages in flight, does not).
+ */
+int cairn_sync_lag(uint64_t *nlag, uint64_t *first, cairn_sync_state *s, const cairn_doc *doc)
+{
+    *nlag = 0;
+    *first = 0;
+    if (!s->their_valid)
+        return CAIRN_ENOTFOUND;
+    const cairn_dag *d = cairn_doc_dag(doc);
+    uint64_t count = cairn_dag_count(d);
+    uint64_t floor = s->lag_floor <= count ? s->lag_floor : 0;
+    cairn_hash *base = NULL;
+    size_t nbase = 0;
+    int rc = peer_base(&base, &nbase, d, s, s->shared, s->nshared, SIZE_MAX);
+    if (rc)
+        return rc;
+    uint64_t *anc = calloc((size_t)((count - floor) / 64 + 1), sizeof *anc);
+    if (!anc) {
+        free(base);
+        return CAIRN_ENOMEM;
+    }
+    if (nbase)
+        rc = cairn_dag_mark_ancestors(anc, d, base, nbase, floor);
+    free(base);
+    if (!rc) {
+#define LAG_BIT(i) (anc[((i)-floor) >> 6] >> (((i)-floor) & 63) & 1)
+        uint64_t w = floor, n = 0;
+        while (w < count && LAG_BIT(w))
+            w++;
+        s->lag_floor = w;
+        for (uint64_t i = w; i < count; i++)
+            n += !LAG_BIT(i);
+#undef LAG_BIT
+        *nlag = n;
+        *first = w;
+    }
+    free(anc);
+    return rc;
 }
 
 /* What we ask the peer for: dependencies of our pending changes that we do
@@ -1364,6 +1414,7 @@ int cairn_sync_receive_msg(cairn_change ***changes, size_t *nchanges, cairn_sync
          * of our own, so two peers cannot keep resetting each other. */
         if (s->sent)
             memset(s->sent, 0, s->sent_bytes);
+        s->lag_floor = 0;
         s->poke = 1;
         s->floor = 0; /* it may be a new copy of the member, with less */
     }

@@ -189,6 +189,14 @@ int cairn_sync_wants_answer(const cairn_sync_state *s);
  * otherwise. This is the basis of replication status. */
 int cairn_sync_peer_has(const cairn_sync_state *s, const cairn_doc *doc, const cairn_hash *h);
 
+/* Replication lag: *nlag = the ordered changes of |doc| the peer has not
+ * acknowledged (neither among nor ancestors of its last reported heads
+ * and our shared heads), *first = the apply index of the first of them
+ * (cairn_dag_count when none). CAIRN_ENOTFOUND before the peer's first
+ * message (nothing is known of it), ENOMEM. Not const: it keeps a floor
+ * that makes the next call cost only what came since (sync.c). */
+int cairn_sync_lag(uint64_t *nlag, uint64_t *first, cairn_sync_state *s, const cairn_doc *doc);
+
 /* The peer's last reported heads (borrowed, valid until the next receive
  * or reset); returns their count, 0 before the first message. */
 size_t cairn_sync_their_heads(const cairn_sync_state *s, const cairn_hash **heads);

@@ -293,6 +293,14 @@ static void on_change(void *arg, const cairn_change *c, uint64_t index, int begi
     }
     pthread_mutex_lock(&s->qmu);
     rc = cairn_store_batch_change(s, c, index, rev);
+    /* metrics: counted by origin once the committer made the group durable */
+    if (s->applying_remote) {
+        s->batch_remote++;
+        atomic_fetch_add_explicit(&s->recv_unsynced, 1, memory_order_relaxed);
+    } else {
+        s->batch_local++;
+    }
+    s->batch_end = index + 1;
     if (pc) {
         /* the events move to the committer, which hands them to subscribers */
         pc->ev = s->cur_ev;

@@ -68,6 +68,9 @@ static void *committer_main(void *arg)
             s->batch_n = 0;
         }
         s->writing = b != NULL;
+        size_t nlocal = s->batch_local, nremote = s->batch_remote;
+        s->batch_local = s->batch_remote = 0;
+        uint64_t end = s->batch_end;
         pend_change *chs = s->ch_head;
         s->ch_head = NULL;
         s->ch_tail = &s->ch_head;
@@ -91,9 +94,17 @@ static void *committer_main(void *arg)
             clock_gettime(CLOCK_MONOTONIC, &t1);
             rc = cairn_store_db_err(s, err);
             if (!rc) {
+                size_t nch = nlocal + nremote;
                 atomic_fetch_add(&s->n_syncs, 1);
-                atomic_fetch_add(&s->n_changes, nb);
+                atomic_fetch_add(&s->n_changes, nch);
                 atomic_fetch_add(&s->n_change_bytes, nbytes);
+                atomic_fetch_add_explicit(&s->n_local, nlocal, memory_order_relaxed);
+                atomic_fetch_add_explicit(&s->n_remote, nremote, memory_order_relaxed);
+                atomic_store(&s->durable_count, end);
+                size_t k = 0;
+                while (k < CAIRN_STORE_BATCH_BUCKETS && nch > ((size_t)1 << k))
+                    k++;
+                atomic_fetch_add_explicit(&s->batch_le[k], 1, memory_order_relaxed);
                 uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
                               (uint64_t)(t1.tv_nsec - t0.tv_nsec);
                 size_t i = 0;
@@ -107,6 +118,8 @@ static void *committer_main(void *arg)
         }
         if (b)
             leveldb_writebatch_destroy(b);
+        /* durable now, or never (the store failed): pending no more */
+        atomic_fetch_sub_explicit(&s->recv_unsynced, nremote, memory_order_relaxed);
         pthread_mutex_lock(&s->qmu);
         if (!rc && target > atomic_load(&s->visible))
             atomic_store(&s->visible, target);
@@ -312,6 +325,19 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
         out->sync_le[i] = atomic_load_explicit(&s->sync_le[i], memory_order_relaxed);
     out->sync_ns = atomic_load_explicit(&s->sync_ns, memory_order_relaxed);
     out->forks = atomic_load(&s->n_forks);
+    out->applied_local = atomic_load_explicit(&s->n_local, memory_order_relaxed);
+    out->applied_remote = atomic_load_explicit(&s->n_remote, memory_order_relaxed);
+    for (size_t i = 0; i <= CAIRN_STORE_BATCH_BUCKETS; i++)
+        out->batch_le[i] = atomic_load_explicit(&s->batch_le[i], memory_order_relaxed);
+    out->pending = atomic_load_explicit(&s->recv_waiting, memory_order_relaxed) +
+                   atomic_load_explicit(&s->recv_buffered, memory_order_relaxed) +
+                   atomic_load_explicit(&s->recv_unsynced, memory_order_relaxed);
+    /* ckpt_n, ckpt_compacted and ckpt_ms are set while the store opens */
+    int ckpt = s->ckpt_n && atomic_load(&s->compacted) == s->ckpt_compacted;
+    uint64_t durable = atomic_load(&s->durable_count), covered = ckpt ? s->ckpt_n : 0;
+    out->ckpt_behind = durable > covered ? durable - covered : 0;
+    uint64_t now = cairn_store_now_ms(s), since = ckpt ? s->ckpt_ms : s->open_ms;
+    out->ckpt_age_ms = now > since ? now - since : 0;
 }
 
 int cairn_store_commit_start(cairn_store *s)

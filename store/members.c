@@ -663,6 +663,7 @@ int cairn_store_members_upgrade(cairn_store *s, const cairn_store_options *o)
     rc = cairn_store_db_err(s, err);
     leveldb_writebatch_clear(s->batch);
     s->batch_n = 0;
+    s->batch_local = s->batch_remote = 0; /* written here, not by the committer */
     if (!rc)
         cairn_store_log(s, CAIRN_STORE_LOG_INFO,
                         "the member table was empty: filled from the initial cluster");

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "crdt/error.h"
@@ -287,6 +288,17 @@ static void *ckpt_side_main(void *arg)
     return NULL;
 }
 
+/* When <dir>/checkpoint was written (wall ms; 0 if it cannot be told). */
+static uint64_t ckpt_mtime_ms(const char *dir)
+{
+    char path[4096];
+    struct stat st;
+    if (snprintf(path, sizeof path, "%s/" CAIRN_CKPT_FILE, dir) >= (int)sizeof path ||
+        stat(path, &st) != 0)
+        return 0;
+    return (uint64_t)st.st_mtim.tv_sec * 1000u + (uint64_t)st.st_mtim.tv_nsec / 1000000u;
+}
+
 /* Loads the state a checkpoint memoises, when it is this store's and
  * matches the stored changes: *start = the number of changes it covers (0,
  * with one log line saying why, when it is not used; the state is
@@ -427,6 +439,7 @@ out:
     *start = h.nchanges;
     s->ckpt_n = h.nchanges;
     s->ckpt_compacted = h.compacted;
+    s->ckpt_ms = ckpt_mtime_ms(s->datadir);
     return 0;
 }
 

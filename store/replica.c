@@ -74,6 +74,7 @@ static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i
     pthread_mutex_unlock(&s->qmu);
     size_t first = *i;
     uint64_t t0 = n - first > RECV_SLICE_MIN ? mono_ns() : 0;
+    s->applying_remote = 1;
     for (; *i < n && !rc; ++*i) {
         size_t done = *i - first;
         if (done >= RECV_SLICE_MIN && (done >= RECV_SLICE_MAX || mono_ns() - t0 >= RECV_SLICE_NS))
@@ -84,6 +85,12 @@ static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i
         if (verdicts)
             verdicts[*i] = rc ? rc : v;
     }
+    s->applying_remote = 0;
+    /* metrics (cairn_store_stats.pending): the slice's changes are applied,
+     * buffered or refused now */
+    atomic_store_explicit(&s->recv_buffered, cairn_dag_pending_count(cairn_doc_dag(s->doc)),
+                          memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->recv_waiting, *i - first, memory_order_relaxed);
     s->fork_note = NULL;
     pthread_mutex_lock(&s->qmu);
     s->holding--;
@@ -117,6 +124,7 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
 {
     size_t i = 0;
     int rc;
+    atomic_fetch_add_explicit(&s->recv_waiting, n, memory_order_relaxed);
     for (;;) {
         rc = receive_slice(s, chs, n, &i, verdicts, note);
         if (rc || i == n)
@@ -125,6 +133,7 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
         let_writers_in(s);
         pthread_rwlock_wrlock(&s->rw);
     }
+    atomic_fetch_sub_explicit(&s->recv_waiting, n - i, memory_order_relaxed);
     for (; i < n; i++) {
         cairn_change_free(chs[i]);
         if (verdicts)
@@ -533,6 +542,29 @@ int cairn_replica_receive(cairn_replica *r, const uint8_t *msg, size_t len, int 
         }
     }
     free(verdicts);
+    return rc;
+}
+
+int cairn_replica_lag(cairn_replica *r, uint64_t *changes, uint64_t *age_ms)
+{
+    *changes = 0;
+    *age_ms = 0;
+    pthread_mutex_lock(&r->mu);
+    /* not waiting for the committer: a scrape must not hold writers out */
+    int rc = doc_read_lock(r->s, 0);
+    if (!rc) {
+        uint64_t n, first;
+        rc = cairn_sync_lag(&n, &first, r->st, r->s->doc);
+        cairn_change *c = NULL;
+        if (!rc && n && !(rc = cairn_dag_load(&c, cairn_doc_dag(r->s->doc), first))) {
+            uint64_t now = cairn_store_now_ms(r->s);
+            *changes = n;
+            *age_ms = now > c->time_ms ? now - c->time_ms : 0;
+            cairn_change_free(c);
+        }
+        doc_read_unlock(r->s);
+    }
+    pthread_mutex_unlock(&r->mu);
     return rc;
 }
 

@@ -104,6 +104,18 @@ int cairn_replica_last_fork(const cairn_replica *r, cairn_store_fork *out);
  * *heads caller frees; NULL when *n == 0, before the first message). */
 int cairn_replica_their_heads(cairn_replica *r, cairn_hash **heads, size_t *n);
 
+/* Replication lag behind the peer, for metrics: *changes = the changes
+ * this store has applied that the peer has not acknowledged as durable
+ * (cairn_sync_lag: not among or ancestors of its last reported heads),
+ * and *age_ms = the store's clock now less the wall-clock time its author
+ * stamped on the first of them in apply order (0 if in the future; both
+ * 0 when nothing is owed). Changes applied and still waiting for their
+ * fsync count too (at most a group). CAIRN_ENOTFOUND before the peer's
+ * first message since this session was made (nothing is known of it);
+ * EIO, ENOMEM. Cost: the changes since the peer's acknowledged prefix,
+ * under the store's read side, and one change body read. */
+int cairn_replica_lag(cairn_replica *r, uint64_t *changes, uint64_t *age_ms);
+
 /* The store's heads as the document holds them (for tests and the
  * Replication service): a new sorted array (*heads, caller frees; NULL when
  * *n == 0), read under the read side once everything applied is durable.

@@ -222,6 +222,11 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         rc = cairn_store_subscribe(s, o->subscribers[i].cb, o->subscribers[i].arg);
     if (rc)
         goto fail;
+    /* metrics: what is on disk (all but a group still queued) */
+    uint64_t nch = cairn_dag_count(cairn_doc_dag(s->doc));
+    s->batch_end = nch;
+    atomic_store(&s->durable_count, nch - s->batch_local - s->batch_remote);
+    s->open_ms = cairn_store_now_ms(s);
     rc = cairn_store_commit_start(s);
     if (rc)
         goto fail;

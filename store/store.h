@@ -788,14 +788,38 @@ int cairn_store_member_state(cairn_store *s, uint64_t id);
 uint64_t cairn_store_members_gen(const cairn_store *s);
 
 /* Counters since open, for metrics: group writes (one fsync each) and the
- * changes they carried; changes / syncs is the group-commit factor. */
+ * changes they carried; changes / syncs is the group-commit factor. A
+ * change counts once its group is durable (a compaction's marker rides in
+ * a group as a record, not as a change), so changes = applied_local +
+ * applied_remote = the sum of the batch histogram. */
 #define CAIRN_STORE_SYNC_BUCKETS 14
+#define CAIRN_STORE_BATCH_BUCKETS 13
 typedef struct cairn_store_stats {
     uint64_t syncs;
     uint64_t changes;
     /* The canonical bytes of the changes those group commits wrote (the
      * changes' own bytes: the join bench's denominator). */
     uint64_t change_bytes;
+    /* Of those changes: made on this node (client writes, lease expiries
+     * and keepalives, member changes: cairn_doc_commit here) and received
+     * from peers (cairn_store_receive_changes / _receive_async). */
+    uint64_t applied_local, applied_remote;
+    /* Changes per group write: counts in buckets with upper bounds 1 << i
+     * (1, 2, 4 ... 4096; the last: above); the count is syncs and the sum
+     * is changes (a group with only a compaction marker counts as 0). */
+    uint64_t batch_le[CAIRN_STORE_BATCH_BUCKETS + 1];
+    /* Changes received from peers and not yet durable here: waiting for
+     * their slice of a burst, buffered until their dependencies arrive
+     * (the DAG's pending buffer, as of the last receive), or applied and
+     * waiting for their group's fsync. */
+    uint64_t pending;
+    /* The checkpoint a reopen would load (store.h, CHECKPOINT): durable
+     * changes it does not cover (those a reopen replays; all of them when
+     * there is none: none was loaded at open or the store compacted
+     * since), and ms since it was written (its file's mtime; with none,
+     * since this store opened). Close writes one. */
+    uint64_t ckpt_behind;
+    uint64_t ckpt_age_ms;
     /* How long each group write took (the write with its fsync): counts in
      * etcd's buckets, upper bounds 1 ms << i (the last: above 8.192 s),
      * and the sum in nanoseconds. */

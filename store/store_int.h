@@ -412,6 +412,22 @@ struct cairn_store {
     _Atomic uint64_t n_change_bytes;
     uint64_t batch_bytes; /* the batch's change bodies (under qmu) */
     _Atomic uint64_t n_forks;
+    /* The changes in |batch| by origin, and the apply index after the last
+     * of them (under qmu; the committer takes them with the batch). */
+    size_t batch_local, batch_remote;
+    uint64_t batch_end;
+    int applying_remote; /* under rw write: a receive is applying */
+    _Atomic uint64_t n_local, n_remote;
+    _Atomic uint64_t batch_le[CAIRN_STORE_BATCH_BUCKETS + 1];
+    /* Changes on disk: the DAG's count at open, then batch_end after each
+     * group write. */
+    _Atomic uint64_t durable_count;
+    /* cairn_store_stats.pending, in three parts: received changes a burst
+     * has not reached yet, the DAG's pending count after the last receive
+     * (written under rw write), and received changes applied but not yet
+     * durable. Only the receive path and the committer touch them. */
+    _Atomic uint64_t recv_waiting, recv_buffered, recv_unsynced;
+    uint64_t open_ms, ckpt_ms; /* wall ms: open, the loaded checkpoint's mtime */
     /* Where the observer notes the first fork of a burst (under rw
      * write; NULL: only counted). */
     cairn_store_fork *fork_note;

@@ -20,8 +20,8 @@
  * {"result":...} and a newline; the stream ends with the call (a last
  * error as a {"error":{"grpc_code":...}} chunk). etcd's gateway closes
  * its sending side after the body: etcd's Watch goes on, its
- * LeaseKeepAlive ends, so does cairn's KeepAlive; cairn's Watch ends on
- * that close, so a watch keeps its side open until the HTTP client goes.
+ * LeaseKeepAlive ends, and cairn's do the same; a watch here keeps its
+ * side open until the HTTP client goes all the same.
  * A call receives its next response only while less than
  * GATEWAY_STREAM_HIGH bytes of its answer wait for the client (front_flow):
  * a slow reader holds back the gRPC stream (its flow control, then the

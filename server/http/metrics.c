@@ -140,6 +140,60 @@ static void sync_histogram(http_buf *b, const char *name, const char *help,
                     (unsigned long long)cum);
 }
 
+/* Changes per group write: buckets 1, 2, 4 ... 4096 (store.h). */
+static void batch_histogram(http_buf *b, const cairn_store_stats *st)
+{
+    const char *name = "cairn_store_batch_changes";
+    family(b, name, "histogram",
+           "Changes per group commit (one fsync each): the group-commit batch sizes.");
+    uint64_t cum = 0;
+    for (int i = 0; i < CAIRN_STORE_BATCH_BUCKETS; i++) {
+        cum += st->batch_le[i];
+        http_buf_printf(b, "%s_bucket{le=\"%u\"} %llu\n", name, 1u << i, (unsigned long long)cum);
+    }
+    cum += st->batch_le[CAIRN_STORE_BATCH_BUCKETS];
+    http_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %llu\n%s_count %llu\n", name,
+                    (unsigned long long)cum, name, (unsigned long long)st->changes, name,
+                    (unsigned long long)cum);
+}
+
+/* Replication lag per other member (peer_net_lag); a member nothing is
+ * known of yet has no sample. */
+static void lag_metrics(http_buf *b, peer_net *n)
+{
+    size_t np = n ? peer_net_stats(n, NULL, 0) : 0;
+    peer_stats *ps = np ? calloc(np, sizeof *ps) : NULL;
+    uint64_t *lag = np ? calloc(2 * np, sizeof *lag) : NULL;
+    int *known = np ? calloc(np, sizeof *known) : NULL;
+    if (ps && lag && known) {
+        np = peer_net_stats(n, ps, np);
+        for (size_t i = 0; i < np; i++)
+            known[i] = peer_net_lag(n, i, &lag[2 * i], &lag[2 * i + 1]) == 0;
+        static const struct {
+            const char *name, *help;
+        } fs[] = {
+            {"cairn_peer_lag_changes",
+             "Changes applied here that the member has not acknowledged as durable."},
+            {"cairn_peer_lag_seconds", "Age of the first of those changes, by its author's clock "
+                                       "(0 when the member has them all)."},
+        };
+        for (size_t f = 0; f < 2; f++) {
+            family(b, fs[f].name, "gauge", fs[f].help);
+            for (size_t i = 0; i < np; i++) {
+                if (!known[i])
+                    continue;
+                http_buf_printf(b, "%s{peer=\"", fs[f].name);
+                label_value(b, ps[i].name);
+                http_buf_printf(b, "\"}");
+                value(b, f == 0 ? (double)lag[2 * i] : (double)lag[2 * i + 1] / 1000.0);
+            }
+        }
+    }
+    free(ps);
+    free(lag);
+    free(known);
+}
+
 /* ---- grpc_server_* (grpc-go's Prometheus interceptor) -------------------- */
 
 static const char *const code_names[RPC_NCODES] = {
@@ -329,7 +383,27 @@ void metrics_write(cairn_server *srv, http_buf *b)
     counter(b, "cairn_store_forks_total",
             "Changes refused for sharing an author and seq with a change held here (a fork).",
             (double)st.forks);
+    family(b, "cairn_store_applied_changes_total", "counter",
+           "Changes applied and made durable, by origin: local (made on this node) or remote "
+           "(received from a peer).");
+    http_buf_printf(b, "cairn_store_applied_changes_total{origin=\"local\"} %llu\n",
+                    (unsigned long long)st.applied_local);
+    http_buf_printf(b, "cairn_store_applied_changes_total{origin=\"remote\"} %llu\n",
+                    (unsigned long long)st.applied_remote);
+    batch_histogram(b, &st);
+    gauge(b, "cairn_store_pending_changes",
+          "Changes received from peers and not yet durable here (waiting for their dependencies "
+          "or for their group commit).",
+          (double)st.pending);
+    gauge(b, "cairn_checkpoint_age_seconds",
+          "Seconds since the checkpoint a restart would load was written (none: since the store "
+          "opened).",
+          (double)st.ckpt_age_ms / 1000.0);
+    gauge(b, "cairn_checkpoint_behind_changes",
+          "Durable changes that checkpoint does not cover (what a restart replays).",
+          (double)st.ckpt_behind);
     peer_metrics(b, srv->peer);
+    lag_metrics(b, srv->peer);
     gauge(b, "cairn_alarm_nospace", "1 while a NOSPACE alarm is raised.",
           (double)atomic_load(&srv->nospace));
     family(b, "cairn_version", "gauge", "cairn's own version. 1 for 'version' label.");

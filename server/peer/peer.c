@@ -2373,6 +2373,18 @@ size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max)
     return n->npeers;
 }
 
+int peer_net_lag(peer_net *n, size_t i, uint64_t *changes, uint64_t *age_ms)
+{
+    *changes = 0;
+    *age_ms = 0;
+    if (!n || i >= n->npeers)
+        return CAIRN_ENOTFOUND;
+    ppeer *p = &n->peers[i];
+    if (atomic_load(&p->removed))
+        return CAIRN_ENOTFOUND;
+    return cairn_replica_lag(p->rep, changes, age_ms);
+}
+
 void peer_net_joined(peer_net *n)
 {
     if (n)

@@ -91,6 +91,16 @@ typedef struct peer_stats {
  * are each exact but not one snapshot together. */
 size_t peer_net_stats(peer_net *n, peer_stats *out, size_t max);
 
+/* Replication lag behind the |i|th other member (peer_net_stats' order),
+ * as cairn_replica_lag measures it: the changes this node applied that the
+ * member has not acknowledged as durable, and the age of the first of
+ * them by its author's clock. CAIRN_ENOTFOUND for no such member, one
+ * removed from the member table, or one that has not sent a message since
+ * this node started (nothing is known of what it holds). Takes the
+ * session's lock and the store's read side: any thread but the peer
+ * thread's own callbacks. */
+int peer_net_lag(peer_net *n, size_t i, uint64_t *changes, uint64_t *age_ms);
+
 /* The port bound for listen peer URL |i| (0 if none). */
 int peer_net_port(const peer_net *n, size_t i);
 /* Says goodbye on every live stream (a Goodbye message, then the stream's

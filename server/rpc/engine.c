@@ -235,7 +235,10 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
         c->sent_initial_md = 1;
     }
     rpc_method_stats *st = stats_of(c);
-    COUNT(st->handled[(unsigned)status < RPC_NCODES ? status : GRPC_STATUS_UNKNOWN], 1);
+    if (c->on_close)
+        c->final_status = (int)status; /* counted once the close completed */
+    else
+        COUNT(st->handled[(unsigned)status < RPC_NCODES ? status : GRPC_STATUS_UNKNOWN], 1);
     if (send) {
         COUNT(st->msg_sent, 1);
         COUNT(st->bytes_sent, grpc_byte_buffer_length(send));
@@ -246,9 +249,11 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
         ops[n].data.send_message.send_message = c->send;
         n++;
     }
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-    n++;
+    if (!c->on_close) { /* else rpc_notify_close asked for it already */
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+        n++;
+    }
     grpc_slice_unref(c->status_details);
     c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
@@ -258,9 +263,13 @@ static void finish(rpc_call *c, grpc_status_code status, const char *msg, grpc_b
     c->state = ST_DONE;
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
     if (e != GRPC_CALL_OK) {
-        /* Only a programming error gets here; never leak the call. */
+        /* Only a programming error gets here; never leak the call (with
+         * rpc_notify_close's op in flight, its completion frees it). */
         cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch failed (%d)", (int)e);
-        call_free(c);
+        if (c->close_state == RPC_CLOSE_STATE)
+            c->done_seen = 1;
+        else
+            call_free(c);
     }
 }
 
@@ -507,6 +516,41 @@ static void dispatch(rpc_call *c)
     m->fn(c, GRPC_SLICE_START_PTR(c->req_bytes), GRPC_SLICE_LENGTH(c->req_bytes));
 }
 
+/* A call that asked rpc_notify_close: its status batch and its close both
+ * completed. */
+static void closed_free(rpc_call *c)
+{
+    int code = c->cancelled ? c->close_code : c->final_status;
+    COUNT(stats_of(c)->handled[(unsigned)code < RPC_NCODES ? code : GRPC_STATUS_UNKNOWN], 1);
+    call_free(c);
+}
+
+int rpc_notify_close(rpc_call *c, void (*fn)(rpc_call *c), int cancel_code)
+{
+    c->close_code = cancel_code;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    c->close_state = RPC_CLOSE_STATE;
+    c->on_close = fn;
+    grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->close_state, NULL);
+    if (e != GRPC_CALL_OK) {
+        cairn_log(CAIRN_LOG_ERROR, "grpc: start_batch (close) failed (%d)", (int)e);
+        c->close_state = 0;
+        c->on_close = NULL;
+        return CAIRN_EIO;
+    }
+    return 0;
+}
+
+void rpc_count_sent(rpc_call *c, size_t bytes)
+{
+    rpc_method_stats *st = stats_of(c);
+    COUNT(st->msg_sent, 1);
+    COUNT(st->bytes_sent, bytes);
+}
+
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag)
 {
     tag->state = RPC_SIDE_STATE;
@@ -565,6 +609,16 @@ static void handle(void *tag, int ok)
         side->fn(side->arg, ok);
         return;
     }
+    if (*(int *)tag == RPC_CLOSE_STATE) {
+        /* Every completion of a call comes out of its worker's queue, on
+         * that worker: this and ST_DONE cannot race. */
+        rpc_call *c = (rpc_call *)(void *)((char *)tag - offsetof(rpc_call, close_state));
+        c->close_state = 0;
+        c->on_close(c);
+        if (c->done_seen)
+            closed_free(c);
+        return;
+    }
     rpc_call *c = tag;
     switch (c->state) {
     case ST_NEW:
@@ -584,7 +638,14 @@ static void handle(void *tag, int ok)
         c->next(c, ok);
         return;
     case ST_DONE:
-        call_free(c);
+        if (c->close_state == RPC_CLOSE_STATE) {
+            c->done_seen = 1; /* freed once the close completes */
+            return;
+        }
+        if (c->on_close)
+            closed_free(c);
+        else
+            call_free(c);
         return;
     default:
         cairn_log(CAIRN_LOG_ERROR, "grpc: completion for a call in state %d", c->state);

@@ -37,6 +37,7 @@ typedef struct rpc_side {
     void *arg;
 } rpc_side;
 #define RPC_SIDE_STATE 99
+#define RPC_CLOSE_STATE 98
 
 /* Streaming: called (on a worker) when a message sent with rpc_stream_send
  * is on the wire, or one asked for with rpc_stream_recv arrived (ok = 1),
@@ -87,6 +88,13 @@ struct rpc_call {
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
     int cancelled; /* from RECV_CLOSE_ON_SERVER */
+    /* rpc_notify_close's: RPC_CLOSE_STATE while its op is in flight (the
+     * field's address is that op's tag), then 0; |done_seen|: the status
+     * batch completed first, so the call is freed when the close is. */
+    int close_state;
+    int done_seen;
+    int close_code, final_status; /* handled as: cancelled ? close_code : final_status */
+    void (*on_close)(rpc_call *c);
     int sent_initial_md;
     int live;   /* counted in the engine's live calls */
     int end_rc; /* rpc_fail_on_end's */
@@ -161,8 +169,9 @@ int rpc_engine_workers(const rpc_engine *e);
 
 /* Counts of one method since rpc_engine_start (grpc-go's
  * grpc_server_* metrics): calls started, calls ended with each status
- * code (calls that die cancelled are not counted: they never end with a
- * status of ours), messages and their bytes both ways. */
+ * code (the status cairn answered with; for a stream that asked
+ * rpc_notify_close and was cancelled, its cancel code), messages and
+ * their bytes both ways. */
 typedef struct rpc_method_counts {
     const char *path; /* NULL: every unregistered method */
     int kind;         /* RPC_* */
@@ -213,6 +222,21 @@ void rpc_stream_send(rpc_call *c, const ProtobufCMessage *msg, rpc_next_fn next)
 void rpc_stream_recv(rpc_call *c, rpc_next_fn next);
 /* Starts |ops| on c's call with |tag| as the completion tag. */
 int rpc_side_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_side *tag);
+/* Streaming: |fn| runs on c's worker once the call is over — with
+ * c->cancelled set when the client cancelled it, its deadline passed or
+ * its connection broke before its status went out, else after the status
+ * went out — so a stream that has stopped reading (the client
+ * half-closed) still learns of its client's going. The engine keeps the
+ * call until both that and its status batch completed (rpc_reply and
+ * rpc_fail do not ask again), and only then counts it in
+ * grpc_server_handled_total: with |cancel_code| (a gRPC status) if it was
+ * cancelled, else with the status it was answered with. (gRPC completes
+ * a receive on a cancelled call like a half-close, with no message: only
+ * this tells them apart.) At most once per call, before it is answered. */
+int rpc_notify_close(rpc_call *c, void (*fn)(rpc_call *c), int cancel_code);
+/* Counts a message of |bytes| sent outside rpc_stream_send (a side batch)
+ * in the method's grpc_server_msg_sent_total. */
+void rpc_count_sent(rpc_call *c, size_t bytes);
 
 /* |msg| serialised into a new byte buffer (the caller owns it). */
 grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg);

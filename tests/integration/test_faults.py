@@ -218,7 +218,7 @@ MALFORMED_WATCH = {
 }
 
 
-def stream_call(ch, method, first, keep_open):
+def stream_call(ch, method, first, keep_open, timeout=5):
     """Sends |first| on a bidi stream (and, with |keep_open|, leaves the
     client's side open); returns (status name, details) of how it ended."""
     f = ch.stream_stream(method, request_serializer=lambda b: b,
@@ -230,7 +230,7 @@ def stream_call(ch, method, first, keep_open):
         if keep_open:
             hold.wait(10)
     try:
-        list(f(reqs(), timeout=5))
+        list(f(reqs(), timeout=timeout))
         return ("OK", "")
     except grpc.RpcError as e:
         return (e.code().name, e.details())
@@ -249,16 +249,19 @@ def watch_checks(ch):
         check(st == "INTERNAL" and msg.startswith(STREAM_UNMARSHAL),
               "Watch called as a unary call with a %s request: %s %s" % (name, st, msg))
     # etcd: a field number up to 2^31-1 is an unknown field, skipped; the
-    # stream goes on (here: until the client ends it).
-    st, _ = stream_call(ch, "/etcdserverpb.Watch/Watch", varint((1 << 29) << 3) + b"\x01", False)
-    check(st == "OK", "a WatchRequest with only field 2^29 is skipped (%s)" % st)
+    # stream goes on, also after the client's half-close (as etcd's: until
+    # the client ends it, here by its deadline).
+    st, _ = stream_call(ch, "/etcdserverpb.Watch/Watch", varint((1 << 29) << 3) + b"\x01", False,
+                        timeout=1)
+    check(st == "DEADLINE_EXCEEDED", "a WatchRequest with only field 2^29 is skipped (%s)" % st)
     st, msg = stream_call(ch, "/etcdserverpb.Lease/LeaseKeepAlive", b"\x0a\x05ab", True)
     check(st == "INTERNAL" and msg.startswith(STREAM_UNMARSHAL),
           "a truncated LeaseKeepAliveRequest ends the stream: %s %s" % (st, msg))
     # A good Watch stream still works after all that.
     st, _ = stream_call(ch, "/etcdserverpb.Watch/Watch", field_bytes(1, field_bytes(1, b"k")),
-                        False)
-    check(st == "OK", "a well-formed Watch stream after the malformed ones (%s)" % st)
+                        False, timeout=1)
+    check(st == "DEADLINE_EXCEEDED", "a well-formed Watch stream after the malformed ones goes on "
+          "after the half-close (%s)" % st)
 
 
 # ---- HTTP/2 request headers -------------------------------------------------

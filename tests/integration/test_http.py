@@ -486,7 +486,14 @@ def test_stream_close(c):
     holds the stream back (bounded memory) and then gets every event."""
     import base64
     import json
-    started, handled = counts(c.client_port, "Watch")
+    # the streams of earlier tests end as their clients close (a watch the
+    # gateway half-closed goes on until then, as etcd's): settle first
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        started, handled = counts(c.client_port, "Watch")
+        if started == handled:
+            break
+        time.sleep(0.05)
     ws = [Stream(c.client_port, "/v3/watch", '{"create_request":{"key":"Y2w="}}').read(1)
           for _ in range(4)]
     check(all(len(w.chunks) == 1 for w in ws), "close: created")
@@ -652,6 +659,91 @@ def test_metrics(e, c):
     check(rx is not None and rx > 0, "received bytes %r" % rx)
 
 
+def handled_by_code(port, service, method):
+    """{grpc_code: count} of a method's grpc_server_handled_total, and its
+    grpc_server_msg_sent_total (etcd also serves grpc.health.v1.Health's
+    Watch: the service is part of the name)."""
+    out, sent = {}, 0
+    for fam in text_string_to_metric_families(get(port, "/metrics")[2].decode()):
+        for smp in fam.samples:
+            if (smp.labels.get("grpc_method") != method or
+                    smp.labels.get("grpc_service") != service):
+                continue
+            if smp.name == "grpc_server_handled_total":
+                out[smp.labels["grpc_code"]] = smp.value
+            elif smp.name == "grpc_server_msg_sent_total":
+                sent += smp.value
+    return out, sent
+
+
+def test_handled_streams(e, c):
+    """grpc_server_handled_total for streams that their clients end, as
+    etcd 3.4 counts them: a Watch cancelled by its client, or ended by the
+    client's deadline after a half-close (the stream goes on after the
+    half-close and still delivers an event) is Canceled; a LeaseKeepAlive
+    cancelled (or past its deadline) is Unavailable, one half-closed OK.
+    The same deltas on both, messages sent included."""
+    import threading
+    if text_string_to_metric_families is None:
+        return
+    watch_create = field_bytes(1, field_bytes(1, b"hs/k"))
+    deltas = {}
+    for srv in (e, c):
+        ch = grpc.insecure_channel("127.0.0.1:%d" % srv.client_port)
+        w0, ws0 = handled_by_code(srv.client_port, "etcdserverpb.Watch", "Watch")
+        k0, _ = handled_by_code(srv.client_port, "etcdserverpb.Lease", "LeaseKeepAlive")
+        bidi = lambda m: ch.stream_stream(m, request_serializer=lambda b: b,
+                                          response_deserializer=lambda b: b)
+        hold = threading.Event()
+
+        def held(first):
+            yield first
+            hold.wait(10)
+        # a watch its client cancels after the created answer
+        it = bidi("/etcdserverpb.Watch/Watch")(held(watch_create), timeout=10)
+        next(it)
+        it.cancel()
+        # a watch half-closed after its create: an event still comes, then
+        # its client cancels it (a deadline would race the client's cancel
+        # with the server's own timer: etcd then counts Canceled or Unknown)
+        it = bidi("/etcdserverpb.Watch/Watch")(iter([watch_create]), timeout=10)
+        next(it)
+        grpc_put_get(srv.client_port, b"hs/k")
+        ev = None
+        try:
+            ev = next(it)
+        except grpc.RpcError as ex:
+            check(False, "%s: half-closed watch ended by %s" % (srv.kind, ex.code()))
+        check(ev is not None and b"hs/k" in ev,
+              "%s: a half-closed watch still delivers the event: %r" % (srv.kind, ev))
+        it.cancel()
+        # keepalives: cancelled, and half-closed (lease 7 is unknown: TTL 0)
+        it = bidi("/etcdserverpb.Lease/LeaseKeepAlive")(held(b"\x08\x07"), timeout=10)
+        next(it)
+        it.cancel()
+        list(bidi("/etcdserverpb.Lease/LeaseKeepAlive")(iter([b"\x08\x07"]), timeout=5))
+        want = {"Watch": 2, "LeaseKeepAlive": 2}
+        deadline = time.time() + 5
+        while True:
+            w1, ws1 = handled_by_code(srv.client_port, "etcdserverpb.Watch", "Watch")
+            k1, _ = handled_by_code(srv.client_port, "etcdserverpb.Lease", "LeaseKeepAlive")
+            dw = {k: v - w0.get(k, 0) for k, v in w1.items() if v != w0.get(k, 0)}
+            dk = {k: v - k0.get(k, 0) for k, v in k1.items() if v != k0.get(k, 0)}
+            if (sum(dw.values()) >= want["Watch"] and sum(dk.values()) >= want["LeaseKeepAlive"]
+                    or time.time() > deadline):
+                break
+            time.sleep(0.05)
+        hold.set()
+        ch.close()
+        deltas[srv.kind] = (dw, dk, ws1 - ws0)
+    check(deltas["etcd"][0] == {"Canceled": 2},
+          "etcd counts the ended watches as Canceled: %r" % (deltas["etcd"],))
+    check(deltas["etcd"][1] == {"Unavailable": 1, "OK": 1},
+          "etcd counts the keepalives Unavailable and OK: %r" % (deltas["etcd"],))
+    check(deltas["cairn"] == deltas["etcd"],
+          "handled and sent deltas: etcd %r cairn %r" % (deltas["etcd"], deltas["cairn"]))
+
+
 def test_metrics_url(cairn):
     mport = free_port()
     c = Server("cairn", cairn, extra=["--listen-metrics-urls", "http://127.0.0.1:%d" % mport])
@@ -716,6 +808,7 @@ def main():
         test_keepalive(c)
         test_garbage(c)
         test_metrics(e, c)
+        test_handled_streams(e, c)
         # a clean exit (under ASan: no leak, no error report)
         rc = c.stop()
         check(rc == 0, "cairn exited with %r:\n%s" % (rc, c.read_log()[-3000:]))

@@ -372,6 +372,74 @@ START_TEST(burst_is_one_group_commit)
 }
 END_TEST
 
+/* The metrics' counters (cairn_store_stats): changes applied by origin,
+ * the batch histogram, pending received changes, the checkpoint's lag. */
+START_TEST(stats_by_origin_pending_checkpoint)
+{
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    captured ca = {0}, cb = {0};
+    cairn_store *a = open_store_actor(da, 0x11, &ca);
+    cairn_store *b = open_store_actor(db, 0x22, &cb);
+    enum { N = 6 };
+    cairn_store_stats a0, a1, b0, b1;
+    cairn_store_get_stats(a, &a0);
+    char k[16];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "s%d", i);
+        put_kv(a, k, "v");
+    }
+    cairn_store_get_stats(a, &a1);
+    ck_assert_uint_eq(a1.applied_local - a0.applied_local, N);
+    ck_assert_uint_eq(a1.applied_remote, a0.applied_remote);
+    ck_assert_uint_eq(a1.ckpt_behind - a0.ckpt_behind, N);
+    /* one change per blocking put: N groups of one */
+    ck_assert_uint_eq(a1.batch_le[0] - a0.batch_le[0], N);
+    cairn_store_get_stats(b, &b0);
+    ck_assert_uint_eq(b0.pending, 0);
+    /* all but the first: buffered, pending, not applied */
+    cairn_change **chs = decode_all(&ca, 0, N);
+    int verdicts[N];
+    heads_wait w;
+    burst(b, chs + 1, N - 1, verdicts, &w);
+    cairn_store_get_stats(b, &b1);
+    ck_assert_uint_eq(b1.pending, N - 1);
+    ck_assert_uint_eq(b1.applied_remote, b0.applied_remote);
+    /* the first completes them: one group of N, nothing pending */
+    burst(b, chs, 1, verdicts, &w);
+    free(chs);
+    cairn_store_get_stats(b, &b1);
+    ck_assert_uint_eq(b1.pending, 0);
+    ck_assert_uint_eq(b1.applied_remote - b0.applied_remote, N);
+    ck_assert_uint_eq(b1.applied_local, b0.applied_local);
+    ck_assert_uint_eq(b1.changes, b1.applied_local + b1.applied_remote);
+    uint64_t count = 0;
+    for (int i = 0; i <= CAIRN_STORE_BATCH_BUCKETS; i++)
+        count += b1.batch_le[i];
+    ck_assert_uint_eq(count, b1.syncs);
+    ck_assert_uint_eq(b1.batch_le[3] - b0.batch_le[3], 1); /* 6 changes: le 8 */
+    /* a reopen loads the checkpoint close wrote: nothing behind, a fresh age */
+    ck_assert_uint_ge(b1.ckpt_behind, N);
+    cairn_store_close(b);
+    captured_free(&cb);
+    b = open_store_actor(db, 0x22, &cb);
+    cairn_store_get_stats(b, &b1);
+    ck_assert_uint_eq(b1.ckpt_behind, 0);
+    ck_assert_uint_lt(b1.ckpt_age_ms, 60000);
+    ck_assert_uint_eq(b1.applied_local + b1.applied_remote, 0);
+    put_kv(b, "after", "v");
+    cairn_store_get_stats(b, &b1);
+    ck_assert_uint_eq(b1.ckpt_behind, 1);
+    captured_free(&ca);
+    captured_free(&cb);
+    cairn_store_close(a);
+    cairn_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
+}
+END_TEST
+
 START_TEST(burst_with_a_bad_change)
 {
     char *d = make_tmpdir();
@@ -493,6 +561,7 @@ int main(void)
     tcase_add_test(tc, merge_through_the_observer);
     tcase_add_test(tc, hostile_values_from_peers);
     tcase_add_test(tc, burst_is_one_group_commit);
+    tcase_add_test(tc, stats_by_origin_pending_checkpoint);
     tcase_add_test(tc, burst_with_a_bad_change);
     tcase_add_test(tc, every_subscriber_gets_every_change);
     suite_add_tcase(su, tc);

@@ -346,6 +346,48 @@ START_TEST(peer_has_tracks_acknowledgement)
 }
 END_TEST
 
+/* cairn_sync_lag: what the peer has not acknowledged, exactly, and the
+ * floor that keeps a call's walk to what came since. */
+START_TEST(lag_counts_unacknowledged)
+{
+    cairn_doc *a = new_doc(1), *b = new_doc(2);
+    cairn_sync_state *sa = new_state(NULL), *sb = new_state(NULL);
+    uint64_t rng = 11, n = 99, first = 99;
+    struct stats st;
+    edit(a, "a", 5, NULL);
+    /* nothing heard from the peer yet: unknown */
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sa, a), CAIRN_ENOTFOUND);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sa, a), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(first, 5);
+    /* three new changes, none acknowledged: the first is at index 5 */
+    edit(a, "a2", 3, NULL);
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sa, a), 0);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(first, 5);
+    /* a change of b's that a has: b has it too (its heads say so) */
+    edit(b, "b", 2, NULL);
+    ck_assert_int_eq(sync_pair(a, sa, b, sb, &rng, 10, &st), 0);
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sa, a), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(first, cairn_dag_count(cairn_doc_dag(a)));
+    /* the next call walks only what came since: one change, one step */
+    edit(a, "a3", 1, NULL);
+    uint64_t steps = cairn_dag_walk_steps_(cairn_doc_dag(a));
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sa, a), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_le(cairn_dag_walk_steps_(cairn_doc_dag(a)) - steps, 4);
+    /* b's lag for a: what b holds that a has not acknowledged */
+    ck_assert_int_eq(cairn_sync_lag(&n, &first, sb, b), 0);
+    ck_assert_uint_eq(n, 0);
+    cairn_sync_state_free(sa);
+    cairn_sync_state_free(sb);
+    cairn_doc_free(a);
+    cairn_doc_free(b);
+}
+END_TEST
+
 START_TEST(push_then_sync)
 {
     cairn_doc *a = new_doc(1), *b = new_doc(2);
@@ -1654,6 +1696,7 @@ int main(void)
     tcase_add_test(tc, diverged_large);
     tcase_add_test(tc, fresh_session_long_history);
     tcase_add_test(tc, one_side_ahead);
+    tcase_add_test(tc, lag_counts_unacknowledged);
     tcase_add_test(tc, peer_has_tracks_acknowledgement);
     tcase_add_test(tc, push_then_sync);
     tcase_add_test(tc, bounded_messages);
