@@ -200,7 +200,8 @@ def scenario(c):
     cluster_checks.check_equal_state(c, "after n4 joined")
 
     # a restart on the data dir n4 made ignores --initial-cluster*
-    n4.stop()
+    rc = n4.stop()
+    check(rc == 0, "the joined n4 stops cleanly (exit code %s)" % rc)
     n4.start(timeout=BOUND)
     check(not log_has(n4, "joining cluster", after="received SIGTERM"),
           "n4's restart did not join again")
@@ -258,7 +259,8 @@ def scenario(c):
     check(ok, "n6 got its join answered")
     time.sleep(1.0)
     check(not log_has(n6, "ready to serve client requests"), "n6 does not serve, empty")
-    n6.stop()
+    rc = n6.stop()
+    check(rc == 0, "a SIGTERM while n6 waits to catch up stops it cleanly (exit code %s)" % rc)
     n6.extra = ["--initial-cluster-state", "existing"]
     n6.log = open(n6.log_path, "ab")
     n6.proc = subprocess.Popen(with_flag(n6.args(), "--initial-cluster", ic), stdout=n6.log,
