@@ -827,6 +827,8 @@ static void step(recipe *r, int ev, int store_rc)
 
 static void lock_lock(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3lockpb__LockRequest *m =
         (V3lockpb__LockRequest *)rpc_unpack(c, &v3lockpb__lock_request__descriptor, req, len);
     if (!m)
@@ -871,6 +873,8 @@ static void unlock_free(rpc_call *c)
 
 static void lock_unlock(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3lockpb__UnlockRequest *m =
         (V3lockpb__UnlockRequest *)rpc_unpack(c, &v3lockpb__unlock_request__descriptor, req, len);
     if (!m)
@@ -895,6 +899,8 @@ static void lock_unlock(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_campaign(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3electionpb__CampaignRequest *m = (V3electionpb__CampaignRequest *)rpc_unpack(
         c, &v3electionpb__campaign_request__descriptor, req, len);
     if (!m)
@@ -995,6 +1001,8 @@ static recipe *leader_recipe(rpc_call *c, int kind, const V3electionpb__LeaderKe
 
 static void election_proclaim(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3electionpb__ProclaimRequest *m = (V3electionpb__ProclaimRequest *)rpc_unpack(
         c, &v3electionpb__proclaim_request__descriptor, req, len);
     if (!m)
@@ -1028,6 +1036,8 @@ static void election_proclaim(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_resign(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3electionpb__ResignRequest *m = (V3electionpb__ResignRequest *)rpc_unpack(
         c, &v3electionpb__resign_request__descriptor, req, len);
     if (!m)
@@ -1046,6 +1056,8 @@ static void election_resign(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_leader(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3electionpb__LeaderRequest *m = (V3electionpb__LeaderRequest *)rpc_unpack(
         c, &v3electionpb__leader_request__descriptor, req, len);
     if (!m)
@@ -1075,6 +1087,8 @@ static void election_leader(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_observe(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     V3electionpb__LeaderRequest *m = (V3electionpb__LeaderRequest *)rpc_unpack(
         c, &v3electionpb__leader_request__descriptor, req, len);
     if (!m)
