@@ -56,7 +56,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* A gateway call that takes longer is answered DeadlineExceeded (504). */
+/* A gateway call that takes longer is answered DeadlineExceeded (504),
+ * unless its Grpc-Timeout header says otherwise. */
 #define GATEWAY_DEADLINE_S 60
 /* A stream stops receiving while this much of its answer is unsent. */
 #define GATEWAY_STREAM_HIGH (1u << 20)
@@ -233,6 +234,72 @@ static void json_error(http_buf *out, int minor, int close, int code, const char
     http_answer(out, minor, http_status_of(code), "application/json", NULL, body.data, body.len,
                 close);
     http_buf_free(&body);
+}
+
+/* etcd's gateway (grpc-gateway) reads a Grpc-Timeout header as gRPC's
+ * timeout: an integer as Go's strconv.ParseInt takes it (sign allowed)
+ * and one unit letter, H M S m u n. 0 with |*ns| = 0: none sent, or 0
+ * (no deadline); -1: malformed. */
+static int grpc_timeout_ns(const http_request *r, int64_t *ns)
+{
+    *ns = 0;
+    if (!r->grpc_timeout)
+        return 0;
+    const char *s = r->grpc_timeout;
+    size_t n = r->grpc_timeout_len;
+    if (n < 2)
+        return -1;
+    static const char units[] = "HMSmun";
+    static const int64_t per[] = {INT64_C(3600000000000), INT64_C(60000000000),
+                                  INT64_C(1000000000),    INT64_C(1000000),
+                                  INT64_C(1000),          1};
+    const char *u = memchr(units, s[n - 1], sizeof units - 1);
+    if (!u)
+        return -1;
+    int64_t unit = per[u - units];
+    size_t i = 0;
+    int neg = 0;
+    if (s[0] == '+' || s[0] == '-') {
+        neg = s[0] == '-';
+        i = 1;
+    }
+    if (i == n - 1)
+        return -1;
+    uint64_t v = 0;
+    for (; i < n - 1; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
+            return -1; /* ParseInt's range error */
+    }
+    /* Go multiplies in int64 and may wrap; past 100 years is as good as none */
+    const uint64_t cap = UINT64_C(3155760000000000000);
+    uint64_t d = v > cap / (uint64_t)unit ? cap : v * (uint64_t)unit;
+    *ns = neg ? -(int64_t)d : (int64_t)d;
+    return 0;
+}
+
+/* The deadline a gateway call gets: the Grpc-Timeout's, else |dflt| (a
+ * gpr_inf_future for none). */
+static gpr_timespec call_deadline(int64_t ns, gpr_timespec dflt)
+{
+    if (ns == 0)
+        return dflt;
+    return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_nanos(ns, GPR_TIMESPAN));
+}
+
+/* gRPC core's text for a call whose own deadline passed, in Go's words as
+ * etcd's gateway answers it. */
+static void go_deadline_text(gw_call *c)
+{
+    static const char core[] = "Deadline Exceeded";
+    if (c->status == GRPC_STATUS_DEADLINE_EXCEEDED &&
+        GRPC_SLICE_LENGTH(c->details) == sizeof core - 1 &&
+        memcmp(GRPC_SLICE_START_PTR(c->details), core, sizeof core - 1) == 0) {
+        grpc_slice_unref(c->details);
+        c->details = grpc_slice_from_static_string("context deadline exceeded");
+    }
 }
 
 /* The response in |bb| as JSON text (malloc()ed), or NULL. */
@@ -500,8 +567,10 @@ static void stream_event(gw_tag *t, int ok)
             st->stalled = 1; /* flow_wake goes on */
         else
             post_recv(c, 0);
-    } else if (t->kind == T_STATUS)
+    } else if (t->kind == T_STATUS) {
+        go_deadline_text(c);
         st->ended = 1;
+    }
     /* a stalled stream's responses are still to be read, unless no one is
      * there to read them */
     int finish = st->ended && st->outstanding == 0 && !st->finishing &&
@@ -538,6 +607,7 @@ static void *gateway_main(void *arg)
             stream_event(t, ev.success);
             continue;
         }
+        go_deadline_text(t->c);
         answer_call(t->c, ev.success);
         call_done(g, t->c);
     }
@@ -660,7 +730,7 @@ static int stream_requests(gw_stream *st, const route *rt, const http_request *r
 }
 
 static int stream_start(gateway *g, const route *rt, const http_request *r, http_buf *out,
-                        uint64_t token)
+                        uint64_t token, int64_t timeout_ns)
 {
     gw_call *c = calloc(1, sizeof *c);
     gw_stream *st = calloc(1, sizeof *st);
@@ -697,7 +767,8 @@ static int stream_start(gateway *g, const route *rt, const http_request *r, http
     }
     grpc_slice method = grpc_slice_from_static_string(rt->method);
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
-                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+                                       call_deadline(timeout_ns, gpr_inf_future(GPR_CLOCK_REALTIME)),
+                                       NULL);
     if (!c->call) {
         call_free(c);
         static const char m[] = "cannot start the gateway call";
@@ -760,8 +831,17 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
         json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_UNAVAILABLE, m, sizeof m - 1);
         return 0;
     }
+    int64_t tmo;
+    if (grpc_timeout_ns(r, &tmo) != 0) {
+        char m[256];
+        int l = snprintf(m, sizeof m, "invalid grpc-timeout: %.*s",
+                         (int)(r->grpc_timeout_len > 200 ? 200 : r->grpc_timeout_len),
+                         r->grpc_timeout);
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_INVALID_ARGUMENT, m, (size_t)l);
+        return 0;
+    }
     if (rt->kind != UNARY)
-        return stream_start(g, rt, r, out, token);
+        return stream_start(g, rt, r, out, token, tmo);
     wire_wr w = {0};
     char err[256];
     int rc = pbjson_decode(&w, rt->req, (const char *)r->body, r->body_len, err, sizeof err);
@@ -787,8 +867,9 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     free(w.p);
     c->send = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                                         gpr_time_from_seconds(GATEWAY_DEADLINE_S, GPR_TIMESPAN));
+    gpr_timespec deadline = call_deadline(
+        tmo, gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                          gpr_time_from_seconds(GATEWAY_DEADLINE_S, GPR_TIMESPAN)));
     grpc_slice method = grpc_slice_from_static_string(rt->method);
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
                                        deadline, NULL);

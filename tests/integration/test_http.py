@@ -612,6 +612,48 @@ def test_recipes(e, c):
           "observe:\n  etcd  %r\n  cairn %r" % (sides[0].obs_all, sides[1].obs_all))
 
 
+def test_grpc_timeout(e, c):
+    """The Grpc-Timeout header, as etcd's gateway reads it (measured on
+    3.4.23): a deadline for the call (504, code 4, Go's "context deadline
+    exceeded"), 0 for none, anything malformed 400 "invalid grpc-timeout"."""
+    import base64
+    import json
+    rng = '{"key":"%s"}' % base64.b64encode(b"gwT").decode()
+    for name, val in [("Grpc-Timeout", "1S"), ("grpc-timeout", "0m"), ("Grpc-Timeout", "bogus"),
+                      ("Grpc-Timeout", "5"), ("Grpc-Timeout", "5x"), ("Grpc-Timeout", "-1S"),
+                      ("Grpc-Timeout", "+2S"), ("Grpc-Timeout", "S"),
+                      ("Grpc-Timeout", "99999999999999999999S")]:
+        got = []
+        for srv in (e, c):
+            st, _, b = get(srv.client_port, "/v3/kv/range", "POST", rng.encode(),
+                           {"Content-Type": "application/json", name: val})
+            j = json.loads(b)
+            got.append((st, {k: v for k, v in j.items() if k != "header"}))
+        check(got[0] == got[1], "range with %s: %s:\n  etcd  %r\n  cairn %r"
+              % (name, val, got[0], got[1]))
+    # a lock that waits past its Grpc-Timeout; its key is gone afterwards
+    name = base64.b64encode(b"gwTL").decode()
+    got = []
+    for srv in (e, c):
+        p = srv.client_port
+        l1 = gw(p, "/v3/lease/grant", '{"TTL":600}')[2]["ID"]
+        l2 = gw(p, "/v3/lease/grant", '{"TTL":600}')[2]["ID"]
+        gw(p, "/v3/lock/lock", '{"name":"%s","lease":"%s"}' % (name, l1))
+        t0 = time.monotonic()
+        st, _, b = get(p, "/v3/lock/lock", "POST",
+                       ('{"name":"%s","lease":"%s"}' % (name, l2)).encode(),
+                       {"Content-Type": "application/json", "Grpc-Timeout": "300m"})
+        took = time.monotonic() - t0
+        time.sleep(0.3)
+        _, _, j = gw(p, "/v3/kv/range", '{"key":"%s","range_end":"%s","count_only":true}'
+                     % (base64.b64encode(b"gwTL/").decode(), base64.b64encode(b"gwTL0").decode()))
+        got.append((st, json.loads(b), j.get("count")))
+        check(0.25 <= took < 3, "%s: the lock waited %.2f s for its 300m Grpc-Timeout"
+              % (srv.kind, took))
+    check(got[0] == got[1] and got[1][0] == 504,
+          "lock past its Grpc-Timeout:\n  etcd  %r\n  cairn %r" % (got[0], got[1]))
+
+
 def test_stream_close(c):
     """A client that goes away cancels its watch; one that does not read
     holds the stream back (bounded memory) and then gets every event."""
@@ -935,6 +977,7 @@ def main():
         test_gateway(e, c)
         test_streams(e, c)
         test_recipes(e, c)
+        test_grpc_timeout(e, c)
         test_stream_close(c)
         test_endpoints(e, c)
         test_keepalive(c)
