@@ -159,6 +159,9 @@
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
 #define PEER_TICK_MS 10
+/* At most one log line per peer this often for its changes this node could
+ * not take for its own limits (a full pending buffer). */
+#define PEER_LIMIT_LOG_MS 10000
 /* Pushes to one peer are this far apart at least: a change that finds the
  * link quiet goes at once, one made during a stream of writes waits for
  * the gap and shares the push (a push costs ~56 bytes besides its changes,
@@ -296,6 +299,7 @@ typedef struct ppeer {
     int not_linked;
     /* We refused it for our --peer-links: said once. */
     int refused_logged;
+    uint64_t limit_logged_ms; /* a change of its not applied for our limits */
     /* REFUSALS: its hellos are refused until refused_until_ms (we refused
      * it), and it is not dialed before hold_ms (we refused it, or it us). */
     uint64_t refused_until_ms, hold_ms;
@@ -982,11 +986,17 @@ static void on_sync(void *arg, const uint8_t *msg, size_t len)
             snprintf(why, sizeof why, "a change the document refuses (%s)",
                      cairn_strerror(rejected));
             refuse(l, why);
-        } else {
+        } else if (rejected == CAIRN_EFORK || rejected == CAIRN_EFORKPAST) {
             /* a fork's other side: the peer may be honest (it took that
              * side first); log_fork said it, its descendants are refused
              * quietly and the stream stays */
             cairn_log(CAIRN_LOG_DEBUG, "peer %s: not applied: %s", p->name,
+                      cairn_strerror(rejected));
+        } else if (now_ms() >= p->limit_logged_ms + PEER_LIMIT_LOG_MS) {
+            /* this node's limit, not the peer's fault: the stream stays,
+             * and sync sends the change again */
+            p->limit_logged_ms = now_ms();
+            cairn_log(CAIRN_LOG_WARN, "peer %s: not applied for now: %s", p->name,
                       cairn_strerror(rejected));
         }
     }

@@ -41,7 +41,8 @@ int peer_hello_check(const Cairnpb__Hello *h, const peer_self *self, char *why, 
 
 int peer_verdict_refuses(int rc)
 {
-    return rc < 0 && rc != CAIRN_EFORK && rc != CAIRN_EFORKPAST;
+    return rc < 0 && rc != CAIRN_EFORK && rc != CAIRN_EFORKPAST && rc != CAIRN_ELIMIT &&
+           rc != CAIRN_ENOMEM;
 }
 
 void peer_msg_dispatch(const uint8_t *buf, size_t len, int hello_in, const peer_self *self,

@@ -27,7 +27,11 @@
 /* 1 if a received change's verdict |rc| (cairn_doc_receive's code, < 0)
  * refuses the stream it came on: every verdict but a fork's (CAIRN_EFORK,
  * CAIRN_EFORKPAST), which an honest peer may relay, having taken the other
- * side first. 0 for rc >= 0. */
+ * side first, and but this node's own limits (CAIRN_ELIMIT: the pending
+ * buffer is full, which another peer's changes with made-up dependencies
+ * can do; CAIRN_ENOMEM): those say nothing of the change, which was not
+ * judged, is neither kept nor remembered, and comes again with a later
+ * sync. 0 for rc >= 0. */
 int peer_verdict_refuses(int rc);
 
 /* This node, as a hello is checked against it. */

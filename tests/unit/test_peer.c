@@ -23,6 +23,7 @@
 #include "../store/store_test.h"
 #include "server/node.h"
 #include "server/peer/peer.h"
+#include "server/peer/peer_msg.h"
 #include "server/server.h"
 
 /* A peer port no other test takes meanwhile: below the kernel's ephemeral
@@ -137,6 +138,24 @@ static peer_stats stats_of(member *m)
     return st[0];
 }
 
+/* Which verdicts on a received change refuse the peer that sent it: those
+ * that judge the change, not a fork's other side (an honest peer may relay
+ * it) nor this node's own limits (a full pending buffer: a third peer's
+ * made-up dependencies can fill it, and an honest sender must not then be
+ * refused and held off for it). */
+START_TEST(verdicts_refuse_only_the_changes_fault)
+{
+    ck_assert_int_eq(peer_verdict_refuses(0), 0);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_ESEQGAP), 1);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_ENOTPAST), 1);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_EPASTREFUSED), 1);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_EFORK), 0);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_EFORKPAST), 0);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_ELIMIT), 0);
+    ck_assert_int_eq(peer_verdict_refuses(CAIRN_ENOMEM), 0);
+}
+END_TEST
+
 START_TEST(stats_count_both_ends)
 {
     char *root = make_tmpdir();
@@ -205,6 +224,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("peer");
+    TCase *tv = tcase_create("verdicts");
+    tcase_add_test(tv, verdicts_refuse_only_the_changes_fault);
+    suite_add_tcase(s, tv);
     TCase *tc = tcase_create("stats");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, stats_count_both_ends);
