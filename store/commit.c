@@ -64,6 +64,8 @@ static void *committer_main(void *arg)
             b = s->batch;
             s->batch = leveldb_writebatch_create();
             s->batch_n = 0;
+            s->batch_gen++;
+            pthread_cond_broadcast(&s->tcv);
         }
         s->writing = b != NULL;
         size_t nlocal = s->batch_local, nremote = s->batch_remote;

@@ -265,8 +265,8 @@ int cairn_ckpt_encode_state(store_buf *b, const kindex *x, revmap *m);
 /* What the loader needs besides the index, gathered while decoding it (the
  * entries are in cache then; a second pass over a million would not be). */
 typedef struct cairn_ckpt_live {
-    uint64_t nlive;    /* keys whose newest history entry is not a delete */
-    store_buf leased;  /* kentry *: the live keys with a lease, in key order */
+    uint64_t nlive;   /* keys whose newest history entry is not a delete */
+    store_buf leased; /* kentry *: the live keys with a lease, in key order */
 } cairn_ckpt_live;
 static inline kentry *const *cairn_ckpt_leased(const cairn_ckpt_live *lv, size_t *n)
 {
@@ -322,8 +322,8 @@ typedef struct pend_wait {
     struct pend_wait *next;
     cairn_store_done_cb cb;
     void *arg;
-    int64_t rev; /* the visible revision once it completes */
-    int *rcp;    /* optional: where to store an error for the response */
+    int64_t rev;              /* the visible revision once it completes */
+    int *rcp;                 /* optional: where to store an error for the response */
     cairn_store_heads_cb hcb; /* instead of |cb|: a batched receive's */
     cairn_hash *heads;        /* owned; handed to |hcb| */
     size_t nheads;
@@ -396,6 +396,8 @@ struct cairn_store {
     pthread_mutex_t qmu;
     pthread_cond_t qcv; /* committer: work arrived */
     pthread_cond_t dcv; /* waiters: visible advanced */
+    pthread_cond_t tcv; /* a receive between slices: the committer took the batch */
+    uint64_t batch_gen; /* batches the committer has taken (under qmu) */
     leveldb_writebatch_t *batch;
     size_t batch_n;
     pend_change *ch_head, **ch_tail;
