@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,7 @@
  * catch-up of a million changes costs a local put at most about one slice
  * of waiting, and the records they queued commit with the next group. */
 #define RECV_SLICE_MIN 16
-#define RECV_SLICE_MAX 1024
+#define RECV_SLICE_MAX 256
 #define RECV_SLICE_NS 1000000 /* 1 ms */
 
 static uint64_t mono_ns(void)
@@ -65,7 +66,7 @@ static uint64_t mono_ns(void)
  * back from the committer until its last one is batched: one group. The
  * first fork the burst meets goes to |note| (may be NULL). */
 static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i, int *verdicts,
-                         cairn_store_fork *note, uint64_t *gen)
+                         cairn_store_fork *note)
 {
     int rc = cairn_store_failed_rc(s);
     s->fork_note = note;
@@ -94,7 +95,6 @@ static int receive_slice(cairn_store *s, cairn_change **chs, size_t n, size_t *i
     s->fork_note = NULL;
     pthread_mutex_lock(&s->qmu);
     s->holding--;
-    *gen = s->batch_gen;
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     return rc;
@@ -117,20 +117,22 @@ static void let_writers_in(cairn_store *s)
         pthread_rwlock_unlock(&s->rw);
 }
 
-/* Between slices, after let_writers_in: waits until the committer has
- * taken the batch that held the last slice (|gen|: batches taken by the
- * slice's end) and the records local writers added to it. Without this the
- * next slice would often raise |holding| again before the committer woke,
- * and the slices of a whole message would pile up into one group that a
- * local write queued among them waits for (groups of 4096 and more were
- * seen during a catch-up). The committer takes a batch as soon as the
- * group before it is written and never waits on the rwlock, so the wait is
- * bounded by one group's write; the next slice is applied while this one
- * is written. */
-static void let_committer_take(cairn_store *s, uint64_t gen)
+/* Before a slice (after let_writers_in between two): waits until the
+ * committer has taken the remote changes queued (|min| or more of them:
+ * before a burst's first slice only a slice's worth, so a stream of single
+ * pushes does not wait), i.e. the last slice and the local writes that
+ * went in after it. Without this the next slice
+ * would often raise |holding| again before the committer woke, and the
+ * slices of a whole message (or of several) piled up into one group that a
+ * local write queued among them waited for: groups of 4096 changes and
+ * more were seen during a catch-up. The committer takes a batch as soon as
+ * the group before it is written and never waits on the rwlock, so the
+ * wait is bounded by one group's write, and the next slice is applied
+ * while this one is written. */
+static void let_committer_take(cairn_store *s, size_t min)
 {
     pthread_mutex_lock(&s->qmu);
-    while (s->batch_n && s->batch_gen == gen && !cairn_store_failed_rc(s))
+    while (s->batch_remote >= min && !cairn_store_failed_rc(s))
         pthread_cond_wait(&s->tcv, &s->qmu);
     pthread_mutex_unlock(&s->qmu);
 }
@@ -142,16 +144,19 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
                           cairn_store_fork *note)
 {
     size_t i = 0;
-    uint64_t gen;
     int rc;
     atomic_fetch_add_explicit(&s->recv_waiting, n, memory_order_relaxed);
     for (;;) {
-        rc = receive_slice(s, chs, n, &i, verdicts, note, &gen);
+        rc = receive_slice(s, chs, n, &i, verdicts, note);
         if (rc || i == n)
             break;
         pthread_rwlock_unlock(&s->rw);
         let_writers_in(s);
-        let_committer_take(s, gen);
+        let_committer_take(s, 1);
+        /* on a busy machine the receiving thread is otherwise preempted
+         * mostly while it holds the write lock (it holds it nearly all the
+         * time it runs), and a local writer waits the preemption out */
+        sched_yield();
         pthread_rwlock_wrlock(&s->rw);
     }
     atomic_fetch_sub_explicit(&s->recv_waiting, n - i, memory_order_relaxed);
@@ -169,6 +174,7 @@ static int receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *ve
                            cairn_store_fork *note, cairn_store_heads_cb cb, void *arg)
 {
     pend_wait *w = calloc(1, sizeof *w);
+    let_committer_take(s, RECV_SLICE_MIN); /* the last burst's last slice goes alone */
     pthread_rwlock_wrlock(&s->rw);
     int rc = w ? 0 : CAIRN_ENOMEM;
     if (rc) { /* still ours: free them unapplied */
