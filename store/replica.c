@@ -120,8 +120,8 @@ static void let_writers_in(cairn_store *s)
 /* Before a slice (after let_writers_in between two): waits until the
  * committer has taken the remote changes queued (|min| or more of them:
  * before a burst's first slice only a slice's worth, so a stream of single
- * pushes does not wait), i.e. the last slice and the local writes that
- * went in after it. Without this the next slice
+ * pushes does not wait), i.e. the last slice; with |all|, everything
+ * queued (the local writes let in after it). Without this the next slice
  * would often raise |holding| again before the committer woke, and the
  * slices of a whole message (or of several) piled up into one group that a
  * local write queued among them waited for: groups of 4096 changes and
@@ -129,10 +129,13 @@ static void let_writers_in(cairn_store *s)
  * the group before it is written and never waits on the rwlock, so the
  * wait is bounded by one group's write, and the next slice is applied
  * while this one is written. */
-static void let_committer_take(cairn_store *s, size_t min)
+static void let_committer_take(cairn_store *s, size_t min, int all)
 {
     pthread_mutex_lock(&s->qmu);
-    while (s->batch_remote >= min && !cairn_store_failed_rc(s))
+    /* one batch taken is enough: local writers may fill the next at once */
+    uint64_t gen = s->batch_gen;
+    while ((s->batch_remote >= min || (all && s->batch_n)) && s->batch_gen == gen &&
+           !cairn_store_failed_rc(s))
         pthread_cond_wait(&s->tcv, &s->qmu);
     pthread_mutex_unlock(&s->qmu);
 }
@@ -151,8 +154,13 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
         if (rc || i == n)
             break;
         pthread_rwlock_unlock(&s->rw);
+        /* local writes first: the slice goes to the committer, then the
+         * writers waiting are let in, and their records are taken as a
+         * group of their own (written right after the slice's) before the
+         * next slice may join them */
+        let_committer_take(s, 1, 0);
         let_writers_in(s);
-        let_committer_take(s, 1);
+        let_committer_take(s, 1, 1);
         /* on a busy machine the receiving thread is otherwise preempted
          * mostly while it holds the write lock (it holds it nearly all the
          * time it runs), and a local writer waits the preemption out */
@@ -174,7 +182,7 @@ static int receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *ve
                            cairn_store_fork *note, cairn_store_heads_cb cb, void *arg)
 {
     pend_wait *w = calloc(1, sizeof *w);
-    let_committer_take(s, RECV_SLICE_MIN); /* the last burst's last slice goes alone */
+    let_committer_take(s, RECV_SLICE_MIN, 0); /* the last burst's last slice goes alone */
     pthread_rwlock_wrlock(&s->rw);
     int rc = w ? 0 : CAIRN_ENOMEM;
     if (rc) { /* still ours: free them unapplied */
