@@ -70,12 +70,22 @@
     X(EPEERURLEXIST, 9, "etcdserver: Peer URLs already exists")                                    \
     X(EMEMBERBADURLS, 3, "etcdserver: given member URLs are invalid")                              \
     X(EMEMBERNOTLEARNER, 9, "etcdserver: can only promote a learner member")                       \
-    X(ELEARNERNOTREADY, 9, "etcdserver: can only promote a learner member which is in sync with leader") \
+    X(ELEARNERNOTREADY, 9,                                                                         \
+      "etcdserver: can only promote a learner member which is in sync with leader")                \
     X(ETOOMANYLEARNERS, 9, "etcdserver: too many learner members in cluster")                      \
-    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")                            \
+    X(ENOTFORLEARNER, 14, "etcdserver: rpc not supported for learner")                             \
     /* crdt: a change whose causal past holds a refused change (added last). */                    \
     X(EPASTREFUSED, 3, "cairn: change depends on a refused change")                                \
-    X(EFORKPAST, 3, "cairn: change depends on the refused side of a fork")
+    X(EFORKPAST, 3, "cairn: change depends on the refused side of a fork")                         \
+    /* etcd: v3lock / v3election (clientv3 concurrency errors: code Unknown) */                    \
+    X(ENOTLEADER, 2, "election: not leader")                                                       \
+    X(ENOLEADER, 2, "election: no leader")                                                         \
+    X(ENOLEADERKEY, 2, "\"leader\" field must be provided")                                        \
+    X(ESESSIONEXPIRED, 2, "mutex: session is expired")                                             \
+    X(ECAMPAIGNLOST, 2, "election: session is expired")                                            \
+    /* etcd: a store error seen through v3client: its text, code Unknown */                        \
+    X(EPASSED, 2, "etcdserver: unknown error")                                                     \
+    X(ECANCELLED, 1, "context canceled")
 
 enum {
     CAIRN_OK = 0,

@@ -1,7 +1,9 @@
 /*
  * The JSON gateway's request decoder (server/http/json.c): the first byte
  * picks the request message (Range, Put, DeleteRange, Txn, Compaction,
- * LeaseGrant, LeaseRevoke, LeaseTimeToLive, Alarm), the rest is the body a
+ * LeaseGrant, LeaseRevoke, LeaseTimeToLive, Alarm, then v3lock's Lock and
+ * Unlock and v3election's Campaign, Proclaim, Leader and Resign: the
+ * gateway's recipe paths, whose LeaderKey nests), the rest is the body a
  * client POSTs. Every input must give protobuf bytes that the message's
  * own descriptor unpacks, or CAIRN_EINVAL with a reason — never a crash,
  * a leak or unbounded recursion.
@@ -13,6 +15,8 @@
 #include "crdt/error.h"
 #include "etcdserverpb/rpc.pb-c.h"
 #include "server/http/json.h"
+#include "v3electionpb/v3election.pb-c.h"
+#include "v3lockpb/v3lock.pb-c.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -28,6 +32,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         &etcdserverpb__lease_revoke_request__descriptor,
         &etcdserverpb__lease_time_to_live_request__descriptor,
         &etcdserverpb__alarm_request__descriptor,
+        &v3lockpb__lock_request__descriptor,
+        &v3lockpb__unlock_request__descriptor,
+        &v3electionpb__campaign_request__descriptor,
+        &v3electionpb__proclaim_request__descriptor,
+        &v3electionpb__leader_request__descriptor,
+        &v3electionpb__resign_request__descriptor,
     };
     if (size < 1)
         return 0;

@@ -53,7 +53,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     cairn_config cfg;
-    char err[512];
+    char err[16384];
     int rc = cairn_config_parse(&cfg, argc, argv, err, sizeof err);
     if (rc == CAIRN_CONFIG_HELP) {
         cairn_config_usage(stdout);
@@ -91,11 +91,24 @@ int main(int argc, char **argv)
         cairn_config_destroy(&cfg);
         return 1;
     }
-    cairn_log(CAIRN_LOG_INFO, "cairn %s: member %s, data dir %s, ready to serve client requests",
-              CAIRN_VERSION, cfg.name, cfg.data_dir);
-
     int sig = 0;
-    sigwait(&sigs, &sig);
+    if (cairn_server_joining(srv)) {
+        /* etcd: a new member serves clients once it caught up */
+        rc = cairn_server_join_wait(srv, &sigs);
+        if (rc < 0) {
+            fprintf(stderr, "cairn: cannot start: %s\n", cairn_strerror(rc));
+            cairn_server_free(srv);
+            cairn_config_destroy(&cfg);
+            return 1;
+        }
+        sig = rc;
+    }
+    if (!sig) {
+        cairn_log(CAIRN_LOG_INFO,
+                  "cairn %s: member %s, data dir %s, ready to serve client requests", CAIRN_VERSION,
+                  cfg.name, cfg.data_dir);
+        sigwait(&sigs, &sig);
+    }
     cairn_log(CAIRN_LOG_INFO, "received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     cairn_server_stop(srv, SHUTDOWN_GRACE_MS);
     cairn_server_free(srv);

@@ -9,6 +9,7 @@
 
 #include "crdt/error.h"
 #include "etcdserverpb/rpc.pb-c.h"
+#include "server/peer/peer.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -42,6 +43,11 @@ void node_destroy(cairn_server *srv)
     }
     free(srv->alarms);
     srv->alarms = NULL;
+    if (srv->join) {
+        peer_join_destroy(srv->join);
+        free(srv->join);
+        srv->join = NULL;
+    }
     pthread_mutex_destroy(&srv->alarm_mu);
 }
 
@@ -96,19 +102,30 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     if (rc != 0)
         return rc;
     /* etcd: a restart on an existing data dir ignores --initial-cluster*;
-     * a new one with "existing" would join a running cluster, which needs
-     * the cluster's member and cluster ids from a peer first (not yet):
-     * refused, so that it never builds a document of its own */
+     * a new one with "existing" joins a running cluster: a member of it
+     * answers this node's ids and the member table (peer/peer.h), and the
+     * store starts with no change at all, so that it never builds a
+     * document of its own; the history comes from the peers */
     char db[4096];
     struct stat dst;
     snprintf(db, sizeof db, "%s/db/CURRENT", cfg->data_dir);
     if (cfg->initial_cluster_state && strcmp(cfg->initial_cluster_state, "existing") == 0 &&
         stat(db, &dst) != 0) {
-        snprintf(err, errlen,
-                 "--initial-cluster-state existing with a new data dir (%s): joining a running "
-                 "cluster is not supported yet",
-                 cfg->data_dir);
-        return CAIRN_EINVAL;
+        srv->join = calloc(1, sizeof *srv->join);
+        if (!srv->join)
+            return CAIRN_ENOMEM;
+        srv->join_started_ms = now_ms();
+        rc = peer_net_join(srv->join, cfg, err, errlen);
+        if (rc) {
+            free(srv->join);
+            srv->join = NULL;
+            return rc;
+        }
+        cairn_log(CAIRN_LOG_INFO,
+                  "joining cluster %016" PRIx64 " as member %016" PRIx64
+                  " (answered by %s: %zu members, %zu heads to catch up with)",
+                  srv->join->cluster_id, srv->join->member_id, srv->join->from, srv->join->nmembers,
+                  srv->join->nheads);
     }
     cairn_store_member *members = calloc(cfg->ninitial_cluster, sizeof *members);
     if (!members)
@@ -129,6 +146,11 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     o.subscribers = subs;
     o.nsubscribers = nsubs;
     o.lease_tick_ms = 100; /* the store revokes expired leases itself */
+    if (srv->join) {
+        o.join = 1;
+        o.join_member_id = srv->join->member_id;
+        o.join_cluster_id = srv->join->cluster_id;
+    }
     o.log_cb = store_log;
     rc = cairn_store_open(&srv->store, &o);
     free(members);
@@ -136,6 +158,44 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
         snprintf(err, errlen, "cannot open the store in %s: %s", cfg->data_dir, cairn_strerror(rc));
         return rc;
     }
+    /* A dir a join made that holds nothing yet (stopped before the first
+     * change came): it never joined as far as the cluster's history goes,
+     * so it asks again for the heads to catch up with (its ids stay). */
+    if (!srv->join && cairn_store_awaiting_genesis(srv->store)) {
+        peer_join *j = calloc(1, sizeof *j);
+        char why[1024];
+        rc = j ? peer_net_join(j, cfg, why, sizeof why) : CAIRN_ENOMEM;
+        if (!rc && j->member_id != cairn_store_member_id(srv->store)) {
+            snprintf(why, sizeof why, "the cluster answered member %016" PRIx64, j->member_id);
+            rc = CAIRN_EINVAL;
+        }
+        if (rc) {
+            cairn_log(CAIRN_LOG_WARN,
+                      "%s was made by a join and holds no change yet; asking the cluster "
+                      "again failed (%s): catching up from --initial-cluster's members",
+                      cfg->data_dir, j ? why : "out of memory");
+            if (j)
+                peer_join_destroy(j);
+            free(j);
+        } else {
+            srv->join = j;
+            srv->join_started_ms = now_ms();
+            cairn_log(CAIRN_LOG_INFO,
+                      "joining again (the data dir holds no change yet): %zu heads "
+                      "to catch up with, answered by %s",
+                      j->nheads, j->from);
+        }
+    }
+    /* a joining node publishes once it caught up (its entry comes with
+     * the history) */
+    if (!srv->join)
+        node_publish(srv);
+    return 0;
+}
+
+void node_publish(cairn_server *srv)
+{
+    const cairn_config *cfg = srv->cfg;
     /* etcd: a member publishes its name and client URLs when it starts */
     int prc = cairn_store_member_publish(srv->store, cfg->name,
                                          (const char *const *)cfg->advertise_client_urls,
@@ -143,7 +203,6 @@ int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_
     if (prc != 0)
         cairn_log(CAIRN_LOG_WARN, "cannot publish this member's client URLs: %s",
                   cairn_strerror(prc));
-    return 0;
 }
 
 /* ---- quota, alarms ------------------------------------------------------- */

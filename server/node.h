@@ -51,12 +51,22 @@ struct cairn_server {
      * recomputed when the store's members_gen moves past learner_gen */
     atomic_int learner;
     atomic_uint_least64_t learner_gen;
+    /* a join's answer (peer/peer.h) while this node catches up; NULL for
+     * a node that did not join at this start */
+    struct peer_join *join;
+    uint64_t join_started_ms;
 };
 
 /* Sets up the node's locks and quota from srv->cfg (srv zeroed before). */
 void node_init(cairn_server *srv);
 void node_destroy(cairn_server *srv);
+/* This member's name and client URLs into the member table (etcd: a
+ * member publishes them when it starts); a failure is a log line. */
+void node_publish(cairn_server *srv);
 /* Makes the data dir if needed and opens the store in it, with |subs|
+ * (a new dir with --initial-cluster-state existing: after asking a member
+ * of the cluster for this node's ids, srv->join, so the store starts with
+ * no change of its own)
  * (borrowed for the call) as its first subscribers, in that order. On
  * failure writes a message to |err|: CAIRN_EIO, CAIRN_ECORRUPT, CAIRN_ENOMEM. */
 int node_open_store(cairn_server *srv, const cairn_store_subscriber *subs, size_t nsubs, char *err,

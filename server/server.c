@@ -21,15 +21,18 @@
 #include "server/peer/peer.h"
 #include "server/rpc/rpc.h"
 #include "server/tls/tls.h"
+#include "store/replica.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const rpc_service *const services[] = {
-    &etcd_kv_service,           &etcd_watch_service,       &etcd_lease_service,
-    &etcd_cluster_service,      &etcd_maintenance_service, &etcd_auth_service,
-    &cairn_replication_service,
+    &etcd_kv_service,      &etcd_watch_service,       &etcd_lease_service,
+    &etcd_cluster_service, &etcd_maintenance_service, &etcd_auth_service,
+    &etcd_lock_service,    &etcd_election_service,    &cairn_replication_service,
 };
 
 /* ---- TLS (tls/) ---- */
@@ -151,7 +154,7 @@ int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, siz
         if (rc < 0)
             goto fail;
     }
-    rc = peer_net_new(&srv->peer, cfg, srv->store, err, errlen);
+    rc = peer_net_new(&srv->peer, cfg, srv->store, srv->join, err, errlen);
     if (rc == 0)
         rc = cairn_repl_hub_new(srv);
     if (rc != 0)
@@ -173,13 +176,71 @@ int cairn_server_start(cairn_server *srv)
     int rc = rpc_engine_start(srv->rpc);
     if (rc == 0)
         rc = gateway_start(srv->gateway);
-    if (rc == 0)
+    /* a joining node's client URLs are bound but not served until it
+     * caught up (etcd's new member: the same) */
+    if (rc == 0 && !srv->join)
         rc = front_start(srv->front);
     if (rc == 0)
         rc = peer_net_start(srv->peer);
     if (rc != 0)
         return rc;
-    cairn_log(CAIRN_LOG_INFO, "serving etcd's v3 API on %s (%d workers)",
+    if (!srv->join)
+        cairn_log(CAIRN_LOG_INFO, "serving etcd's v3 API on %s (%d workers)",
+                  srv->cfg->listen_client_urls[0], rpc_engine_workers(srv->rpc));
+    return 0;
+}
+
+int cairn_server_joining(const cairn_server *srv)
+{
+    return srv->join != NULL;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The join's heads are all here durably (and the genesis with them). */
+static int caught_up(cairn_server *srv)
+{
+    if (cairn_store_awaiting_genesis(srv->store))
+        return 0;
+    cairn_hash missing;
+    return cairn_store_heads_here(srv->store, srv->join->heads, srv->join->nheads, &missing) == 0;
+}
+
+int cairn_server_join_wait(cairn_server *srv, const sigset_t *sigs)
+{
+    uint64_t t0 = srv->join_started_ms, said = mono_ms();
+    while (!caught_up(srv)) {
+        /* 20 ms: the join's latency is what the bench measures */
+        struct timespec ts = {0, 20 * 1000000L};
+        int sig = sigtimedwait(sigs, NULL, &ts);
+        if (sig > 0)
+            return sig;
+        if (mono_ms() - said >= 5000) {
+            said = mono_ms();
+            cairn_header h;
+            cairn_store_header(srv->store, &h);
+            cairn_log(CAIRN_LOG_INFO,
+                      "joining: catching up from the peers (%.0f s so far, at revision %" PRId64
+                      ")",
+                      (double)(said - t0) / 1000.0, h.revision);
+        }
+    }
+    peer_net_joined(srv->peer);
+    node_publish(srv);
+    int rc = front_start(srv->front);
+    if (rc)
+        return rc;
+    cairn_header h;
+    cairn_store_header(srv->store, &h);
+    cairn_log(CAIRN_LOG_INFO,
+              "joined: caught up with %s in %.2f s (revision %" PRId64
+              "); serving etcd's v3 API on %s (%d workers)",
+              srv->join->from, (double)(mono_ms() - t0) / 1000.0, h.revision,
               srv->cfg->listen_client_urls[0], rpc_engine_workers(srv->rpc));
     return 0;
 }

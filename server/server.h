@@ -12,6 +12,7 @@
  * store) -> cairn_server_free.
  */
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -171,8 +172,18 @@ typedef struct cairn_server cairn_server;
  * |err|: CAIRN_EIO (data dir unusable, port in use), CAIRN_ECORRUPT,
  * CAIRN_EINVAL. */
 int cairn_server_new(cairn_server **out, const cairn_config *cfg, char *err, size_t errlen);
-/* Starts the worker threads; calls are served from here on. */
+/* Starts the worker threads; calls are served from here on (a joining
+ * node's: once cairn_server_join_wait returned 0). */
 int cairn_server_start(cairn_server *srv);
+/* 1 for a node joining a running cluster (--initial-cluster-state
+ * existing on a new data dir) until it serves clients. */
+int cairn_server_joining(const cairn_server *srv);
+/* A joining node: waits until it holds every head the member that
+ * answered its join held then (it caught up; etcd's new member serves
+ * once it applied the cluster's log), taking the signals in |sigs|
+ * meanwhile; then publishes its name and client URLs and serves clients.
+ * 0 once serving, the signal's number if one came first, < 0 an error. */
+int cairn_server_join_wait(cairn_server *srv, const sigset_t *sigs);
 /* The port actually bound for listen client URL |i| (useful with port 0). */
 int cairn_server_port(const cairn_server *srv, size_t i);
 /* Stops accepting calls, lets in-flight calls finish (cancelling those that

@@ -73,11 +73,16 @@ static void on_patch(void *arg, const cairn_patch *p)
     if (s->obs_rc || !s->kvs_known)
         return;
     if (p->obj.counter != s->kvs.counter || p->obj.actor != s->kvs.actor) {
-        /* leases / members / cluster: no revision; the lease table follows */
-        atomic_fetch_add(&s->members_gen, 1);
+        /* leases / members / cluster: no revision; the lease table
+         * follows. members_gen moves for what is not a lease (a member's
+         * add, removal or field; at worst a keepalive on a lease revoked
+         * concurrently), so that keepalives do not make the peer thread
+         * and the learner check re-read the table. */
         int rc = cairn_store_lease_patch(s, p);
-        if (rc)
+        if (rc < 0)
             s->obs_rc = rc;
+        else if (rc == 0)
+            atomic_fetch_add(&s->members_gen, 1);
         return;
     }
     if (p->action != CAIRN_PATCH_PUT && p->action != CAIRN_PATCH_DEL)

@@ -60,6 +60,8 @@ static void *committer_main(void *arg)
             break;
         leveldb_writebatch_t *b = NULL;
         size_t nb = s->batch_n;
+        uint64_t nbytes = s->batch_bytes;
+        s->batch_bytes = 0;
         if (s->batch_n) {
             b = s->batch;
             s->batch = leveldb_writebatch_create();
@@ -98,6 +100,7 @@ static void *committer_main(void *arg)
                 size_t nch = nlocal + nremote;
                 atomic_fetch_add(&s->n_syncs, 1);
                 atomic_fetch_add(&s->n_changes, nch);
+                atomic_fetch_add(&s->n_change_bytes, nbytes);
                 atomic_fetch_add_explicit(&s->n_local, nlocal, memory_order_relaxed);
                 atomic_fetch_add_explicit(&s->n_remote, nremote, memory_order_relaxed);
                 atomic_store(&s->durable_count, end);
@@ -320,6 +323,7 @@ void cairn_store_get_stats(cairn_store *s, cairn_store_stats *out)
 {
     out->syncs = atomic_load(&s->n_syncs);
     out->changes = atomic_load(&s->n_changes);
+    out->change_bytes = atomic_load(&s->n_change_bytes);
     for (size_t i = 0; i <= CAIRN_STORE_SYNC_BUCKETS; i++)
         out->sync_le[i] = atomic_load_explicit(&s->sync_le[i], memory_order_relaxed);
     out->sync_ns = atomic_load_explicit(&s->sync_ns, memory_order_relaxed);

@@ -147,6 +147,32 @@ int cairn_store_make_genesis(cairn_change **out, const char *token)
     return cairn_change_new(out, &t);
 }
 
+/* A joining member's dir: the ids a member of the cluster answered and no
+ * change, so that nothing this node writes can fork the cluster's
+ * document (its genesis and members come from the peers with the rest). */
+static int create_joined(cairn_store *s, const cairn_store_options *o, const char *token)
+{
+    s->member_id = o->join_member_id;
+    s->cluster_id = o->join_cluster_id;
+    s->joined = 1;
+    int rc = cairn_store_new_doc(s);
+    if (rc)
+        return rc;
+    uint8_t fv[4] = {0, 0, 0, STORE_FORMAT};
+    leveldb_writebatch_t *b = leveldb_writebatch_create();
+    cairn_store_meta_put(b, "actor", s->actor.b, CAIRN_ACTOR_LEN);
+    cairn_store_meta_put_u64(b, "member", s->member_id);
+    cairn_store_meta_put_u64(b, "cluster", s->cluster_id);
+    cairn_store_meta_put(b, "token", token, strlen(token));
+    cairn_store_meta_put(b, "joined", "", 0);
+    /* last: a dir with a format marker is an existing one */
+    cairn_store_meta_put(b, "format", fv, 4);
+    char *err = NULL;
+    leveldb_write(s->db, s->wopt_sync, b, &err);
+    leveldb_writebatch_destroy(b);
+    return cairn_store_db_err(s, err);
+}
+
 int cairn_store_create_fresh(cairn_store *s, const cairn_store_options *o)
 {
     /* a checkpoint left beside a database that is gone memoises nothing */
@@ -159,6 +185,8 @@ int cairn_store_create_fresh(cairn_store *s, const cairn_store_options *o)
     } else if (getrandom(s->actor.b, CAIRN_ACTOR_LEN, 0) != CAIRN_ACTOR_LEN) {
         return CAIRN_EIO;
     }
+    if (o->join)
+        return create_joined(s, o, token);
     /* identity, as etcd derives it */
     static const char *const def_urls[1] = {"http://localhost:2380"};
     cairn_store_member def = {name, def_urls, 1};

@@ -632,6 +632,8 @@ static int tx_begin(txctx *t)
 {
     if (t->begun)
         return 0;
+    if (!t->s->kvs_known)
+        return CAIRN_ESTATE; /* a joined store before its genesis came */
     int rc = cairn_doc_begin(t->s->doc, cairn_store_now_ms(t->s));
     if (!rc)
         t->begun = 1;

@@ -57,6 +57,8 @@ static int write_lease(cairn_store *s, int64_t id, int make, cairn_objid obj, in
 {
     uint8_t k[8];
     cairn_lease_doc_key(k, id);
+    if (!s->kvs_known)
+        return CAIRN_ESTATE; /* a joined store before its genesis came */
     int rc = cairn_doc_begin(s->doc, cairn_store_now_ms(s));
     if (rc)
         return rc;

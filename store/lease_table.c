@@ -266,10 +266,13 @@ int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p)
         /* link the map now: the same change sets its fields next */
         if (p->action == CAIRN_PATCH_PUT && p->value.kind == CAIRN_READ_MAP)
             obj_link(t, l, p->value.obj);
-        return 0;
+        return 1;
     }
     l = find_obj(t, p->obj);
-    return l ? touch(t, l) : 0; /* members, cluster, or a dead lease map */
+    if (!l)
+        return 0; /* members, cluster, or a dead lease map */
+    int rc = touch(t, l);
+    return rc ? rc : 1;
 }
 
 int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t to)

@@ -326,6 +326,7 @@ out:
 int cairn_store_batch_change(cairn_store *s, const cairn_change *c, uint64_t index, int64_t rev)
 {
     leveldb_writebatch_t *b = s->batch;
+    s->batch_bytes += c->len;
     uint8_t k[9];
     k[0] = 'O';
     cairn_store_be64(k + 1, index);

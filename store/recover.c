@@ -239,7 +239,7 @@ static int replay(cairn_store *s, uint64_t start)
     pthread_mutex_destroy(&rr.mu);
     pthread_cond_destroy(&rr.cv);
     s->recovering = 0;
-    if (!rc && want == 0)
+    if (!rc && want == 0 && !s->joined)
         rc = cairn_store_corrupt(s, "no genesis change");
     return rc;
 }
@@ -462,6 +462,12 @@ int cairn_store_recover(cairn_store *s, int use_checkpoint)
         (rc = cairn_store_get_meta_u64(s, "cluster", &s->cluster_id, NULL)) ||
         (rc = cairn_store_get_meta_u64(s, "compact", &c, &have_c)))
         return rc;
+    char *j;
+    size_t jl;
+    if ((rc = cairn_store_meta_get(s, "joined", &j, &jl)))
+        return rc;
+    s->joined = j != NULL;
+    leveldb_free(j);
     rc = cairn_store_new_doc(s);
     if (rc)
         return rc;

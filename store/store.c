@@ -204,13 +204,14 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
         if (!rc)
             rc = cairn_store_move_old_records(s);
     }
-    if (!rc && replayed && s->kvs_known)
+    /* a joined dir's table comes from the peers, never from its flags */
+    if (!rc && replayed && s->kvs_known && !s->joined)
         rc = cairn_store_members_upgrade(s, o);
     if (!rc && replayed)
         rc = reopen_db(s);
     if (rc)
         goto fail;
-    if (!s->kvs_known) {
+    if (!s->kvs_known && !s->joined) {
         rc = cairn_store_corrupt(s, "no kvs map");
         goto fail;
     }
@@ -239,6 +240,17 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
 fail:
     cairn_store_close(s);
     return rc;
+}
+
+int cairn_store_awaiting_genesis(const cairn_store *s)
+{
+    /* kvs_known is the observer's, set under the write lock: a read here
+     * may lag by one receive, which only delays the caller's next look */
+    cairn_store *m = (cairn_store *)s;
+    pthread_rwlock_rdlock(&m->rw);
+    int r = !m->kvs_known;
+    pthread_rwlock_unlock(&m->rw);
+    return r;
 }
 
 void cairn_store_close(cairn_store *s)

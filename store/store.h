@@ -65,6 +65,9 @@
  *   'M' "member"                      u64 BE member id
  *   'M' "cluster"                     u64 BE cluster id
  *   'M' "token"                       the cluster token (genesis input)
+ *   'M' "joined"                      present (empty) in a dir made by a join:
+ *                                     it may hold no change yet, and its
+ *                                     member table is never seeded
  *   'M' "compact"                     u64 BE compacted revision (absent: none)
  *   'O' index u64 BE                  rev u64 BE (0 = took no revision) ++
  *                                     the change's canonical bytes: the local
@@ -488,7 +491,21 @@ typedef struct cairn_store_options {
     size_t cache_bytes;        /* LevelDB block cache; 8 MiB */
     size_t write_buffer_bytes; /* LevelDB memtable; 4 MiB */
     int max_open_files;        /* LevelDB table files kept open (mmap'd); 0 = LevelDB's 1000 */
+    /* A new member joining a running cluster (--initial-cluster-state
+     * existing on a new data dir): the ids a member answered
+     * (server/peer's Join). The new dir gets them and no change at all:
+     * no genesis and no initial members (it would fork the cluster's
+     * document); the whole history comes from the peers. Only read when
+     * the data dir is new; |initial_cluster| is then ignored. */
+    int join;
+    uint64_t join_member_id;
+    uint64_t join_cluster_id;
 } cairn_store_options;
+
+/* 1 while a store made by a join (cairn_store_options.join) has not yet
+ * received the cluster's genesis from a peer: it holds no document, so
+ * every write fails with CAIRN_ESTATE. 0 otherwise. */
+int cairn_store_awaiting_genesis(const cairn_store *s);
 
 /* Fills |o| with the defaults above (dir = NULL: the caller must set it). */
 void cairn_store_options_init(cairn_store_options *o);
@@ -780,6 +797,9 @@ uint64_t cairn_store_members_gen(const cairn_store *s);
 typedef struct cairn_store_stats {
     uint64_t syncs;
     uint64_t changes;
+    /* The canonical bytes of the changes those group commits wrote (the
+     * changes' own bytes: the join bench's denominator). */
+    uint64_t change_bytes;
     /* Of those changes: made on this node (client writes, lease expiries
      * and keepalives, member changes: cairn_doc_commit here) and received
      * from peers (cairn_store_receive_changes / _receive_async). */

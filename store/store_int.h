@@ -174,7 +174,9 @@ static inline int64_t cairn_lease_deadline(const lease_ent *l)
     return l->deadline > local ? l->deadline : local;
 }
 void cairn_lease_table_destroy(lease_table *t);
-/* Observer hooks (caller holds rw write). A patch on anything but kvs. */
+/* Observer hooks (caller holds rw write). A patch on anything but kvs:
+ * 1 if it was on the leases map or a live lease's map, 0 if not (members,
+ * cluster, or a dead lease's map), < 0 an error. */
 int cairn_store_lease_patch(cairn_store *s, const cairn_patch *p);
 /* Key |k| moved from lease |from| to lease |to| (0 = none). */
 int cairn_store_lease_key_move(cairn_store *s, kentry *k, int64_t from, int64_t to);
@@ -351,6 +353,7 @@ struct cairn_store {
     _Atomic uint64_t members_gen;
     cairn_actor kvs_actor; /* the author of kvs's make-map op (genesis) */
     int kvs_known;         /* set once the genesis is applied */
+    int joined;            /* made by a join: 'M' "joined" (store.h) */
     kindex idx;
     revmap rm;
 
@@ -408,6 +411,8 @@ struct cairn_store {
     int compact_jobs;   /* compactions queued or compacting physically (close waits) */
     int stop;
     _Atomic uint64_t n_syncs, n_changes; /* cairn_store_get_stats */
+    _Atomic uint64_t n_change_bytes;
+    uint64_t batch_bytes; /* the batch's change bodies (under qmu) */
     _Atomic uint64_t n_forks;
     /* The changes in |batch| by origin, and the apply index after the last
      * of them (under qmu; the committer takes them with the batch). */

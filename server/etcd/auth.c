@@ -9,6 +9,8 @@
 
 static void auth_unimplemented(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     (void)req;
     (void)len;
     etcd_unsupported(c, ": cairn has no authentication (Auth service)");

@@ -3,7 +3,8 @@
 
 /*
  * Internal to server/: etcd's v3 services, one file each (kv, watch, lease,
- * cluster, maintenance with its snapshot, auth), each a table of methods
+ * cluster, maintenance with its snapshot, auth, and recipes: v3lock and
+ * v3election), each a table of methods
  * that server.c registers with the gRPC engine (rpc/rpc.h) with the node
  * (node.h) as their argument, and what they share (etcd.c): the response
  * header and etcd's size rules.
@@ -31,6 +32,8 @@ extern const rpc_service etcd_lease_service;
 extern const rpc_service etcd_cluster_service;
 extern const rpc_service etcd_maintenance_service;
 extern const rpc_service etcd_auth_service;
+extern const rpc_service etcd_lock_service;     /* recipes.c */
+extern const rpc_service etcd_election_service; /* recipes.c */
 
 /* ---- shared (etcd.c) ----------------------------------------------------- */
 
@@ -98,6 +101,8 @@ void watch_hub_ready(cairn_server *srv);
 /* Cancels every Watch stream (shutdown: the service's stopping hook). */
 void watch_hub_cancel_all(void *srv);
 void watch_hub_free(cairn_server *srv);
+/* The hub itself, for the recipes' waiters (recipes.c). */
+struct cairn_hub *watch_hub_of(cairn_server *srv);
 /* The store subscriber that feeds the hub (cairn_hub_events_cb with the
  * hub as its argument); valid once watch_hub_new succeeded. */
 cairn_store_subscriber watch_hub_subscriber(cairn_server *srv);

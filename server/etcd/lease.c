@@ -91,6 +91,8 @@ static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
 
 static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     Etcdserverpb__LeaseTimeToLiveRequest *m = (Etcdserverpb__LeaseTimeToLiveRequest *)rpc_unpack(
         c, &etcdserverpb__lease_time_to_live_request__descriptor, req, len);
     if (!m)
@@ -130,6 +132,8 @@ static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
 
 static void lease_leases(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     if (!rpc_unpack(c, &etcdserverpb__lease_leases_request__descriptor, req, len))
         return;
     int64_t *ids = NULL;
@@ -225,6 +229,8 @@ static void ka_closed(rpc_call *c)
 
 static void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     (void)req;
     (void)len;
     /* etcd: a stream its client cancelled, or whose deadline passed, ends

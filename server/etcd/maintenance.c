@@ -117,6 +117,8 @@ static int alarm_cmp(const void *a, const void *b)
 
 static void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     Etcdserverpb__AlarmRequest *m =
         (Etcdserverpb__AlarmRequest *)rpc_unpack(c, &etcdserverpb__alarm_request__descriptor, req, len);
     if (!m)
@@ -190,6 +192,8 @@ static void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     if (!rpc_unpack(c, &etcdserverpb__defragment_request__descriptor, req, len))
         return;
     /* etcd rewrites its bolt file to give back free pages. LevelDB has no
@@ -203,6 +207,8 @@ static void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_move_leader(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     if (!rpc_unpack(c, &etcdserverpb__move_leader_request__descriptor, req, len))
         return;
     rpc_fail(c, CAIRN_EUNIMPLEMENTED,
@@ -283,6 +289,8 @@ static int hash_keyspace(cairn_server *srv, uint32_t *out, int64_t rev)
 
 static void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     Etcdserverpb__HashKVRequest *m = (Etcdserverpb__HashKVRequest *)rpc_unpack(
         c, &etcdserverpb__hash_kvrequest__descriptor, req, len);
     if (!m)
@@ -323,6 +331,8 @@ static void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
 {
+    if (etcd_learner_refuses(c))
+        return;
     if (!rpc_unpack(c, &etcdserverpb__hash_request__descriptor, req, len))
         return;
     /* etcd hashes its whole bolt file; cairn's backend files differ from

@@ -567,6 +567,9 @@ static void on_recv(void *arg, int ok)
 
 static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 {
+    /* etcd: on a learner, only Status and a serializable Range */
+    if (etcd_learner_refuses(c))
+        return;
     (void)req;
     (void)len;
     cairn_server *srv = etcd_node(c);
@@ -604,6 +607,11 @@ static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 }
 
 /* ---- the server's side of the hub --------------------------------------- */
+
+struct cairn_hub *watch_hub_of(cairn_server *srv)
+{
+    return srv->watch->hub;
+}
 
 cairn_store_subscriber watch_hub_subscriber(cairn_server *srv)
 {

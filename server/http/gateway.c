@@ -22,6 +22,12 @@
  * its sending side after the body: etcd's Watch goes on, its
  * LeaseKeepAlive ends, and cairn's do the same; a watch here keeps its
  * side open until the HTTP client goes all the same.
+ * /v3/election/observe (server streaming) decodes its one request as a
+ * unary call's (a bad body: code 3, 400) and streams like /v3/watch.
+ * /v3/lock/lock and /v3/election/campaign may wait for minutes: they run
+ * on the stream machinery without a deadline, so that a client that goes
+ * away cancels the call (etcd's gateway cancels its context, and the
+ * waiter's key is deleted), and are answered whole as unary calls.
  * A call receives its next response only while less than
  * GATEWAY_STREAM_HIGH bytes of its answer wait for the client (front_flow):
  * a slow reader holds back the gRPC stream (its flow control, then the
@@ -36,6 +42,8 @@
 #include "server/rpc/rpc.h"
 #include "server/rpc/unary_ops.h"
 #include "server/server.h"
+#include "v3electionpb/v3election.pb-c.h"
+#include "v3lockpb/v3lock.pb-c.h"
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -48,20 +56,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* A gateway call that takes longer is answered DeadlineExceeded (504). */
+/* A gateway call that takes longer is answered DeadlineExceeded (504),
+ * unless its Grpc-Timeout header says otherwise. */
 #define GATEWAY_DEADLINE_S 60
 /* A stream stops receiving while this much of its answer is unsent. */
 #define GATEWAY_STREAM_HIGH (1u << 20)
 /* Requests one stream's body may hold. */
 #define GATEWAY_STREAM_MAX_REQS 1024
 
-enum { UNARY = 0, STREAM_OPEN = 1, STREAM_CLOSE = 2 };
+/* UNARY_WAIT: a unary call that may wait long (Lock, Campaign): no
+ * deadline, and cancelled when the client goes away, as etcd's gateway
+ * cancels the call's context (run on the stream machinery, answered
+ * whole). SERVER_STREAM: one request decoded as a unary one's, then a
+ * stream of answers (Observe). */
+enum { UNARY = 0, STREAM_OPEN = 1, STREAM_CLOSE = 2, UNARY_WAIT = 3, SERVER_STREAM = 4 };
 
 typedef struct route {
     const char *path; /* after /v3 */
     const char *method;
     const ProtobufCMessageDescriptor *req, *resp;
-    int kind; /* UNARY, or a stream that keeps (STREAM_OPEN) or closes its sending side */
+    int kind; /* UNARY, UNARY_WAIT, SERVER_STREAM, or a bidi stream that keeps
+                 (STREAM_OPEN) or closes its sending side */
 } route;
 
 /* etcd 3.4's rpc.proto google.api.http bindings */
@@ -110,20 +125,24 @@ static const route routes[] = {
     {"/lease/keepalive", "/etcdserverpb.Lease/LeaseKeepAlive",
      &etcdserverpb__lease_keep_alive_request__descriptor,
      &etcdserverpb__lease_keep_alive_response__descriptor, STREAM_CLOSE},
-};
-
-/* etcd's v3election and v3lock services, which cairn does not serve:
- * answered as grpc-go answers a service it lacks. */
-static const struct {
-    const char *path, *service;
-} unserved[] = {
-    {"/election/campaign", "v3electionpb.Election"},
-    {"/election/proclaim", "v3electionpb.Election"},
-    {"/election/leader", "v3electionpb.Election"},
-    {"/election/observe", "v3electionpb.Election"},
-    {"/election/resign", "v3electionpb.Election"},
-    {"/lock/lock", "v3lockpb.Lock"},
-    {"/lock/unlock", "v3lockpb.Lock"},
+    /* etcd 3.4's v3lock.proto and v3election.proto bindings */
+    {"/lock/lock", "/v3lockpb.Lock/Lock", &v3lockpb__lock_request__descriptor,
+     &v3lockpb__lock_response__descriptor, UNARY_WAIT},
+    {"/lock/unlock", "/v3lockpb.Lock/Unlock", &v3lockpb__unlock_request__descriptor,
+     &v3lockpb__unlock_response__descriptor, UNARY},
+    {"/election/campaign", "/v3electionpb.Election/Campaign",
+     &v3electionpb__campaign_request__descriptor, &v3electionpb__campaign_response__descriptor,
+     UNARY_WAIT},
+    {"/election/proclaim", "/v3electionpb.Election/Proclaim",
+     &v3electionpb__proclaim_request__descriptor, &v3electionpb__proclaim_response__descriptor,
+     UNARY},
+    {"/election/leader", "/v3electionpb.Election/Leader", &v3electionpb__leader_request__descriptor,
+     &v3electionpb__leader_response__descriptor, UNARY},
+    {"/election/observe", "/v3electionpb.Election/Observe",
+     &v3electionpb__leader_request__descriptor, &v3electionpb__leader_response__descriptor,
+     SERVER_STREAM},
+    {"/election/resign", "/v3electionpb.Election/Resign", &v3electionpb__resign_request__descriptor,
+     &v3electionpb__resign_response__descriptor, UNARY},
 };
 
 typedef struct gw_stream gw_stream;
@@ -154,7 +173,8 @@ enum { T_UNARY = 0, T_SEND, T_RECV, T_STATUS };
 struct gw_stream {
     front_flow fl; /* first: the front's callbacks find the stream */
     gw_tag tsend, trecv, tstatus;
-    grpc_byte_buffer **reqs; /* the body's requests, sent in order */
+    grpc_byte_buffer **reqs;  /* the body's requests, sent in order */
+    grpc_byte_buffer *answer; /* UNARY_WAIT: the call's answer */
     size_t nreqs, nsent;
     int outstanding; /* batches in flight (g->mu) */
     int front_ref;   /* the front holds fl (g->mu) */
@@ -216,6 +236,72 @@ static void json_error(http_buf *out, int minor, int close, int code, const char
     http_buf_free(&body);
 }
 
+/* etcd's gateway (grpc-gateway) reads a Grpc-Timeout header as gRPC's
+ * timeout: an integer as Go's strconv.ParseInt takes it (sign allowed)
+ * and one unit letter, H M S m u n. 0 with |*ns| = 0: none sent, or 0
+ * (no deadline); -1: malformed. */
+static int grpc_timeout_ns(const http_request *r, int64_t *ns)
+{
+    *ns = 0;
+    if (!r->grpc_timeout)
+        return 0;
+    const char *s = r->grpc_timeout;
+    size_t n = r->grpc_timeout_len;
+    if (n < 2)
+        return -1;
+    static const char units[] = "HMSmun";
+    static const int64_t per[] = {INT64_C(3600000000000), INT64_C(60000000000),
+                                  INT64_C(1000000000),    INT64_C(1000000),
+                                  INT64_C(1000),          1};
+    const char *u = memchr(units, s[n - 1], sizeof units - 1);
+    if (!u)
+        return -1;
+    int64_t unit = per[u - units];
+    size_t i = 0;
+    int neg = 0;
+    if (s[0] == '+' || s[0] == '-') {
+        neg = s[0] == '-';
+        i = 1;
+    }
+    if (i == n - 1)
+        return -1;
+    uint64_t v = 0;
+    for (; i < n - 1; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
+            return -1; /* ParseInt's range error */
+    }
+    /* Go multiplies in int64 and may wrap; past 100 years is as good as none */
+    const uint64_t cap = UINT64_C(3155760000000000000);
+    uint64_t d = v > cap / (uint64_t)unit ? cap : v * (uint64_t)unit;
+    *ns = neg ? -(int64_t)d : (int64_t)d;
+    return 0;
+}
+
+/* The deadline a gateway call gets: the Grpc-Timeout's, else |dflt| (a
+ * gpr_inf_future for none). */
+static gpr_timespec call_deadline(int64_t ns, gpr_timespec dflt)
+{
+    if (ns == 0)
+        return dflt;
+    return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_nanos(ns, GPR_TIMESPAN));
+}
+
+/* gRPC core's text for a call whose own deadline passed, in Go's words as
+ * etcd's gateway answers it. */
+static void go_deadline_text(gw_call *c)
+{
+    static const char core[] = "Deadline Exceeded";
+    if (c->status == GRPC_STATUS_DEADLINE_EXCEEDED &&
+        GRPC_SLICE_LENGTH(c->details) == sizeof core - 1 &&
+        memcmp(GRPC_SLICE_START_PTR(c->details), core, sizeof core - 1) == 0) {
+        grpc_slice_unref(c->details);
+        c->details = grpc_slice_from_static_string("context deadline exceeded");
+    }
+}
+
 /* The response in |bb| as JSON text (malloc()ed), or NULL. */
 static char *response_json(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
 {
@@ -265,6 +351,8 @@ static void stream_free(gw_stream *st)
         return;
     for (size_t i = 0; i < st->nreqs; i++)
         grpc_byte_buffer_destroy(st->reqs[i]);
+    if (st->answer)
+        grpc_byte_buffer_destroy(st->answer);
     free(st->reqs);
     free(st);
 }
@@ -310,7 +398,7 @@ static void post_send(gw_call *c)
     if (st->nsent < st->nreqs) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = st->reqs[st->nsent++];
-    } else if (c->rt->kind == STREAM_CLOSE && !st->close_sent) {
+    } else if (c->rt->kind != STREAM_OPEN && !st->close_sent) {
         ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
         st->close_sent = 1;
     }
@@ -394,7 +482,21 @@ static void stream_finish(gw_call *c)
     http_buf out = {0};
     const char *m = (const char *)GRPC_SLICE_START_PTR(c->details);
     size_t mlen = GRPC_SLICE_LENGTH(c->details);
-    if (c->status != GRPC_STATUS_OK && !st->head_sent) {
+    if (c->rt->kind == UNARY_WAIT) {
+        /* answered whole, as a unary call */
+        char *json = c->status == GRPC_STATUS_OK ? response_json(c->rt->resp, st->answer) : NULL;
+        if (json)
+            http_answer(&out, c->minor, 200, "application/json",
+                        "Grpc-Metadata-Content-Type: application/grpc\r\n", json, strlen(json),
+                        c->close);
+        else if (c->status != GRPC_STATUS_OK)
+            json_error(&out, c->minor, c->close, (int)c->status, m, mlen);
+        else {
+            static const char e[] = "cannot encode the answer";
+            json_error(&out, c->minor, c->close, GRPC_STATUS_INTERNAL, e, sizeof e - 1);
+        }
+        free(json);
+    } else if (c->status != GRPC_STATUS_OK && !st->head_sent) {
         /* etcd: the call failed before its headers: an HTTP error */
         json_error(&out, c->minor, c->close, (int)c->status, m, mlen);
     } else {
@@ -444,20 +546,31 @@ static void stream_event(gw_tag *t, int ok)
     if (t->kind == T_RECV) {
         bb = c->recv;
         c->recv = NULL;
-        if (ok && bb && !atomic_load(&st->fl.closed))
-            stream_response(c, bb);
+        if (ok && bb && !atomic_load(&st->fl.closed)) {
+            if (c->rt->kind == UNARY_WAIT) {
+                if (!st->answer) {
+                    st->answer = bb; /* answered whole by stream_finish */
+                    bb = NULL;
+                }
+            } else
+                stream_response(c, bb);
+        }
     }
     pthread_mutex_lock(&g->mu);
     st->outstanding--;
     if (t->kind == T_SEND && ok && !st->ended)
         post_send(c);
-    else if (t->kind == T_RECV && bb && !atomic_load(&st->fl.closed)) {
+    else if (t->kind == T_RECV && c->rt->kind == UNARY_WAIT) {
+        /* one answer: nothing more to read; the status follows */
+    } else if (t->kind == T_RECV && bb && !atomic_load(&st->fl.closed)) {
         if (atomic_load(&st->fl.unsent) >= GATEWAY_STREAM_HIGH)
             st->stalled = 1; /* flow_wake goes on */
         else
             post_recv(c, 0);
-    } else if (t->kind == T_STATUS)
+    } else if (t->kind == T_STATUS) {
+        go_deadline_text(c);
         st->ended = 1;
+    }
     /* a stalled stream's responses are still to be read, unless no one is
      * there to read them */
     int finish = st->ended && st->outstanding == 0 && !st->finishing &&
@@ -494,6 +607,7 @@ static void *gateway_main(void *arg)
             stream_event(t, ev.success);
             continue;
         }
+        go_deadline_text(t->c);
         answer_call(t->c, ev.success);
         call_done(g, t->c);
     }
@@ -573,6 +687,20 @@ static int stream_requests(gw_stream *st, const route *rt, const http_request *r
 {
     const char *p = (const char *)r->body;
     size_t left = r->body_len;
+    if (rt->kind == UNARY_WAIT || rt->kind == SERVER_STREAM) {
+        /* one request, decoded as a unary call's */
+        wire_wr w = {0};
+        int rc = pbjson_decode(&w, rt->req, p, left, err, errlen);
+        if (rc == 0 && !(st->reqs = malloc(sizeof *st->reqs)))
+            rc = CAIRN_ENOMEM;
+        if (rc == 0) {
+            grpc_slice s = grpc_slice_from_copied_buffer((const char *)w.p, w.len);
+            st->reqs[st->nreqs++] = grpc_raw_byte_buffer_create(&s, 1);
+            grpc_slice_unref(s);
+        }
+        free(w.p);
+        return rc;
+    }
     while (st->nreqs < GATEWAY_STREAM_MAX_REQS) {
         wire_wr w = {0};
         size_t used;
@@ -602,7 +730,7 @@ static int stream_requests(gw_stream *st, const route *rt, const http_request *r
 }
 
 static int stream_start(gateway *g, const route *rt, const http_request *r, http_buf *out,
-                        uint64_t token)
+                        uint64_t token, int64_t timeout_ns)
 {
     gw_call *c = calloc(1, sizeof *c);
     gw_stream *st = calloc(1, sizeof *st);
@@ -620,22 +748,27 @@ static int stream_start(gateway *g, const route *rt, const http_request *r, http
     st->tstatus = (gw_tag){c, T_STATUS};
     st->fl.wake_cb = flow_wake;
     st->fl.release_cb = flow_release;
-    st->fl.close_at_end = r->minor < 1;
+    st->fl.close_at_end = r->minor < 1 && rt->kind != UNARY_WAIT;
     char err[256];
     int rc = stream_requests(st, rt, r, err, sizeof err);
     if (rc != 0) {
         call_free(c);
-        /* etcd: the stream's decoder fails with a plain error: Unknown, 500 */
+        /* etcd: the stream's decoder fails with a plain error: Unknown,
+         * 500; a unary request's is InvalidArgument, 400 */
         if (rc == CAIRN_ENOMEM)
             snprintf(err, sizeof err, "out of memory");
+        int single = rt->kind == UNARY_WAIT || rt->kind == SERVER_STREAM;
         json_error(out, r->minor, !r->keep_alive,
-                   rc == CAIRN_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNKNOWN, err,
-                   strlen(err));
+                   rc == CAIRN_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                   : single           ? GRPC_STATUS_INVALID_ARGUMENT
+                                      : GRPC_STATUS_UNKNOWN,
+                   err, strlen(err));
         return 0;
     }
     grpc_slice method = grpc_slice_from_static_string(rt->method);
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
-                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+                                       call_deadline(timeout_ns, gpr_inf_future(GPR_CLOCK_REALTIME)),
+                                       NULL);
     if (!c->call) {
         call_free(c);
         static const char m[] = "cannot start the gateway call";
@@ -685,11 +818,7 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++)
         if (strlen(routes[i].path) == n && memcmp(routes[i].path, p, n) == 0)
             rt = &routes[i];
-    const char *service = NULL;
-    for (size_t i = 0; i < sizeof unserved / sizeof unserved[0] && !rt && !service; i++)
-        if (strlen(unserved[i].path) == n && memcmp(unserved[i].path, p, n) == 0)
-            service = unserved[i].service;
-    if (!rt && !service) {
+    if (!rt) {
         text_error(out, r, 404, "Not Found");
         return 0;
     }
@@ -702,15 +831,17 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
         json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_UNAVAILABLE, m, sizeof m - 1);
         return 0;
     }
-    if (service) {
-        /* grpc-go's answer for a service it does not have */
-        char m[96];
-        int len = snprintf(m, sizeof m, "unknown service %s", service);
-        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_UNIMPLEMENTED, m, (size_t)len);
+    int64_t tmo;
+    if (grpc_timeout_ns(r, &tmo) != 0) {
+        char m[256];
+        int l = snprintf(m, sizeof m, "invalid grpc-timeout: %.*s",
+                         (int)(r->grpc_timeout_len > 200 ? 200 : r->grpc_timeout_len),
+                         r->grpc_timeout);
+        json_error(out, r->minor, !r->keep_alive, GRPC_STATUS_INVALID_ARGUMENT, m, (size_t)l);
         return 0;
     }
     if (rt->kind != UNARY)
-        return stream_start(g, rt, r, out, token);
+        return stream_start(g, rt, r, out, token, tmo);
     wire_wr w = {0};
     char err[256];
     int rc = pbjson_decode(&w, rt->req, (const char *)r->body, r->body_len, err, sizeof err);
@@ -736,8 +867,9 @@ int gateway_serve(gateway *g, const http_request *r, http_buf *out, uint64_t tok
     free(w.p);
     c->send = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                                         gpr_time_from_seconds(GATEWAY_DEADLINE_S, GPR_TIMESPAN));
+    gpr_timespec deadline = call_deadline(
+        tmo, gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                          gpr_time_from_seconds(GATEWAY_DEADLINE_S, GPR_TIMESPAN)));
     grpc_slice method = grpc_slice_from_static_string(rt->method);
     c->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, method, NULL,
                                        deadline, NULL);

@@ -192,6 +192,9 @@ int http_parse(http_request *r, size_t *used, const uint8_t *buf, size_t len, ui
         } else if (ieq(n, nlen, "content-type")) {
             r->content_type = v;
             r->content_type_len = vlen;
+        } else if (ieq(n, nlen, "grpc-timeout") && !r->grpc_timeout) {
+            r->grpc_timeout = v; /* Go's Header.Get: the first */
+            r->grpc_timeout_len = vlen;
         }
         p = next;
     }

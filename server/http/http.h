@@ -32,6 +32,8 @@ typedef struct http_request {
     int keep_alive; /* the connection stays open after the answer */
     const char *content_type;
     size_t content_type_len;
+    const char *grpc_timeout; /* the first Grpc-Timeout header's value, or NULL */
+    size_t grpc_timeout_len;
     const uint8_t *body;
     size_t body_len;
 } http_request;

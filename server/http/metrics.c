@@ -377,6 +377,9 @@ void metrics_write(cairn_server *srv, http_buf *b)
     counter(b, "cairn_store_changes_total",
             "Changes carried by those group commits (changes / syncs is the batch factor).",
             (double)st.changes);
+    counter(b, "cairn_store_change_bytes_total",
+            "The changes' own bytes (canonical encoding) those group commits wrote.",
+            (double)st.change_bytes);
     counter(b, "cairn_store_forks_total",
             "Changes refused for sharing an author and seq with a change held here (a fork).",
             (double)st.forks);

@@ -104,6 +104,17 @@
  * removed member exits. Peer slots are never reused (etcd never reuses a
  * removed id either), at most PEER_MAX_MEMBERS per process.
  *
+ * JOIN. A node started with --initial-cluster-state existing on an empty
+ * data dir has no identity yet: before its store opens it calls
+ * cairnpb.Peer/Join (unary) on the other members of --initial-cluster in
+ * turn, on a scratch peer_net that only holds the TLS settings
+ * (peer_net_join). A member serves the call on this thread: the request's
+ * checks and the answer are peer_msg.c's (sans-I/O, fuzzed), from the
+ * member table and heads read from the store, after the same certificate
+ * checks as a stream's. The joiner's peers are then the answered table
+ * (add_peers' seed), whose ids --initial-cluster cannot give for members
+ * that were added (etcd: their ids carry the time of the add).
+ *
  * TLS. An https:// peer URL is served and dialed with gRPC's TLS
  * credentials from the --peer-* flags; the server asks for a client
  * certificate but leaves every check of it to tls/ (cairn_tls_check_pem,
@@ -136,10 +147,14 @@
 #include "crdt/error.h"
 #include "server/peer/peer_msg.h"
 #include "server/rpc/rpc.h"
+#include "server/rpc/unary_ops.h"
 #include "server/tls/tls.h"
 #include "store/replica.h"
 
 #define PEER_METHOD "/cairnpb.Peer/Stream"
+#define PEER_JOIN_METHOD "/cairnpb.Peer/Join"
+/* A joining node asks each member this long (dial and answer). */
+#define PEER_JOIN_MS 5000
 #define PEER_QUEUE_BYTES (8u << 20)
 #define PEER_BACKOFF_MIN_MS 20u
 #define PEER_BACKOFF_MAX_MS 2000u
@@ -175,7 +190,7 @@
 /* crdt/sync's largest message, and room for the framing. */
 #define PEER_MAX_MSG_BYTES (96 << 20)
 
-enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN, T_WAKE };
+enum { T_ACCEPT, T_SEND, T_RECV, T_CLOSE, T_SHUTDOWN, T_WAKE, T_JOIN };
 
 /* The wake call's life (peer_net.wake_state, the peer thread's alone). */
 enum {
@@ -224,6 +239,17 @@ typedef struct plink {
     grpc_slice bye_details; /* the OK status's details (accepted side) */
     struct plink *next;
 } plink;
+
+/* A Join call being served (JOIN below): the request's receive, then the
+ * answer with the status; freed when that batch completes. */
+typedef struct pjoin {
+    ptag t; /* first: on_event's tag is the pjoin */
+    grpc_call *call;
+    grpc_byte_buffer *rbuf, *sbuf;
+    grpc_slice details;
+    int cancelled;
+    int answering;
+} pjoin;
 
 typedef struct qchange {
     struct qchange *next;
@@ -301,6 +327,7 @@ struct peer_net {
     grpc_metadata_array amd;
     int accepting;
     int shut_done; /* the server's shutdown completed */
+    int njoins;    /* Join calls being served */
     /* PEER_MAX_MEMBERS slots, the first npeers filled */
     ppeer *peers;
     _Atomic size_t npeers;
@@ -314,8 +341,18 @@ struct peer_net {
     void (*ack_cb)(void *arg); /* peer_net_set_ack_cb */
     void *ack_arg;
     uint64_t my_id, cluster_id;
-    uint64_t incarnation; /* this start, in ms since the epoch */
-    uint64_t urls_gen;    /* bumped when a member's client URLs change */
+    /* A join catching up (JOIN above): only the member that answered it
+     * is synced with until peer_net_joined, so that the history comes
+     * once, not once per member; 0 when not joining. */
+    _Atomic uint64_t join_from;
+    /* Set from the seed until peer_net_joined: the member table applied so
+     * far is a past state of the cluster's (the history arrives in order),
+     * in which members added since are missing; following it would take
+     * them for removed, refuse them, and so stop them. */
+    atomic_int catching_up;
+    uint64_t join_from_seen_ms; /* its stream was last up then */
+    uint64_t incarnation;       /* this start, in ms since the epoch */
+    uint64_t urls_gen;          /* bumped when a member's client URLs change */
     cairn_actor actor;
     uint8_t token_hash[32];
     /* TLS (https:// peer URLs): PEM text of the --peer-* files */
@@ -698,10 +735,9 @@ static void refuse_unlinked(plink *l, ppeer *p)
 
 /* tls/'s checks on the certificate |l|'s peer presented; 0 if it passes
  * (or this link is plaintext, or an accepted peer need not present one). */
-static int check_cert(plink *l, char *why, size_t whylen)
+static int check_call_cert(peer_net *n, grpc_call *call, int dialed, char *why, size_t whylen)
 {
-    peer_net *n = l->n;
-    grpc_auth_context *ac = grpc_call_auth_context(l->call);
+    grpc_auth_context *ac = grpc_call_auth_context(call);
     const grpc_auth_property *leaf = NULL, *chain = NULL;
     int secure = 0;
     if (ac) {
@@ -718,7 +754,7 @@ static int check_cert(plink *l, char *why, size_t whylen)
         secure = t && strcmp(t->value, GRPC_SSL_TRANSPORT_SECURITY_TYPE) == 0;
     }
     int rc = 0;
-    if (secure && n->checker && (leaf || l->dialed || n->verify_clients)) {
+    if (secure && n->checker && (leaf || dialed || n->verify_clients)) {
         /* tls/ takes the certificate first, then the intermediates; one
          * repeated among them does no harm */
         size_t len = 0;
@@ -745,8 +781,8 @@ static int check_cert(plink *l, char *why, size_t whylen)
         /* etcd: the listener checks a dialing member's SANs against the
          * address it came from, unless
          * --experimental-peer-skip-client-san-verification */
-        if (!rc && leaf && !l->dialed && !n->cfg->peer_tls.skip_client_san_verification) {
-            char *addr = grpc_call_get_peer(l->call);
+        if (!rc && leaf && !dialed && !n->cfg->peer_tls.skip_client_san_verification) {
+            char *addr = grpc_call_get_peer(call);
             rc = cairn_tls_check_peer_san(pem, len, addr, r, sizeof r);
             gpr_free(addr);
         }
@@ -756,6 +792,11 @@ static int check_cert(plink *l, char *why, size_t whylen)
     }
     grpc_auth_context_release(ac);
     return rc;
+}
+
+static int check_cert(plink *l, char *why, size_t whylen)
+{
+    return check_call_cert(l->n, l->call, l->dialed, why, whylen);
 }
 
 /* |p|'s client URLs are now |v| (copied), as of its start |incarnation|. */
@@ -1157,6 +1198,122 @@ static void on_close(plink *l)
     link_kill(l, "the stream ended");
 }
 
+/* ---- JOIN (the answering side; peer_msg.c has the checks) -------------- */
+
+static void join_free(peer_net *n, pjoin *j)
+{
+    if (j->rbuf)
+        grpc_byte_buffer_destroy(j->rbuf);
+    if (j->sbuf)
+        grpc_byte_buffer_destroy(j->sbuf);
+    grpc_slice_unref(j->details);
+    grpc_call_unref(j->call);
+    free(j);
+    n->njoins--;
+}
+
+static void join_start(peer_net *n, grpc_call *call)
+{
+    pjoin *j = calloc(1, sizeof *j);
+    if (!j) {
+        grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    j->t = (ptag){T_JOIN, NULL};
+    j->call = call;
+    j->details = grpc_empty_slice();
+    n->njoins++;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &j->rbuf;
+    if (grpc_call_start_batch(call, ops, 2, &j->t, NULL) != GRPC_CALL_OK)
+        join_free(n, j);
+}
+
+/* The answer to request |req|: a packed JoinResponse, or the refusal. */
+static int join_answer(peer_net *n, grpc_call *call, const uint8_t *req, size_t len, uint8_t **out,
+                       size_t *outlen, uint64_t *who, char *why, size_t whylen)
+{
+    if (check_call_cert(n, call, 0, why, whylen))
+        return -1;
+    cairn_member_info *v = NULL;
+    size_t k = 0;
+    cairn_hash *heads = NULL;
+    size_t nh = 0;
+    int rc = cairn_store_member_list(n->store, &v, &k);
+    if (!rc)
+        rc = cairn_store_heads(n->store, &heads, &nh);
+    if (!rc) {
+        peer_join_self self = {n->cluster_id, n->token_hash, v, k, heads, nh};
+        rc = peer_join_answer(out, outlen, who, req, len, &self, why, whylen);
+    }
+    if (rc > 0 || rc < -1)
+        snprintf(why, whylen, "cannot answer: %s", cairn_strerror(rc));
+    cairn_store_member_list_free(v, k);
+    free(heads);
+    return rc;
+}
+
+/* The request arrived (or the call ended): the answer or the refusal,
+ * with the status; then the call is freed. */
+static void on_join(peer_net *n, pjoin *j, int ok)
+{
+    if (j->answering || !ok || !j->rbuf) {
+        join_free(n, j);
+        return;
+    }
+    j->answering = 1;
+    grpc_byte_buffer_reader rd;
+    grpc_slice all = grpc_empty_slice();
+    int read = grpc_byte_buffer_reader_init(&rd, j->rbuf);
+    if (read) {
+        all = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+    }
+    char why[16384] = "a join request that does not decode";
+    uint8_t *ans = NULL;
+    size_t alen = 0;
+    uint64_t who = 0;
+    int rc = read ? join_answer(n, j->call, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), &ans,
+                                &alen, &who, why, sizeof why)
+                  : -1;
+    grpc_slice_unref(all);
+    char *addr = grpc_call_get_peer(j->call);
+    grpc_status_code st = GRPC_STATUS_OK;
+    if (rc == 0) {
+        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)ans, alen);
+        j->sbuf = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        cairn_log(CAIRN_LOG_INFO, "member %016" PRIx64 " at %s joins: answered it the member table",
+                  who, addr ? addr : "?");
+    } else {
+        /* etcd: the new member exits with the reason; a refusal is the
+         * joiner's configuration, not this node's trouble */
+        st = rc == -1 ? GRPC_STATUS_FAILED_PRECONDITION : GRPC_STATUS_UNAVAILABLE;
+        j->details = grpc_slice_from_copied_string(why);
+        cairn_log(CAIRN_LOG_WARN, "refused a join from %s: %s", addr ? addr : "?", why);
+    }
+    gpr_free(addr);
+    free(ans);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t k = 0;
+    if (j->sbuf) {
+        ops[k].op = GRPC_OP_SEND_MESSAGE;
+        ops[k++].data.send_message.send_message = j->sbuf;
+    }
+    ops[k].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[k].data.send_status_from_server.status = st;
+    ops[k++].data.send_status_from_server.status_details = &j->details;
+    ops[k].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[k++].data.recv_close_on_server.cancelled = &j->cancelled;
+    if (grpc_call_start_batch(j->call, ops, k, &j->t, NULL) != GRPC_CALL_OK)
+        join_free(n, j);
+}
+
 static void post_accept(peer_net *n)
 {
     grpc_call_details_init(&n->adetails);
@@ -1172,7 +1329,13 @@ static void on_accept(peer_net *n, int ok)
     n->accepting = 0;
     grpc_call *call = n->acall;
     int ours = ok && call && grpc_slice_str_cmp(n->adetails.method, PEER_METHOD) == 0;
-    if (ok && call && !ours) {
+    int join = ok && call && grpc_slice_str_cmp(n->adetails.method, PEER_JOIN_METHOD) == 0;
+    if (join && !atomic_load(&n->stop)) {
+        join_start(n, call);
+    } else if (join) {
+        grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE, "shutting down", NULL);
+        grpc_call_unref(call);
+    } else if (ok && call && !ours) {
         /* the peer port serves nothing else (etcd's services are on the
          * client URLs) */
         grpc_call_cancel_with_status(call, GRPC_STATUS_UNIMPLEMENTED,
@@ -1322,6 +1485,9 @@ static void on_event(peer_net *n, ptag *t, int ok)
     case T_WAKE:
         wake_done(n);
         return;
+    case T_JOIN:
+        on_join(n, (pjoin *)t, ok);
+        return;
     case T_SEND:
         l->pending--;
         l->sending = 0;
@@ -1436,6 +1602,10 @@ static int add_member(peer_net *n, const cairn_member_info *m)
     char addr[256];
     if (!m->npeer_urls || cairn_url_to_addr(addr, sizeof addr, m->peer_urls[0]))
         return CAIRN_EINVAL;
+    /* a --peer-dials address stands for the member of that name */
+    for (size_t j = 0; j < n->cfg->npeer_dials; j++)
+        if (m->name[0] && strcmp(n->cfg->peer_dials[j].name, m->name) == 0)
+            snprintf(addr, sizeof addr, "%s", n->cfg->peer_dials[j].addr);
     ppeer *p = &n->peers[n->npeers];
     memset(p, 0, sizeof *p);
     p->net = n;
@@ -1510,6 +1680,8 @@ static void readdress(peer_net *n, ppeer *p, const cairn_member_info *m)
  * one list read of the table (a few entries) per change of it. */
 static void follow_members(peer_net *n)
 {
+    if (atomic_load(&n->catching_up))
+        return; /* the answered table stands until then */
     uint64_t gen = cairn_store_members_gen(n->store) + 1;
     if (gen == n->members_gen)
         return;
@@ -1572,8 +1744,22 @@ static void tick(peer_net *n)
             continue;
         }
         plink *l = p->live;
+        uint64_t from = atomic_load(&n->join_from);
+        if (from && p->id == from && l && !l->dead)
+            n->join_from_seen_ms = now;
+        if (from && now > n->join_from_seen_ms + PEER_JOIN_MS) {
+            cairn_log(CAIRN_LOG_WARN,
+                      "joining: no stream to the member that answered the join for %d ms: "
+                      "catching up from every member",
+                      PEER_JOIN_MS);
+            atomic_store(&n->join_from, 0);
+            from = 0;
+        }
         if (!l || l->dead || l->sending || l->refusing || l->bye)
             continue;
+        /* joining: the others hear nothing from us yet but pushes (their
+         * answers to our sync messages would each be the whole history) */
+        int quiet = from && p->id != from;
         uint8_t *msg = NULL;
         size_t len = 0;
         int rc = 0;
@@ -1597,7 +1783,7 @@ static void tick(peer_net *n)
          * would otherwise get its own (the thread ticks after every
          * event). Any sync message carries our heads, so it counts. */
         int ack = now >= p->answered_ms + PEER_TICK_MS && atomic_load(&p->ack_due);
-        if (!rc && !msg && (atomic_exchange(&p->answer_due, 0) || ack || periodic)) {
+        if (!rc && !msg && !quiet && (atomic_exchange(&p->answer_due, 0) || ack || periodic)) {
             atomic_store(&p->ack_due, 0);
             p->answered_ms = now;
             if (periodic) {
@@ -1730,7 +1916,7 @@ static void *peer_main(void *arg)
     for (int tries = 0; tries < 500; tries++) {
         drain(n, 10);
         links_sweep(n);
-        if (!n->links && !n->accepting && n->shut_done && n->wake_state == W_NONE)
+        if (!n->links && !n->accepting && n->shut_done && n->wake_state == W_NONE && !n->njoins)
             break;
     }
     return NULL;
@@ -1927,19 +2113,73 @@ static grpc_server_credentials *server_creds(peer_net *n, const char *url, char 
         NULL);
 }
 
-static int add_peers(peer_net *n, char *err, size_t errlen)
+/* Equal as sets. */
+static int same_urls(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb)
+        return 0;
+    for (size_t i = 0; i < na; i++) {
+        int in = 0;
+        for (size_t j = 0; j < nb && !in; j++)
+            in = strcmp(a[i], b[j]) == 0;
+        if (!in)
+            return 0;
+    }
+    return 1;
+}
+
+static int add_peers(peer_net *n, const peer_join *seed, char *err, size_t errlen)
 {
     const cairn_config *cfg = n->cfg;
     n->peers = calloc(PEER_MAX_MEMBERS, sizeof *n->peers);
     if (!n->peers)
         return CAIRN_ENOMEM;
+    if (seed) {
+        /* a join: the table the cluster answered (the ids of added members
+         * are not --initial-cluster's) */
+        atomic_store(&n->catching_up, 1);
+        for (size_t i = 0; i < seed->nmembers; i++) {
+            if (seed->members[i].name && strcmp(seed->members[i].name, seed->from) == 0) {
+                atomic_store(&n->join_from, seed->members[i].id);
+                n->join_from_seen_ms = now_ms();
+            }
+            if (seed->members[i].id == n->my_id)
+                continue;
+            int rc = add_member(n, &seed->members[i]);
+            if (rc) {
+                snprintf(err, errlen, "member %016" PRIx64 " of the joined cluster: %s",
+                         seed->members[i].id, cairn_strerror(rc));
+                return rc;
+            }
+        }
+        return 0;
+    }
     if (cfg->ninitial_cluster > PEER_MAX_MEMBERS) {
         snprintf(err, errlen, "more than %d members in --initial-cluster", PEER_MAX_MEMBERS);
         return CAIRN_EINVAL;
     }
-    for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
+    /* A restart: a member of --initial-cluster that the table holds at the
+     * same peer URLs under another id was added later (its id carries the
+     * time of the add, which the flags cannot give): it comes through
+     * follow_members under its real id. (One the table lacks altogether
+     * was removed: it is added, so that follow_members marks it removed
+     * and its hellos get etcd's refusal.) */
+    cairn_member_info *tab = NULL;
+    size_t ntab = 0;
+    if (cairn_store_member_list(n->store, &tab, &ntab))
+        ntab = 0;
+    int rc = 0;
+    for (size_t i = 0; i < cfg->ninitial_cluster && !rc; i++) {
         const cairn_config_member *m = &cfg->initial_cluster[i];
         if (strcmp(m->name, cfg->name) == 0)
+            continue;
+        uint64_t id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
+                                               cfg->initial_cluster_token);
+        int later = 0;
+        for (size_t j = 0; j < ntab && !later; j++)
+            later = tab[j].id != id &&
+                    same_urls(tab[j].peer_urls, tab[j].npeer_urls, m->peer_urls, m->npeer_urls);
+        if (later)
             continue;
         ppeer *p = &n->peers[n->npeers];
         p->net = n;
@@ -1951,15 +2191,15 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         if (!dial_at) {
             if (m->npeer_urls == 0 || cairn_url_to_addr(addr, sizeof addr, m->peer_urls[0])) {
                 snprintf(err, errlen, "member %s has no usable peer URL", m->name);
-                return CAIRN_EINVAL;
+                rc = CAIRN_EINVAL;
+                break;
             }
             dial_at = addr;
         }
         p->name = strdup(m->name);
         p->addr = strdup(dial_at);
         p->url = m->npeer_urls ? strdup(m->peer_urls[0]) : NULL;
-        p->id = cairn_store_member_id_of((const char *const *)m->peer_urls, m->npeer_urls,
-                                         cfg->initial_cluster_token);
+        p->id = id;
         pthread_mutex_init(&p->qmu, NULL);
         p->qtail = &p->qhead;
         p->backoff_ms = PEER_BACKOFF_MIN_MS;
@@ -1970,16 +2210,16 @@ static int add_peers(peer_net *n, char *err, size_t errlen)
         atomic_init(&p->connected, 0);
         n->npeers++;
         if (!p->name || !p->addr || cairn_replica_new(&p->rep, n->store, NULL))
-            return CAIRN_ENOMEM;
-        p->ch = open_channel(n, p->addr, m->npeer_urls ? m->peer_urls[0] : "");
-        if (!p->ch)
-            return CAIRN_ENOMEM;
+            rc = CAIRN_ENOMEM;
+        else if (!(p->ch = open_channel(n, p->addr, m->npeer_urls ? m->peer_urls[0] : "")))
+            rc = CAIRN_ENOMEM;
     }
-    return 0;
+    cairn_store_member_list_free(tab, ntab);
+    return rc;
 }
 
-int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, char *err,
-                 size_t errlen)
+int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, const peer_join *seed,
+                 char *err, size_t errlen)
 {
     *out = NULL;
     peer_net *n = calloc(1, sizeof *n);
@@ -2023,7 +2263,7 @@ int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, ch
     grpc_server_register_completion_queue(n->server, n->cq, NULL);
     int rc = tls_setup(n, err, errlen);
     if (!rc)
-        rc = add_peers(n, err, errlen);
+        rc = add_peers(n, seed, err, errlen);
     n->ports = calloc(cfg->nlisten_peer_urls ? cfg->nlisten_peer_urls : 1, sizeof *n->ports);
     if (!rc && !n->ports)
         rc = CAIRN_ENOMEM;
@@ -2145,6 +2385,14 @@ int peer_net_lag(peer_net *n, size_t i, uint64_t *changes, uint64_t *age_ms)
     return cairn_replica_lag(p->rep, changes, age_ms);
 }
 
+void peer_net_joined(peer_net *n)
+{
+    if (n)
+        atomic_store(&n->catching_up, 0);
+    if (n && atomic_exchange(&n->join_from, 0))
+        cairn_log(CAIRN_LOG_DEBUG, "joined: syncing with every member");
+}
+
 int peer_net_port(const peer_net *n, size_t i)
 {
     return n && i < n->nports ? n->ports[i] : 0;
@@ -2221,4 +2469,161 @@ void peer_net_free(peer_net *n)
     pthread_mutex_destroy(&n->info_mu);
     free(n);
     grpc_shutdown();
+}
+
+/* ---- JOIN (the joining side) --------------------------------------------- */
+
+/* One Join call to |url| (dialed at |addr|): 0 and *out; -1 refused (the
+ * reason in |err|); CAIRN_EIO no answer (logged, as etcd logs "could not
+ * get cluster response from ..."). */
+static int join_one(peer_net *scratch, peer_join *out, const char *addr, const char *url,
+                    const uint8_t *req, size_t len, char *err, size_t errlen)
+{
+    grpc_channel *ch = open_channel(scratch, addr, url);
+    if (!ch)
+        return CAIRN_ENOMEM;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice m = grpc_slice_from_static_string(PEER_JOIN_METHOD);
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                               in_ms(PEER_JOIN_MS), NULL);
+    grpc_slice body = grpc_slice_from_copied_buffer((const char *)req, len);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
+    grpc_slice_unref(body);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array imd, tmd;
+    grpc_metadata_array_init(&imd);
+    grpc_metadata_array_init(&tmd);
+    grpc_slice details = grpc_empty_slice();
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_op ops[6];
+    rpc_unary_ops(ops, send, &imd, &recv, &tmd, &status, &details);
+    int rc = CAIRN_EIO;
+    if (call && grpc_call_start_batch(call, ops, 6, (void *)1, NULL) == GRPC_CALL_OK) {
+        grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        char *d = grpc_slice_to_c_string(details);
+        if (status == GRPC_STATUS_OK && recv) {
+            grpc_byte_buffer_reader rd;
+            if (grpc_byte_buffer_reader_init(&rd, recv)) {
+                grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+                grpc_byte_buffer_reader_destroy(&rd);
+                char why[256];
+                rc = peer_join_decode(out, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), why,
+                                      sizeof why);
+                grpc_slice_unref(all);
+                if (rc == -1) {
+                    cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s", url,
+                              why);
+                    rc = CAIRN_EIO;
+                }
+            }
+        } else if (status == GRPC_STATUS_FAILED_PRECONDITION) {
+            snprintf(err, errlen, "%s", d);
+            rc = -1;
+        } else {
+            cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s (status %d)", url,
+                      d, (int)status);
+        }
+        gpr_free(d);
+    }
+    if (call)
+        grpc_call_unref(call);
+    if (recv)
+        grpc_byte_buffer_destroy(recv);
+    grpc_byte_buffer_destroy(send);
+    grpc_metadata_array_destroy(&imd);
+    grpc_metadata_array_destroy(&tmd);
+    grpc_slice_unref(details);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    return rc;
+}
+
+int peer_net_join(peer_join *out, const cairn_config *cfg, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    err[0] = 0;
+    grpc_init();
+    /* only the TLS settings and the channel maker of a peer_net */
+    peer_net scratch;
+    memset(&scratch, 0, sizeof scratch);
+    scratch.cfg = cfg;
+    int rc = tls_setup(&scratch, err, errlen);
+    Cairnpb__JoinPeer *ps = calloc(cfg->ninitial_cluster ? cfg->ninitial_cluster : 1, sizeof *ps);
+    Cairnpb__JoinPeer **pp = calloc(cfg->ninitial_cluster ? cfg->ninitial_cluster : 1, sizeof *pp);
+    uint8_t *req = NULL;
+    size_t len = 0;
+    uint8_t th[32];
+    if (!rc && (!ps || !pp))
+        rc = CAIRN_ENOMEM;
+    if (!rc) {
+        crypto_generichash(th, sizeof th, (const uint8_t *)cfg->initial_cluster_token,
+                           strlen(cfg->initial_cluster_token), NULL, 0);
+        for (size_t i = 0; i < cfg->ninitial_cluster; i++) {
+            cairnpb__join_peer__init(&ps[i]);
+            ps[i].name = cfg->initial_cluster[i].name;
+            ps[i].peer_urls = cfg->initial_cluster[i].peer_urls;
+            ps[i].n_peer_urls = cfg->initial_cluster[i].npeer_urls;
+            pp[i] = &ps[i];
+        }
+        Cairnpb__JoinRequest r = CAIRNPB__JOIN_REQUEST__INIT;
+        r.protocol_version = PEER_PROTOCOL_VERSION;
+        r.token_hash.data = th;
+        r.token_hash.len = sizeof th;
+        r.name = cfg->name;
+        r.peer_urls = cfg->initial_advertise_peer_urls;
+        r.n_peer_urls = cfg->ninitial_advertise_peer_urls;
+        r.initial_cluster = pp;
+        r.n_initial_cluster = cfg->ninitial_cluster;
+        len = cairnpb__join_request__get_packed_size(&r);
+        req = malloc(len ? len : 1);
+        if (req)
+            cairnpb__join_request__pack(&r, req);
+        else
+            rc = CAIRN_ENOMEM;
+    }
+    /* etcd: the members of --initial-cluster other than this one, in turn,
+     * each at every peer URL; the first answer decides */
+    int answered = 0;
+    for (size_t i = 0; !rc && !answered && i < cfg->ninitial_cluster; i++) {
+        const cairn_config_member *m = &cfg->initial_cluster[i];
+        if (strcmp(m->name, cfg->name) == 0)
+            continue;
+        const char *dial_at = NULL;
+        for (size_t j = 0; j < cfg->npeer_dials; j++)
+            if (strcmp(cfg->peer_dials[j].name, m->name) == 0)
+                dial_at = cfg->peer_dials[j].addr;
+        for (size_t u = 0; !rc && !answered && u < m->npeer_urls; u++) {
+            char addr[256];
+            if (!dial_at && cairn_url_to_addr(addr, sizeof addr, m->peer_urls[u]))
+                continue;
+            int r1 = join_one(&scratch, out, dial_at ? dial_at : addr, m->peer_urls[u], req, len,
+                              err, errlen);
+            if (r1 == 0) {
+                answered = 1;
+                snprintf(out->from, sizeof out->from, "%s", m->name);
+            } else if (r1 != CAIRN_EIO) {
+                rc = r1 == -1 ? CAIRN_EINVAL : r1;
+            }
+        }
+    }
+    if (!rc && !answered) {
+        /* etcd's words */
+        snprintf(err, errlen,
+                 "cannot fetch cluster info from peer urls: could not retrieve cluster "
+                 "information from the given URLs");
+        rc = CAIRN_EIO;
+    }
+    free(req);
+    free(ps);
+    free(pp);
+    cairn_tls_checker_free(scratch.checker);
+    free(scratch.tls_ca);
+    free(scratch.tls_cert);
+    free(scratch.tls_key);
+    grpc_shutdown();
+    return rc;
 }

@@ -13,17 +13,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/peer/peer_msg.h"
 #include "server/server.h"
 #include "store/store.h"
 
 typedef struct peer_net peer_net;
 
+/* What a join answered (peer_msg.h). */
+void peer_join_destroy(peer_join *j);
+
+/* --initial-cluster-state existing on a new data dir: asks the members of
+ * --initial-cluster other than this one, in turn, for this node's place in
+ * the cluster (a member found by this node's advertised peer URLs, as
+ * `etcdctl member add` made it). Blocking; each member gets a few seconds.
+ * CAIRN_EINVAL with the member's reason in |err| (etcd's words where etcd
+ * has them: "error validating peerURLs ...: member count is unequal") when
+ * one refuses; CAIRN_EIO when none answered ("cannot fetch cluster info
+ * from peer urls: ..."). */
+int peer_net_join(peer_join *out, const cairn_config *cfg, char *err, size_t errlen);
+
 /* Binds every --listen-peer-urls address and subscribes to |store|'s
  * durable changes (the pushes). |cfg| and |store| are borrowed and must
- * outlive it. On failure writes a message to |err|: CAIRN_EIO (cannot
- * listen), CAIRN_EINVAL, CAIRN_ENOMEM. */
-int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, char *err,
-                 size_t errlen);
+ * outlive it. |seed| (borrowed for the call; may be NULL): the member table
+ * a join answered, which names the peers instead of --initial-cluster
+ * (whose ids are not the added members' ids). On failure writes a message
+ * to |err|: CAIRN_EIO (cannot listen), CAIRN_EINVAL, CAIRN_ENOMEM. */
+int peer_net_new(peer_net **out, const cairn_config *cfg, cairn_store *store, const peer_join *seed,
+                 char *err, size_t errlen);
+/* A joining node caught up: from now on it syncs with every member (until
+ * then only with the member that answered its join, whose stream carries
+ * the history once; after PEER_JOIN_MS without that stream, with every
+ * member anyway). Any thread. */
+void peer_net_joined(peer_net *n);
 /* Starts the thread: dialing, accepting, syncing. */
 int peer_net_start(peer_net *n);
 /* The client URLs member |id| advertised in its last hello (copies:

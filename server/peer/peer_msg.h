@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cairnpb/peer.pb-c.h"
+#include "store/store.h"
 
 #define PEER_PROTOCOL_VERSION 1u
 
@@ -66,5 +67,52 @@ typedef struct peer_handlers {
  * reason, a second hello is reset. */
 void peer_msg_dispatch(const uint8_t *buf, size_t len, int hello_in, const peer_self *self,
                        const peer_handlers *h);
+
+/* ---- Join (cairnpb.Peer/Join) ------------------------------------------ */
+
+/* What a member of a running cluster answered a joining node: the ids,
+ * the member table (sorted by id, the joiner in it) and the answering
+ * member's heads, which the joiner holds once it has caught up. Owned:
+ * peer_join_destroy (zeroed: safe to destroy). */
+typedef struct peer_join {
+    uint64_t cluster_id, member_id;
+    cairn_member_info *members;
+    size_t nmembers;
+    cairn_hash *heads;
+    size_t nheads;
+    char from[64]; /* the answering member's --initial-cluster name */
+} peer_join;
+void peer_join_destroy(peer_join *j);
+
+/* Bounds on what a join carries: a request or answer longer than
+ * PEER_JOIN_MAX_BYTES is refused unread. */
+#define PEER_JOIN_MAX_BYTES (256u << 10)
+#define PEER_JOIN_MAX_MEMBERS 64
+#define PEER_JOIN_MAX_URLS 64
+#define PEER_JOIN_MAX_URL_LEN 1024
+#define PEER_JOIN_MAX_HEADS 4096
+
+/* The answering node, as a join request is checked against it (borrowed). */
+typedef struct peer_join_self {
+    uint64_t cluster_id;
+    const uint8_t *token_hash;        /* 32 bytes */
+    const cairn_member_info *members; /* the member table, sorted by id */
+    size_t nmembers;
+    const cairn_hash *heads;
+    size_t nheads;
+} peer_join_self;
+
+/* Answers JoinRequest |req| (|len| bytes, hostile). 0: *out is a packed
+ * JoinResponse (malloc'd, caller frees) and *who the joiner's member id.
+ * -1: refused, the reason in |why| (etcd 3.4's words where it has them:
+ * "error validating peerURLs {...}: member count is unequal").
+ * CAIRN_ENOMEM. */
+int peer_join_answer(uint8_t **out, size_t *outlen, uint64_t *who, const uint8_t *req, size_t len,
+                     const peer_join_self *self, char *why, size_t whylen);
+
+/* Decodes JoinResponse |buf| (hostile) into |out| (zeroed first): 0, or -1
+ * with the reason in |why| (does not decode, out of bounds, no member with
+ * the answered id), or CAIRN_ENOMEM. */
+int peer_join_decode(peer_join *out, const uint8_t *buf, size_t len, char *why, size_t whylen);
 
 #endif

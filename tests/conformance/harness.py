@@ -545,10 +545,11 @@ from checks_kv import CHECKS, SUITES  # noqa: E402
 import checks_watch  # noqa: E402,F401  (registers the suite "watch")
 import checks_lease  # noqa: E402,F401  (registers the suite "lease")
 import checks_member  # noqa: E402,F401  (registers the suite "member")
+import checks_recipes  # noqa: E402,F401  (registers the suite "recipes")
 
 # Suites run only when named with --suite (cairn does not serve Watch and
 # Lease yet). Remove a name here to run that suite by default.
-OPT_IN_SUITES = {"watch", "lease", "member"}
+OPT_IN_SUITES = {"watch", "lease", "member", "recipes"}
 
 
 # --------------------------------------------------------------------------

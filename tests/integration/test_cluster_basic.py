@@ -29,7 +29,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 import wire  # noqa: E402
 
 CONVERGE_S = 20  # bound on every wait for replication
@@ -235,11 +235,7 @@ def main():
             if failures:
                 print("---- %s log ----\n%s" % (n.name, n.read_log()))
             n.cleanup()
-    if failures:
-        print("%d passed, %d failed" % (0, len(failures)))
-        return 1
-    print("test_cluster_basic: all checks passed")
-    return 0
+    return finish("test_cluster_basic: all checks passed")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cluster as clusterlib  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, failures, finish  # noqa: E402
 
 SKIP = 77
 WATCH_S = 5
@@ -117,8 +117,7 @@ def main():
         if failures:
             print(clusterlib.logs(c))
         shutil.rmtree(copy, ignore_errors=True)
-    print("FAILED: %d checks" % len(failures) if failures else "OK")
-    return 1 if failures else 0
+    return finish("OK")
 
 
 if __name__ == "__main__":

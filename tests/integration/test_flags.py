@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import free_port  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 
 # cairn's line, etcd's capnslog line, etcd's zap line (zap has no "ready").
 READY = ("ready to serve client requests", "serving client traffic insecurely")
@@ -512,11 +512,7 @@ def main():
               lambda: test_env(cairn, a.etcd), lambda: test_config_file(cairn, a.etcd),
               lambda: test_unix(cairn)):
         t()
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

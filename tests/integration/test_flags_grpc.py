@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from system_python import grpc  # noqa: E402
 from procs import Server  # noqa: E402
 from netproxy import Proxy  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 
 from etcd3.etcdrpc import rpc_pb2 as pb  # noqa: E402
 from etcd3.etcdrpc import rpc_pb2_grpc as stubs  # noqa: E402
@@ -165,11 +165,7 @@ def main():
                   "live to its deadline" % (k, dflt[k][0], dflt[k][1]))
     print("streams %r; min-time 10s %r, 300ms %r; interval 1s %r, default %r" %
           (s, strict, lax, short, dflt))
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """HTTP/1.1 beside gRPC on the client URL (server/http/): /health, /version,
-/metrics and the error answers, side by side with a real etcd 3.4 — status,
+/metrics, the JSON gateway (v3lock and v3election paths included) and the
+error answers, side by side with a real etcd 3.4 — status,
 body and the headers that matter (Date and Content-Length aside) — and gRPC
 (etcdctl, python grpc) still served on the same port while HTTP garbage,
 silent connections and keep-alive HTTP clients share it. /health flips to
@@ -472,13 +473,185 @@ def test_streams(e, c):
         check(j.get("canceled") and int(j.get("compact_revision", 0)) > 1,
               "compacted watch: %r" % j)
         x.close()
-    # election and lock: cairn lacks the services and answers as grpc-go
-    st, _, j = gw(c.client_port, "/v3/election/campaign", '{"name":"ZQ=="}')
-    check(st == 501 and j == {"error": "unknown service v3electionpb.Election", "code": 12,
-                              "message": "unknown service v3electionpb.Election"},
-          "election: %d %r" % (st, j))
-    st, _, j = gw(c.client_port, "/v3/lock/lock", '{"name":"ZQ=="}')
-    check(st == 501 and j.get("code") == 12, "lock: %d %r" % (st, j))
+
+
+def test_recipes(e, c):
+    """/v3/lock/* and /v3/election/* (and /v3beta/) beside etcd: the same
+    sequence on both, answers compared field by field once each side's
+    lease ids (also inside keys, as hex) are replaced by L1, L2..."""
+    import base64
+    import json
+
+    def b64(b):
+        return base64.b64encode(b).decode()
+
+    class Side:
+        def __init__(self, srv):
+            self.port = srv.client_port
+            self.leases = {}
+
+        def grant(self):
+            _, _, j = gw(self.port, "/v3/lease/grant", '{"TTL":600}')
+            lid = int(j["ID"])
+            self.leases[lid] = "L%d" % (len(self.leases) + 1)
+            return lid
+
+        def key(self, name, lid):
+            return b64(name + b"/%x" % lid)
+
+        def norm(self, x):
+            x = strip_revs(x)
+            if isinstance(x, dict):
+                return {k: self.norm(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [self.norm(v) for v in x]
+            if isinstance(x, str):
+                for lid, sym in self.leases.items():
+                    x = x.replace(str(lid), sym)
+                try:
+                    raw_ = base64.b64decode(x, validate=True)
+                except ValueError:
+                    return x
+                for lid, sym in self.leases.items():
+                    raw_ = raw_.replace(b"/%x" % lid, b"/" + sym.encode())
+                return "b64:" + raw_.decode("latin1")
+            return x
+
+        def post(self, path, body):
+            st, h, j = gw(self.port, path, body)
+            return st, h.get("content-type"), self.norm(j)
+
+    sides = [Side(e), Side(c)]
+    seqs = []
+    for sd in sides:
+        l1, l2 = sd.grant(), sd.grant()
+        a = []
+        lk = lambda lid, rev: '{"name":"%s","key":"%s","rev":"%d","lease":"%d"}' % (
+            b64(b"gwE"), sd.key(b"gwE", lid), rev, lid)
+        a.append(sd.post("/v3/lock/lock", '{"name":"%s","lease":"%d"}' % (b64(b"gwL"), l1)))
+        a.append(sd.post("/v3beta/lock/lock", '{"name":"%s","lease":"%d"}' % (b64(b"gwL"), l1)))
+        a.append(sd.post("/v3/lock/lock", '{"name":"%s","lease":"12345"}' % b64(b"gwL")))
+        a.append(sd.post("/v3/lock/unlock", '{"key":"%s"}' % sd.key(b"gwL", l1)))
+        a.append(sd.post("/v3/lock/unlock", '{}'))
+        a.append(sd.post("/v3/lock/lock", '{"name":5}'))
+        a.append(sd.post("/v3/lock/lock", 'not-json')[:2])
+        a.append(sd.post("/v3/election/leader", '{"name":"%s"}' % b64(b"gwE")))
+        a.append(sd.post("/v3/election/campaign",
+                         '{"name":"%s","lease":"%d","value":"%s"}' % (b64(b"gwE"), l1, b64(b"v1"))))
+        _, _, j = gw(sd.port, "/v3/kv/range", '{"key":"%s"}' % sd.key(b"gwE", l1))
+        rev = int(j["kvs"][0]["create_revision"])
+        a.append(sd.post("/v3/election/leader", '{"name":"%s"}' % b64(b"gwE")))
+        a.append(sd.post("/v3beta/election/leader", '{"name":"%s"}' % b64(b"gwE")))
+        a.append(sd.post("/v3/election/proclaim", '{"leader":%s,"value":"%s"}' %
+                         (lk(l1, rev), b64(b"v2"))))
+        a.append(sd.post("/v3/election/proclaim", '{"leader":%s,"value":"%s"}' %
+                         (lk(l1, rev + 1), b64(b"v2"))))
+        a.append(sd.post("/v3/election/proclaim", '{"value":"%s"}' % b64(b"v2")))
+        a.append(sd.post("/v3/election/resign", '{"leader":%s}' % lk(l1, rev)))
+        a.append(sd.post("/v3/election/resign", '{}'))
+        a.append(sd.post("/v3/election/leader", '{"name":"%s"}' % b64(b"gwE")))
+        a.append(sd.post("/v3/election/observe", 'not-json')[:2])
+        seqs.append(a)
+    for i, (ea, ca) in enumerate(zip(*seqs)):
+        check(ea == ca, "recipes step %d:\n  etcd  %r\n  cairn %r" % (i, ea, ca))
+    # a GET on a recipe path: Go's 405
+    es, _, eb = get(e.client_port, "/v3/lock/lock")
+    cs, _, cb = get(c.client_port, "/v3/lock/lock")
+    check(es == cs == 405 and eb == cb, "GET /v3/lock/lock: %d %r / %d %r" % (es, eb, cs, cb))
+    # contended lock: the second waits until the first unlocks; a waiter
+    # whose client goes away leaves no key behind; observe sees both
+    # leaders, one chunk each
+    for sd in sides:
+        l1, l2, l3 = sd.grant(), sd.grant(), sd.grant()
+        name = b64(b"gwC")
+        obs = Stream(sd.port, "/v3/election/observe", '{"name":"%s"}' % b64(b"gwO"))
+        gw(sd.port, "/v3/election/campaign",
+           '{"name":"%s","lease":"%d","value":"%s"}' % (b64(b"gwO"), l1, b64(b"one")))
+        first = obs.read(1).chunks[:]
+        gw(sd.port, "/v3/lock/lock", '{"name":"%s","lease":"%d"}' % (name, l1))
+        waiter = Stream(sd.port, "/v3/lock/lock", '{"name":"%s","lease":"%d"}' % (name, l2))
+        waiter.read(0, wait=0.5)
+        check(waiter.status is None, "lock waiter answered at once: %r" % waiter.status)
+        gone = Stream(sd.port, "/v3/lock/lock", '{"name":"%s","lease":"%d"}' % (name, l3))
+        gone.read(0, wait=0.3)
+        gone.close()
+        time.sleep(0.3)
+        _, _, j = gw(sd.port, "/v3/kv/range", '{"key":"%s","range_end":"%s","keys_only":true}'
+                     % (b64(b"gwC/"), b64(b"gwC0")))
+        keys = [base64.b64decode(kv["key"]) for kv in j.get("kvs", [])]
+        check(keys == [b"gwC/%x" % l1, b"gwC/%x" % l2],
+              "lock keys after a waiter's client left: %r" % keys)
+        gw(sd.port, "/v3/lock/unlock", '{"key":"%s"}' % sd.key(b"gwC", l1))
+        waiter.read(0, wait=5)
+        check(waiter.status == 200 and waiter.body and
+              json.loads(waiter.body)["key"] == sd.key(b"gwC", l2),
+              "lock waiter after unlock: %r %r" % (waiter.status, waiter.body))
+        waiter.close()
+        _, _, j = gw(sd.port, "/v3/kv/range", '{"key":"%s"}' % sd.key(b"gwO", l1))
+        rev = int(j["kvs"][0]["create_revision"])
+        sd.obs_first = [sd.norm(json.loads(x)) for x in first]
+        sd.obs, sd.obs_lease, sd.obs_rev = obs, l1, rev
+    # the second campaigns run on their own threads: they wait
+    import threading
+    ths = []
+    for sd in sides:
+        t = threading.Thread(target=gw, daemon=True, args=(
+            sd.port, "/v3/election/campaign",
+            '{"name":"%s","lease":"%d","value":"%s"}' % (b64(b"gwO"), sd.grant(), b64(b"two"))))
+        t.start()
+        ths.append(t)
+    time.sleep(0.3)
+    for sd in sides:
+        gw(sd.port, "/v3/election/resign", '{"leader":{"key":"%s","rev":"%d","lease":"%d"}}'
+           % (sd.key(b"gwO", sd.obs_lease), sd.obs_rev, sd.obs_lease))
+        sd.obs_all = sd.obs_first + [sd.norm(json.loads(x)) for x in sd.obs.read(2).chunks[1:]]
+        sd.obs.close()
+    for t in ths:
+        t.join(5)
+    check(sides[0].obs_all == sides[1].obs_all and len(sides[1].obs_all) == 2,
+          "observe:\n  etcd  %r\n  cairn %r" % (sides[0].obs_all, sides[1].obs_all))
+
+
+def test_grpc_timeout(e, c):
+    """The Grpc-Timeout header, as etcd's gateway reads it (measured on
+    3.4.23): a deadline for the call (504, code 4, Go's "context deadline
+    exceeded"), 0 for none, anything malformed 400 "invalid grpc-timeout"."""
+    import base64
+    import json
+    rng = '{"key":"%s"}' % base64.b64encode(b"gwT").decode()
+    for name, val in [("Grpc-Timeout", "1S"), ("grpc-timeout", "0m"), ("Grpc-Timeout", "bogus"),
+                      ("Grpc-Timeout", "5"), ("Grpc-Timeout", "5x"), ("Grpc-Timeout", "-1S"),
+                      ("Grpc-Timeout", "+2S"), ("Grpc-Timeout", "S"),
+                      ("Grpc-Timeout", "99999999999999999999S")]:
+        got = []
+        for srv in (e, c):
+            st, _, b = get(srv.client_port, "/v3/kv/range", "POST", rng.encode(),
+                           {"Content-Type": "application/json", name: val})
+            j = json.loads(b)
+            got.append((st, {k: v for k, v in j.items() if k != "header"}))
+        check(got[0] == got[1], "range with %s: %s:\n  etcd  %r\n  cairn %r"
+              % (name, val, got[0], got[1]))
+    # a lock that waits past its Grpc-Timeout; its key is gone afterwards
+    name = base64.b64encode(b"gwTL").decode()
+    got = []
+    for srv in (e, c):
+        p = srv.client_port
+        l1 = gw(p, "/v3/lease/grant", '{"TTL":600}')[2]["ID"]
+        l2 = gw(p, "/v3/lease/grant", '{"TTL":600}')[2]["ID"]
+        gw(p, "/v3/lock/lock", '{"name":"%s","lease":"%s"}' % (name, l1))
+        t0 = time.monotonic()
+        st, _, b = get(p, "/v3/lock/lock", "POST",
+                       ('{"name":"%s","lease":"%s"}' % (name, l2)).encode(),
+                       {"Content-Type": "application/json", "Grpc-Timeout": "300m"})
+        took = time.monotonic() - t0
+        time.sleep(0.3)
+        _, _, j = gw(p, "/v3/kv/range", '{"key":"%s","range_end":"%s","count_only":true}'
+                     % (base64.b64encode(b"gwTL/").decode(), base64.b64encode(b"gwTL0").decode()))
+        got.append((st, json.loads(b), j.get("count")))
+        check(0.25 <= took < 3, "%s: the lock waited %.2f s for its 300m Grpc-Timeout"
+              % (srv.kind, took))
+    check(got[0] == got[1] and got[1][0] == 504,
+          "lock past its Grpc-Timeout:\n  etcd  %r\n  cairn %r" % (got[0], got[1]))
 
 
 def test_stream_close(c):
@@ -803,6 +976,8 @@ def main():
         c.start()
         test_gateway(e, c)
         test_streams(e, c)
+        test_recipes(e, c)
+        test_grpc_timeout(e, c)
         test_stream_close(c)
         test_endpoints(e, c)
         test_keepalive(c)

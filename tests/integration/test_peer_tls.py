@@ -27,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from procs import free_port  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 import tls_fixtures  # noqa: E402
 
 PEER_CN = "cairn-peer"
@@ -237,11 +237,7 @@ def main():
         for n in nodes:
             n.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

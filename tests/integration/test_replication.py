@@ -320,6 +320,10 @@ def main():
             if args.latency:
                 latency(c, args.latency)
             else:
+                # each member's start writes changes of its own (its client
+                # URLs): let them settle, or one arriving late is a second head
+                ok, rep = c.converge(30)
+                check(ok, "the fresh cluster converges: %s" % rep)
                 phase_connected(c, args)
                 phase_partition(c, args)
                 phase_kill9(c, args)

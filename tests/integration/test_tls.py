@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from system_python import grpc  # noqa: E402,F401  (python3-etcd3 needs Debian's grpc)
 from procs import Server, free_port  # noqa: E402
-from verdict import check, failures  # noqa: E402
+from verdict import check, finish  # noqa: E402
 import tls_fixtures  # noqa: E402
 
 
@@ -232,11 +232,7 @@ def main():
                   "etcd refuses an unknown cipher suite at start (premise)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("ok")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -7,8 +7,14 @@
  *   taken, the table survives a reopen;
  * - concurrent changes on two replicas merge deterministically: a remove
  *   wins over a concurrent update, two updates of one member's peer URLs
- *   go to the later clock.
+ *   go to the later clock;
+ * - leases (grant, keepalive, revoke) leave members_gen alone;
+ * - a store made by a join holds no change until the cluster's arrive
+ *   (refusing writes meanwhile, reopening empty), then the cluster's
+ *   genesis, table and keys, with the ids it was given.
  */
+
+#include <pthread.h>
 
 #include "../store/store_test.h"
 #include "store/replica.h"
@@ -206,6 +212,148 @@ START_TEST(changes_and_errors)
 }
 END_TEST
 
+typedef struct done_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc;
+} done_wait;
+
+static void on_done(void *arg, int rc)
+{
+    done_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->rc = rc;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+START_TEST(leases_leave_members_gen)
+{
+    uint64_t t = 1700000000000ull;
+    char *d = make_tmpdir();
+    cairn_store *s = open_node(d, "n1", 1, &t, NULL, INITIAL, 3);
+    uint64_t g = cairn_store_members_gen(s);
+    ck_assert_int_eq(cairn_store_lease_grant(s, 7, 10), 0);
+    t += 8000; /* past TTL/2: the keepalive writes a change */
+    int64_t ttl;
+    ck_assert_int_eq(cairn_store_lease_keepalive(s, &ttl, 7), 0);
+    cairn_header h;
+    ck_assert_int_eq(cairn_store_lease_revoke(s, &h, 7), 0);
+    ck_assert_uint_eq(cairn_store_members_gen(s), g);
+    static const char *const L[] = {"http://127.0.0.1:2390"};
+    uint64_t id;
+    ck_assert_int_eq(cairn_store_member_add(s, &id, L, 1, 0), 0);
+    ck_assert_uint_ne(cairn_store_members_gen(s), g);
+    close_and_remove(s, d);
+}
+END_TEST
+
+START_TEST(joined_store)
+{
+    uint64_t t = 1700000000000ull;
+    char *d1 = make_tmpdir(), *d4 = make_tmpdir();
+    captured c1 = {0};
+    cairn_store *s1 = open_node(d1, "n1", 1, &t, &c1, INITIAL, 3);
+    static const char *const L[] = {"http://127.0.0.1:2390"};
+    uint64_t id4;
+    ck_assert_int_eq(cairn_store_member_add(s1, &id4, L, 1, 0), 0);
+    cairn_put_req p = {
+        .key = (const uint8_t *)"k", .key_len = 1, .value = (const uint8_t *)"v", .value_len = 1};
+    cairn_put_resp pr;
+    memset(&pr, 0, sizeof pr);
+    ck_assert_int_eq(cairn_store_put(s1, &pr, &p), 0);
+    cairn_put_resp_destroy(&pr);
+
+    /* n4 joins: its own flags would make another table (itself alone) */
+    static const cairn_store_member SELF[1] = {{"n4", L, 1}};
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.name = "n4";
+    o.cluster_token = "tok";
+    o.initial_cluster = SELF;
+    o.ninitial_cluster = 1;
+    o.clock_ms = clock_of;
+    o.clock_arg = &t;
+    o.join = 1;
+    o.join_member_id = id4;
+    o.join_cluster_id = cairn_store_cluster_id(s1);
+    cairn_store *s4 = open_store_opts(d4, &o);
+    ck_assert_int_eq(cairn_store_awaiting_genesis(s4), 1);
+    cairn_hash *hs;
+    size_t nh;
+    ck_assert_int_eq(cairn_store_heads(s4, &hs, &nh), 0);
+    ck_assert_uint_eq(nh, 0);
+    memset(&pr, 0, sizeof pr);
+    ck_assert_int_eq(cairn_store_put(s4, &pr, &p), CAIRN_ESTATE);
+    cairn_put_resp_destroy(&pr);
+    ck_assert_int_eq(cairn_store_lease_grant(s4, 7, 10), CAIRN_ESTATE);
+    static const char *const C[] = {"http://127.0.0.1:2379"};
+    ck_assert_int_ne(cairn_store_member_publish(s4, "n4", C, 1), 0);
+    /* an empty joined dir reopens (a restart before anything came) */
+    cairn_store_close(s4);
+    s4 = open_store_opts(d4, &o);
+    ck_assert_int_eq(cairn_store_awaiting_genesis(s4), 1);
+    ck_assert_uint_eq(cairn_store_member_id(s4), id4);
+    ck_assert_uint_eq(cairn_store_cluster_id(s4), cairn_store_cluster_id(s1));
+
+    /* the cluster's history, from its first change: n1's genesis and
+     * members change are not captured (they predate the subscriber), so
+     * they go through a replica as a peer's would */
+    cairn_replica *r1, *r4;
+    ck_assert_int_eq(cairn_replica_new(&r1, s1, NULL), 0);
+    ck_assert_int_eq(cairn_replica_new(&r4, s4, NULL), 0);
+    for (int round = 0; round < 50; round++) {
+        int quiet = 1;
+        cairn_replica *from[2] = {r4, r1}, *to[2] = {r1, r4};
+        for (int i = 0; i < 2; i++) {
+            uint8_t *m;
+            size_t len;
+            ck_assert_int_eq(cairn_replica_generate(from[i], &m, &len), 0);
+            if (!m)
+                continue;
+            quiet = 0;
+            done_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+            int rejected = -1;
+            ck_assert_int_eq(cairn_replica_receive(to[i], m, len, &rejected, on_done, &w), 0);
+            ck_assert_int_eq(rejected, 0);
+            pthread_mutex_lock(&w.mu);
+            while (!w.done)
+                pthread_cond_wait(&w.cv, &w.mu);
+            pthread_mutex_unlock(&w.mu);
+            ck_assert_int_eq(w.rc, 0);
+            free(m);
+        }
+        if (quiet)
+            break;
+    }
+    cairn_replica_free(r1);
+    cairn_replica_free(r4);
+    captured_free(&c1);
+    ck_assert_int_eq(cairn_store_awaiting_genesis(s4), 0);
+    same_table(s1, s4);
+    cairn_range_req rq = {.key = (const uint8_t *)"k", .key_len = 1};
+    cairn_range_resp rr;
+    memset(&rr, 0, sizeof rr);
+    ck_assert_int_eq(cairn_store_range(s4, &rr, &rq), 0);
+    ck_assert_uint_eq(rr.nkvs, 1);
+    cairn_range_resp_destroy(&rr);
+    /* it publishes into the entry member add made, and a reopen keeps it */
+    ck_assert_int_eq(cairn_store_member_publish(s4, "n4", C, 1), 0);
+    cairn_store_close(s4);
+    s4 = open_store_opts(d4, &o);
+    ck_assert_int_eq(cairn_store_awaiting_genesis(s4), 0);
+    cairn_member_info *v;
+    size_t n;
+    ck_assert_int_eq(cairn_store_member_list(s4, &v, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_str_eq(member(v, n, id4)->name, "n4");
+    cairn_store_member_list_free(v, n);
+    close_and_remove(s4, d4);
+    close_and_remove(s1, d1);
+}
+END_TEST
+
 START_TEST(concurrent_changes_merge)
 {
     uint64_t ta = 1700000000000ull, tb = 1700000000000ull;
@@ -262,6 +410,8 @@ static Suite *suite(void)
     tcase_add_test(tc, initial_table_same_on_every_node);
     tcase_add_test(tc, changes_and_errors);
     tcase_add_test(tc, concurrent_changes_merge);
+    tcase_add_test(tc, leases_leave_members_gen);
+    tcase_add_test(tc, joined_store);
     suite_add_tcase(s, tc);
     return s;
 }
