@@ -45,6 +45,10 @@ Figures (medians over --reps, each system's runs grouped per cluster):
      it returns. etcd's column: its put (sent -> ack) with the same pacing,
      the client on a follower, since etcd acks a put once a quorum (2 of 3,
      cairn's n=1) holds it
+One figure alone, one system: e.g. figure f for cairn only,
+  cluster_bench.py --cairn build/cairn --etcd $(command -v etcd) \
+    --loadgen build/cairn-loadgen --out DIR --figures f --systems cairn --sizes 3
+(figure f also logs node 3's group commits during the catch-up by size).
 Writes DIR/raw.tsv rows (figure, system, rep, value; figures cl-*),
 DIR/cluster.md (the table), DIR/cluster/*.dat and, with gnuplot, cut.png.
 Stops everything it started, by PID, also on errors and signals.
