@@ -66,9 +66,12 @@ static void *committer_main(void *arg)
             b = s->batch;
             s->batch = leveldb_writebatch_create();
             s->batch_n = 0;
+            s->batch_gen++;
         }
         s->writing = b != NULL;
         size_t nlocal = s->batch_local, nremote = s->batch_remote;
+        if (b)
+            pthread_cond_broadcast(&s->tcv);
         s->batch_local = s->batch_remote = 0;
         uint64_t end = s->batch_end;
         pend_change *chs = s->ch_head;

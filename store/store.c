@@ -105,6 +105,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_cond_init(&s->dcv, NULL);
+    pthread_cond_init(&s->tcv, NULL);
     pthread_mutex_init(&s->cmu, NULL);
     pthread_cond_init(&s->ccv, NULL);
     pthread_cond_init(&s->cdone, NULL);
@@ -296,6 +297,7 @@ void cairn_store_close(cairn_store *s)
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->dcv);
+    pthread_cond_destroy(&s->tcv);
     pthread_mutex_destroy(&s->cmu);
     pthread_cond_destroy(&s->ccv);
     pthread_cond_destroy(&s->cdone);

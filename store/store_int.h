@@ -399,6 +399,8 @@ struct cairn_store {
     pthread_mutex_t qmu;
     pthread_cond_t qcv; /* committer: work arrived */
     pthread_cond_t dcv; /* waiters: visible advanced */
+    pthread_cond_t tcv; /* a receive: the committer took the batch */
+    uint64_t batch_gen; /* batches the committer took */
     leveldb_writebatch_t *batch;
     size_t batch_n;
     pend_change *ch_head, **ch_tail;

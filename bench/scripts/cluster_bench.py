@@ -45,6 +45,10 @@ Figures (medians over --reps, each system's runs grouped per cluster):
      it returns. etcd's column: its put (sent -> ack) with the same pacing,
      the client on a follower, since etcd acks a put once a quorum (2 of 3,
      cairn's n=1) holds it
+One figure alone, one system: e.g. figure f for cairn only,
+  cluster_bench.py --cairn build/cairn --etcd $(command -v etcd) \
+    --loadgen build/cairn-loadgen --out DIR --figures f --systems cairn --sizes 3
+(figure f also logs node 3's group commits during the catch-up by size).
 Writes DIR/raw.tsv rows (figure, system, rep, value; figures cl-*),
 DIR/cluster.md (the table), DIR/cluster/*.dat and, with gnuplot, cut.png.
 Stops everything it started, by PID, also on errors and signals.
@@ -64,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -824,6 +829,27 @@ class Bench:
                 return ms
         return sorted(merged)[-1][0]
 
+    @staticmethod
+    def batch_hist(c, i):
+        """cairn node i's group commits by size, {le: count} (not cumulative),
+        or None (etcd, or no /metrics)."""
+        if c.kind != "cairn":
+            return None
+        try:
+            url = "http://%s/metrics" % c.c.node(i).endpoint
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                lines = resp.read().decode().splitlines()
+        except OSError:
+            return None
+        out, prev = {}, 0
+        for ln in lines:
+            m = re.match(r'cairn_store_batch_changes_bucket\{le="([^"]+)"\} (\S+)', ln)
+            if m:
+                cum = int(float(m.group(2)))
+                out[m.group(1)] = cum - prev
+                prev = cum
+        return out or None
+
     def fig_f(self, c, kind):
         cls = self.clients(c)
         n = len(cls)
@@ -852,6 +878,7 @@ class Bench:
             kind, inserted, time.monotonic() - t, cut_node + 1))
         marker, val = b"catchup-marker", b"%f" % time.time()
         cls[0].put(marker, val, timeout=10)
+        b0 = self.batch_hist(c, cut_node)
         c.heal()
         t_heal = time.monotonic()
         done = {}
@@ -867,6 +894,11 @@ class Bench:
                                       lambda: "t" in done, self.a.catchup_cap_s)
         poll.join()
         p_idle, p_during = self.pct(idle, 99), self.pct(during, 99)
+        b1 = self.batch_hist(c, cut_node)
+        if b0 and b1:
+            log("  %s: node %d group commits during the catch-up by size (le: count): %s" % (
+                kind, cut_node + 1, ", ".join("%s: %d" % (le, b1[le] - b0.get(le, 0))
+                                              for le in b1 if b1[le] - b0.get(le, 0))))
         log("  %s: catch-up of %d changes %s s; node %d local put p99 idle %.3f ms, during the "
             "catch-up %.3f ms (%d puts)" % (kind, inserted, "%.2f" % done["t"] if "t" in done
                                             else "> cap", cut_node + 1, p_idle, p_during, ops))
@@ -885,7 +917,7 @@ class Bench:
     def run(self):
         a = self.a
         figs = a.figures
-        for kind in ("etcd", "cairn"):
+        for kind in a.systems:
             if "a" in figs:
                 s = self.start(kind, 1)
                 self.preload(s)
@@ -1141,6 +1173,9 @@ def main():
     ap.add_argument("--duration", type=float, default=5)
     ap.add_argument("--figures", default="abcdefg")
     ap.add_argument("--sizes", default="3 5")
+    ap.add_argument("--systems", default="etcd cairn",
+                    help="which systems to run, e.g. 'cairn' (figure f alone: --figures f "
+                         "--systems cairn)")
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--keys", type=int, default=10000)
     ap.add_argument("--delay-ms", type=float, default=10)
@@ -1163,6 +1198,9 @@ def main():
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
     a.sizes = [int(x) for x in a.sizes.split()]
+    a.systems = a.systems.split()
+    if not a.systems or any(x not in ("etcd", "cairn") for x in a.systems):
+        ap.error("--systems: a list of etcd and cairn")
     if a.latest:
         write_latest(a.latest, a.out, a.commit)
         return 0

@@ -6,7 +6,10 @@
  * - three stores in a line (a - b - c) converge transitively;
  * - a message with one corrupt change applies nothing (not even its good
  *   changes) and says why;
- * - an optimistic push carries a fresh change and is answered.
+ * - an optimistic push carries a fresh change and is answered;
+ * - a local put made while a big burst is applied completes between its
+ *   slices, not after the whole burst, and no group commit holds more than
+ *   about one slice (the catch-up's bound on local latency).
  */
 
 #include <pthread.h>
@@ -338,6 +341,138 @@ START_TEST(push_then_quiet)
 }
 END_TEST
 
+/* ---- a local write between the slices of a big burst ---- */
+
+#define BIG_BURST 4000
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int burst;              /* the burst is on: slow groups down, start the put */
+    int put_go;             /* the local put may start */
+    size_t max_group;       /* the largest group written during the burst */
+    uint64_t remote_at_put; /* remote changes durable once the put returned */
+    cairn_store *b;
+} big;
+
+static int slow_groups(void *arg, size_t nchanges)
+{
+    (void)arg;
+    pthread_mutex_lock(&big.mu);
+    int on = big.burst;
+    if (on) {
+        if (nchanges > big.max_group)
+            big.max_group = nchanges;
+        big.put_go = 1;
+        pthread_cond_broadcast(&big.cv);
+    }
+    pthread_mutex_unlock(&big.mu);
+    if (on) /* a slow disk: without the wait between slices, they pile up */
+        nanosleep(&(struct timespec){0, 3000000}, NULL);
+    return 0;
+}
+
+static void *local_put(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&big.mu);
+    while (!big.put_go)
+        pthread_cond_wait(&big.cv, &big.mu);
+    pthread_mutex_unlock(&big.mu);
+    put_kv(big.b, "local", "during");
+    cairn_store_stats st;
+    cairn_store_get_stats(big.b, &st);
+    big.remote_at_put = st.applied_remote;
+    return NULL;
+}
+
+typedef struct count_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left, rc;
+} count_wait;
+
+static void count_done(void *arg, int rc)
+{
+    count_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    if (rc)
+        w->rc = rc;
+    if (--w->left == 0)
+        pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+START_TEST(local_put_between_slices)
+{
+    pthread_mutex_init(&big.mu, NULL);
+    pthread_cond_init(&big.cv, NULL);
+    char *da = make_tmpdir(), *db = make_tmpdir();
+    cairn_store *a = open_store_actor(da, 1, NULL);
+    static cairn_actor actor_b;
+    memset(actor_b.b, 2, CAIRN_ACTOR_LEN);
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    o.actor = &actor_b;
+    o.before_write_cb = slow_groups;
+    cairn_store *b = open_store_opts(db, &o);
+    big.b = b;
+    cairn_replica *ab = session(a), *ba = session(b);
+    put_kv(b, "hello", "b");
+    sync_link(ab, ba);
+    /* BIG_BURST changes on a, group-committed (async) to be quick */
+    static cairn_put_resp resp[BIG_BURST];
+    static char keys[BIG_BURST][16];
+    count_wait cw = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, BIG_BURST, 0};
+    for (int i = 0; i < BIG_BURST; i++) {
+        snprintf(keys[i], sizeof keys[i], "k%05d", i);
+        cairn_put_req r = {0};
+        r.key = (const uint8_t *)keys[i];
+        r.key_len = strlen(keys[i]);
+        r.value = (const uint8_t *)"v";
+        r.value_len = 1;
+        ck_assert_int_eq(cairn_store_put_async(a, &resp[i], &r, count_done, &cw), 0);
+    }
+    pthread_mutex_lock(&cw.mu);
+    while (cw.left)
+        pthread_cond_wait(&cw.cv, &cw.mu);
+    pthread_mutex_unlock(&cw.mu);
+    ck_assert_int_eq(cw.rc, 0);
+    for (int i = 0; i < BIG_BURST; i++)
+        cairn_put_resp_destroy(&resp[i]);
+
+    cairn_store_stats before;
+    cairn_store_get_stats(b, &before);
+    pthread_t th;
+    pthread_mutex_lock(&big.mu);
+    big.burst = 1;
+    pthread_mutex_unlock(&big.mu);
+    ck_assert_int_eq(pthread_create(&th, NULL, local_put, NULL), 0);
+    sync_link(ab, ba);
+    pthread_join(th, NULL);
+    pthread_mutex_lock(&big.mu);
+    big.burst = 0;
+    pthread_mutex_unlock(&big.mu);
+
+    uint64_t got = big.remote_at_put - before.applied_remote;
+    /* the put went in between slices: it was durable (and answered) while
+     * most of the burst was still to be written */
+    ck_assert_msg(got < BIG_BURST / 2,
+                  "the local put completed after %llu of the burst's %d changes",
+                  (unsigned long long)got, BIG_BURST);
+    /* one slice (at most 1024 changes) and the local put per group, not
+     * slices piled up behind a slow write */
+    ck_assert_msg(big.max_group <= 1024 + 1, "a group of %zu changes", big.max_group);
+    sync_link(ab, ba);
+    ck_same_heads(a, b);
+    ck_same_keys(a, b);
+    cairn_replica_free(ab);
+    cairn_replica_free(ba);
+    close_and_remove(a, da);
+    close_and_remove(b, db);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store_replica");
@@ -349,6 +484,7 @@ int main(void)
     tcase_add_test(t, three_in_a_line);
     tcase_add_test(t, corrupt_change_applies_nothing);
     tcase_add_test(t, push_then_quiet);
+    tcase_add_test(t, local_put_between_slices);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
