@@ -38,6 +38,8 @@ struct cairn_server {
     int64_t quota;      /* bytes; < 0 = no quota */
     atomic_uint_least64_t disk_bytes;
     atomic_uint_least64_t disk_checked_ms;
+    /* the costs node_quota_check let through since disk_bytes was read */
+    atomic_uint_least64_t disk_since;
 
     struct watch_hub *watch;    /* etcd/watch.c */
     struct kv_batcher *batcher; /* etcd/kv_batch.c; NULL unless --experimental-batch-writes */
