@@ -226,6 +226,19 @@ static void drop_node(cairn_dag *d, node *n)
     node_free(n);
 }
 
+/* A new node for |h| (a stub: state 0, in no list), in the table; NULL
+ * when out of memory. */
+static node *new_node(cairn_dag *d, const cairn_hash *h)
+{
+    node *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->hash = *h;
+    n->pos = NO_POS;
+    cairn_htab_put(&d->nodes, n, node_hash(d, n));
+    return n;
+}
+
 /* ---- add ------------------------------------------------------------- */
 
 static int inherited(int why);
@@ -263,14 +276,10 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
     if (why) {
         /* a dep was refused: so is this change, and what waits for it */
         if (!n) {
-            n = calloc(1, sizeof *n);
-            if (!n) {
+            if (!(n = new_node(d, &c->hash))) {
                 rc = CAIRN_ENOMEM;
                 goto fail;
             }
-            n->hash = c->hash;
-            n->pos = NO_POS;
-            cairn_htab_put(&d->nodes, n, node_hash(d, n));
         } else {
             list_remove(&d->stubs, n);
         }
@@ -289,15 +298,9 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
     }
 
     int fresh = !n;
-    if (fresh) {
-        n = calloc(1, sizeof *n);
-        if (!n) {
-            rc = CAIRN_ENOMEM;
-            goto fail;
-        }
-        n->hash = c->hash;
-        n->pos = NO_POS;
-        cairn_htab_put(&d->nodes, n, node_hash(d, n));
+    if (fresh && !(n = new_node(d, &c->hash))) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
     }
 
     if (missing) {
