@@ -59,6 +59,26 @@ def lease_list(c, n):
     return sorted(x.ID for x in r.leases)
 
 
+def call(c, n, meth, **kw):
+    """etcd's Cluster service on node |n|: call(c, 0, "MemberList")."""
+    return c._unary(n, "/etcdserverpb.Cluster/" + meth,
+                    c.msgs["etcdserverpb.%sRequest" % meth](**kw),
+                    "etcdserverpb.%sResponse" % meth)
+
+
+def members(c, n):
+    """Node |n|'s member list: (ID, name, peer URLs, client URLs, learner), by ID."""
+    r = call(c, n, "MemberList")
+    return sorted((m.ID, m.name, tuple(m.peerURLs), tuple(m.clientURLs), m.isLearner)
+                  for m in r.members)
+
+
+def same_lists(c, nodes):
+    """(whether |nodes| hold the same member list, their lists)"""
+    ls = [members(c, n) for n in nodes]
+    return all(x == ls[0] for x in ls), ls
+
+
 def check_equal_state(c, what):
     """Every live node converges (heads, key space); then each KeyValue's
     key, value and lease, HashKV and LeaseLeases are equal on all of them.

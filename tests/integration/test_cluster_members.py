@@ -36,27 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as clusterlib  # noqa: E402
 import cluster_checks  # noqa: E402
 import netproxy  # noqa: E402
-from cluster_checks import SKIP, log_has, main, wait_for  # noqa: E402
+from cluster_checks import (SKIP, call, log_has, main, members,  # noqa: E402
+                            same_lists, wait_for)
 from verdict import check, failures  # noqa: E402
 
 BOUND = 20.0   # s: a membership change reaching every node, on a loaded machine
-CL = "/etcdserverpb.Cluster/"
-
-
-def call(c, n, meth, **kw):
-    return c._unary(n, CL + meth, c.msgs["etcdserverpb.%sRequest" % meth](**kw),
-                    "etcdserverpb.%sResponse" % meth)
-
-
-def members(c, n):
-    r = call(c, n, "MemberList")
-    return sorted((m.ID, m.name, tuple(m.peerURLs), tuple(m.clientURLs), m.isLearner)
-                  for m in r.members)
-
-
-def same_lists(c, nodes):
-    ls = [members(c, n) for n in nodes]
-    return all(x == ls[0] for x in ls), ls
 
 
 class Writers:
