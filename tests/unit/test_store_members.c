@@ -14,10 +14,9 @@
  *   genesis, table and keys, with the ids it was given.
  */
 
-#include <pthread.h>
 
+#include "../store/replica_test.h"
 #include "../store/store_test.h"
-#include "store/replica.h"
 
 static const char *const U1[] = {"http://127.0.0.1:2380"};
 static const char *const U2[] = {"http://127.0.0.1:2381"};
@@ -212,22 +211,6 @@ START_TEST(changes_and_errors)
 }
 END_TEST
 
-typedef struct done_wait {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, rc;
-} done_wait;
-
-static void on_done(void *arg, int rc)
-{
-    done_wait *w = arg;
-    pthread_mutex_lock(&w->mu);
-    w->done = 1;
-    w->rc = rc;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 START_TEST(leases_leave_members_gen)
 {
     uint64_t t = 1700000000000ull;
@@ -313,15 +296,7 @@ START_TEST(joined_store)
             if (!m)
                 continue;
             quiet = 0;
-            done_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-            int rejected = -1;
-            ck_assert_int_eq(cairn_replica_receive(to[i], m, len, &rejected, on_done, &w), 0);
-            ck_assert_int_eq(rejected, 0);
-            pthread_mutex_lock(&w.mu);
-            while (!w.done)
-                pthread_cond_wait(&w.cv, &w.mu);
-            pthread_mutex_unlock(&w.mu);
-            ck_assert_int_eq(w.rc, 0);
+            replica_deliver(to[i], m, len);
             free(m);
         }
         if (quiet)

@@ -14,39 +14,8 @@
 
 #include <pthread.h>
 
+#include "../store/replica_test.h"
 #include "../store/store_test.h"
-#include "store/replica.h"
-
-typedef struct done_wait {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, rc;
-} done_wait;
-
-static void on_done(void *arg, int rc)
-{
-    done_wait *w = arg;
-    pthread_mutex_lock(&w->mu);
-    w->done = 1;
-    w->rc = rc;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* Delivers |msg| to |to| and waits until what it carried is durable. */
-static void deliver(cairn_replica *to, const uint8_t *msg, size_t len)
-{
-    done_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    int rejected = -1;
-    int rc = cairn_replica_receive(to, msg, len, &rejected, on_done, &w);
-    ck_assert_msg(rc == 0, "receive: %s", cairn_strerror(rc));
-    ck_assert_int_eq(rejected, 0);
-    pthread_mutex_lock(&w.mu);
-    while (!w.done)
-        pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    ck_assert_int_eq(w.rc, 0);
-}
 
 /* Runs the two sessions of a link (ab: a's session for b; ba: b's for a)
  * until neither has anything to say; returns the messages exchanged. */
@@ -61,7 +30,7 @@ static int sync_link(cairn_replica *ab, cairn_replica *ba)
             size_t len;
             ck_assert_int_eq(cairn_replica_generate(from[i], &m, &len), 0);
             if (m) {
-                deliver(to[i], m, len);
+                replica_deliver(to[i], m, len);
                 free(m);
                 quiet = 0;
                 msgs++;
@@ -299,7 +268,7 @@ START_TEST(corrupt_change_applies_nothing)
     /* the intact message still goes through after a reset */
     cairn_replica_reset(ab);
     cairn_replica_reset(ba);
-    deliver(ba, m, len);
+    replica_deliver(ba, m, len);
     free(m);
     sync_link(ab, ba);
     ck_same_heads(a, b);
@@ -325,7 +294,7 @@ START_TEST(push_then_quiet)
     size_t len;
     push_captured(ab, &m, &len, &ca, 1);
     ck_assert_ptr_nonnull(m);
-    deliver(ba, m, len);
+    replica_deliver(ba, m, len);
     free(m);
     ck_same_keys(a, b);
     /* pushed again: already sent, nothing to say */
