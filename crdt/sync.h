@@ -66,7 +66,7 @@
 #include "crdt/change.h"
 #include "crdt/doc.h"
 
-#define CAIRN_SYNC_VERSION 1
+#define CAIRN_SYNC_VERSION 2
 /* Most hashes in a message's history sample (log2 of any history, +1). */
 #define CAIRN_SYNC_MAX_SAMPLE 65u
 
@@ -230,7 +230,9 @@ int cairn_sync_msg_decode(cairn_sync_msg *out, const uint8_t *buf, size_t len,
                           const cairn_sync_limits *limits);
 
 /* Encodes |m| canonically (fields must be sorted and unique: CAIRN_EINVAL
- * otherwise) into a new buffer. Changes are taken from their ->bytes. */
+ * otherwise) into a new buffer. Changes are taken from their ->bytes, and
+ * their ->hash must be those bytes' id (a change that depends on the one
+ * before it is sent without that dependency: sync.c). */
 int cairn_sync_msg_encode(uint8_t **out, size_t *len, const cairn_sync_msg *m);
 
 /* Frees what decode allocated (changes still in ->changes included; set an

@@ -474,18 +474,19 @@ static size_t put_uv(uint8_t *p, uint64_t v)
     return n;
 }
 
-/* A sync message by hand (sync.c's table): no heads, need or filter. */
+/* A sync message by hand (sync.c's table): no heads, need or filter, the
+ * changes in full (none may depend on the one before it). */
 static void sync_of(struct out *o, cairn_change *const *cs, size_t n)
 {
     static uint8_t b[1 << 16];
     size_t k = 0;
-    b[k++] = 0x01;
+    b[k++] = CAIRN_SYNC_VERSION;
     b[k++] = 0x00;
     b[k++] = 0; /* heads */
     b[k++] = 0; /* need */
     k += put_uv(b + k, n);
     for (size_t i = 0; i < n; i++) {
-        k += put_uv(b + k, cs[i]->len);
+        k += put_uv(b + k, (uint64_t)cs[i]->len << 1);
         memcpy(b + k, cs[i]->bytes, cs[i]->len);
         k += cs[i]->len;
     }
@@ -515,7 +516,25 @@ static void hostile_seeds(struct out *o, const char *dir)
     hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
     sync_of(o, (cairn_change *[]){fork_child, fork, honest}, 3);
     write_seed(dir, "fork_and_its_child", o);
-    cairn_change *all[] = {gap, desc, grand, honest, fork, fork_child};
+    /* A chain in full, which version 2 spells with the dependency cut out
+     * (refused: not canonical), then as the encoder spells it, the heads
+     * its last change. */
+    cairn_change *next = bare_change(12, 2, &honest->hash, 1);
+    o->n = 0;
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    sync_of(o, (cairn_change *[]){honest, next}, 2);
+    hello(o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    cairn_sync_msg m = {.heads = &next->hash,
+                        .nheads = 1,
+                        .changes = (cairn_change *[]){honest, next},
+                        .nchanges = 2};
+    uint8_t *b;
+    size_t len;
+    check(cairn_sync_msg_encode(&b, &len, &m) == 0);
+    sync_msg(o, b, len);
+    free(b);
+    write_seed(dir, "chain_in_full_then_cut", o);
+    cairn_change *all[] = {gap, desc, grand, honest, fork, fork_child, next};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         cairn_change_free(all[i]);
 }
@@ -533,7 +552,8 @@ int main(int argc, char **argv)
     hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, CAIRN_ACTOR_LEN);
     write_seed(argv[1], "hello_twice", &o);
     o.n = 0;
-    hello(&o, 2, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    hello(&o, PEER_PROTOCOL_VERSION + 1, CLUSTER_ID, CAIRN_ACTOR_LEN);
+    hello(&o, PEER_PROTOCOL_VERSION - 1, CLUSTER_ID, CAIRN_ACTOR_LEN);
     hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID + 1, CAIRN_ACTOR_LEN);
     hello(&o, PEER_PROTOCOL_VERSION, CLUSTER_ID, 15);
     goodbye(&o);

@@ -13,6 +13,9 @@
 
 #include "crdt/change.h"
 #include "crdt/error.h"
+#include "crdt/sync.h"
+
+_Static_assert(CAIRN_SYNC_VERSION == 2, "a new crdt/sync version is a new PEER_PROTOCOL_VERSION");
 
 int peer_hello_check(const Cairnpb__Hello *h, const peer_self *self, char *why, size_t whylen)
 {

@@ -13,7 +13,9 @@
 #include "cairnpb/peer.pb-c.h"
 #include "store/store.h"
 
-#define PEER_PROTOCOL_VERSION 1u
+/* proto/cairnpb/peer.proto's PeerVersion: the framing and crdt/sync's
+ * CAIRN_SYNC_VERSION together. */
+#define PEER_PROTOCOL_VERSION 2u
 
 /* The words a Goodbye's reason holds when its sender refuses the stream
  * because it does not list the receiver in its --peer-links: the receiver

@@ -7,10 +7,12 @@ and sends forged sync messages built by hand (crdt/sync.c and
 crdt/change.c have the byte tables):
 
 - an honest op-less change of a fresh actor (the control: it is applied,
-  so the forgery itself is right);
+  so the forgery itself is right), and an honest chain of two sent as
+  version 2 spells it (the second without the id of the first);
 - a change whose seq skips (the DAG's sequence rule), a change that is not
-  canonical (an overlong varint), a sync message over a count limit, and a
-  PeerMessage that does not decode;
+  canonical (an overlong varint), a sync message over a count limit, a
+  chain spelt in full (version 2 allows only the cut), and a PeerMessage
+  that does not decode;
 - a descendant of the refused change, sent later on a new stream, and to
   n2 before the refused change reaches n2 at all.
 
@@ -41,6 +43,7 @@ import wire  # noqa: E402
 SKIP = 77
 WAIT_S = 20
 HOLD_S = 2.0  # server/peer: PEER_REFUSE_MS
+PEER_VERSION = 2  # server/peer/peer_msg.h: PEER_PROTOCOL_VERSION
 
 
 def field_fixed64(num, v):
@@ -48,21 +51,30 @@ def field_fixed64(num, v):
 
 
 def hello(cluster_id, member_id, actor, token):
-    h = (wire.field_int(1, 1) + field_fixed64(2, cluster_id) + field_fixed64(3, member_id)
-         + wire.field_bytes(4, actor)
+    h = (wire.field_int(1, PEER_VERSION) + field_fixed64(2, cluster_id)
+         + field_fixed64(3, member_id) + wire.field_bytes(4, actor)
          + wire.field_bytes(5, hashlib.blake2b(token.encode(), digest_size=32).digest())
          + wire.field_bytes(6, b"n3") + wire.field_int(8, int(time.time() * 1000)))
     return wire.field_bytes(1, h)
 
 
-def sync_msg(changes, nchanges=None):
-    """A crdt/sync message: version 1, no flags, no heads, no need, then
-    |changes| (raw bytes each); |nchanges| overrides the count."""
-    body = b"\x01\x00" + wire.varint(0) + wire.varint(0)
+def sync_msg(changes, nchanges=None, heads_last=False):
+    """A crdt/sync message (version 2): no heads (or, with |heads_last|,
+    flags bit 3: the heads are the last change), no need, then |changes|:
+    raw bytes each, in full, or (bytes, "cut"): a change less the id of the
+    one before it (cut()); |nchanges| overrides the count."""
+    body = b"\x02" + (b"\x08" if heads_last else b"\x00" + wire.varint(0)) + wire.varint(0)
     body += wire.varint(len(changes) if nchanges is None else nchanges)
     for c in changes:
-        body += wire.varint(len(c)) + c
+        c, p = c if isinstance(c, tuple) else (c, None)
+        body += wire.varint(len(c) << 1 | (p == "cut")) + c
     return wire.field_bytes(2, wire.field_bytes(1, body))
+
+
+def cut(c, dep):
+    """Change bytes |c| without its dependency |dep| (crdt/sync.c's cut)."""
+    i = c.index(dep)
+    return c[:i] + c[i + len(dep):]
 
 
 def change(actor, seq, deps=(), seq_bytes=None):
@@ -188,6 +200,14 @@ def main():
         check(wait_for(lambda: held(n1, change_hash(good))), "n1 applies an honest forged change")
         check(not s.goodbyes(), "no goodbye for an honest change: %s" % s.goodbyes())
         s.close()
+        # a chain as version 2 spells it: the second change without the id
+        # of the first, the heads the last change; n1 rebuilds it
+        c1 = change(b"\x77" * 16, 1)
+        c2 = change(b"\x77" * 16, 2, [change_hash(c1)])
+        s = stream(n1, [hi, sync_msg([c1, (cut(c2, change_hash(c1)), "cut")], heads_last=True)])
+        check(wait_for(lambda: held(n1, change_hash(c2))), "n1 applies a chain sent cut")
+        check(not s.goodbyes(), "no goodbye for a cut chain: %s" % s.goodbyes())
+        s.close()
 
         def refused(target, msg, reason, what):
             """|msg| after a hello: refused with |reason| in the log."""
@@ -272,6 +292,12 @@ def main():
         # a sync message over a count limit (max_changes 4096)
         time.sleep(HOLD_S + 0.2)
         refused(n1, sync_msg([], nchanges=1 << 20), "malformed sync message", "over a limit")
+        # a chain in full: version 2 has one spelling, the dependency cut
+        time.sleep(HOLD_S + 0.2)
+        d1 = change(b"\x88" * 16, 1)
+        d2 = change(b"\x88" * 16, 2, [change_hash(d1)])
+        refused(n1, sync_msg([d1, d2]), "malformed sync message", "a chain in full")
+        check(not held(n1, change_hash(d1)), "nothing of the chain in full is applied")
         # a PeerMessage that does not decode
         time.sleep(HOLD_S + 0.2)
         refused(n1, b"\x12\xff\xff\xff", "does not decode", "undecodable message")

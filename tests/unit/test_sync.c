@@ -215,8 +215,9 @@ static void diverged(int k, int base, int keep_state)
      * log-size sample), heads, framing. */
     size_t slack = 400 + (sampled ? 1200 : (size_t)(keep_state ? 0 : base) * 3);
     ck_assert_uint_le(st.bytes, ideal + ideal / 20 + slack);
-    /* Each change crossed the link once. */
-    ck_assert_uint_ge(st.bytes, ideal);
+    /* Each change crossed the link once (one that depends on the change
+     * before it in its message without that dependency's id). */
+    ck_assert_uint_ge(st.bytes + 2 * (size_t)k * CAIRN_HASH_LEN, ideal);
     /* Both now know the other has everything. */
     const cairn_dag *d = cairn_doc_dag(a);
     for (uint64_t i = 0; i < cairn_dag_count(d); i++) {
@@ -969,10 +970,13 @@ START_TEST(decode_rejects)
     uint8_t *c = malloc(len);
     /* Version and flags. */
     memcpy(c, m, len);
-    c[0] = 2;
+    c[0] = CAIRN_SYNC_VERSION + 1;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_EBADVERSION);
     memcpy(c, m, len);
-    c[1] |= 8;
+    c[0] = 1; /* version 1: the same fields, other rules */
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_EBADVERSION);
+    memcpy(c, m, len);
+    c[1] |= 16;
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, c, len, NULL), CAIRN_ENONCANON);
     memcpy(c, m, len);
     c[1] |= 0x80;
@@ -1004,38 +1008,60 @@ START_TEST(decode_rejects)
     }
     free(c);
     /* Hand-made messages. */
-    static const uint8_t huge_heads[] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f};
+    static const uint8_t huge_heads[] = {CAIRN_SYNC_VERSION, 0, 0xff, 0xff, 0xff, 0xff, 0x0f};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, huge_heads, sizeof huge_heads, NULL), CAIRN_ELIMIT);
-    static const uint8_t trunc_heads[] = {1, 0, 2, 0, 0, 0};
+    static const uint8_t trunc_heads[] = {CAIRN_SYNC_VERSION, 0, 2, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_heads, sizeof trunc_heads, NULL),
                      CAIRN_ETRUNCATED);
-    static const uint8_t nonmin[] = {1, 0, 0x80, 0x00, 0, 0};
+    static const uint8_t nonmin[] = {CAIRN_SYNC_VERSION, 0, 0x80, 0x00, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, nonmin, sizeof nonmin, NULL), CAIRN_ENONCANON);
-    static const uint8_t over64[] = {1,    0,    0xff, 0xff, 0xff, 0xff,
-                                     0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
+    static const uint8_t over64[] = {
+        CAIRN_SYNC_VERSION, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, over64, sizeof over64, NULL), CAIRN_ENONCANON);
-    static const uint8_t empty_ok[] = {1, 0, 0, 0, 0};
+    static const uint8_t empty_ok[] = {CAIRN_SYNC_VERSION, 0, 0, 0, 0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, empty_ok, sizeof empty_ok, NULL), 0);
     cairn_sync_msg_destroy(&dm);
-    static const uint8_t zero_probes[] = {1, 1, 0, 0,  0,  0,  1,  2,  3,  4,  5, 6,
-                                          7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0};
+    static const uint8_t zero_probes[] = {CAIRN_SYNC_VERSION,
+                                          1,
+                                          0,
+                                          0,
+                                          0,
+                                          0,
+                                          1,
+                                          2,
+                                          3,
+                                          4,
+                                          5,
+                                          6,
+                                          7,
+                                          8,
+                                          9,
+                                          10,
+                                          11,
+                                          12,
+                                          13,
+                                          14,
+                                          15,
+                                          16,
+                                          0,
+                                          0};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, zero_probes, sizeof zero_probes, NULL),
                      CAIRN_ENONCANON);
-    static const uint8_t big_sample[] = {1, 2, 0, 0, 66};
+    static const uint8_t big_sample[] = {CAIRN_SYNC_VERSION, 2, 0, 0, 66};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, big_sample, sizeof big_sample, NULL), CAIRN_ELIMIT);
-    static const uint8_t trunc_sample[] = {1, 2, 0, 0, 1, 5};
+    static const uint8_t trunc_sample[] = {CAIRN_SYNC_VERSION, 2, 0, 0, 1, 5};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, trunc_sample, sizeof trunc_sample, NULL),
                      CAIRN_ETRUNCATED);
-    static const uint8_t many_changes[] = {1, 0, 0, 0, 0xff, 0x7f, 1, 1};
+    static const uint8_t many_changes[] = {CAIRN_SYNC_VERSION, 0, 0, 0, 0xff, 0x7f, 1, 1};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, many_changes, sizeof many_changes, NULL),
                      CAIRN_ELIMIT);
-    static const uint8_t long_change[] = {1, 0, 0, 0, 1, 0x7f, 1, 2};
+    static const uint8_t long_change[] = {CAIRN_SYNC_VERSION, 0, 0, 0, 1, 0x7e, 1, 2};
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, long_change, sizeof long_change, NULL),
                      CAIRN_ETRUNCATED);
-    static const uint8_t empty_change[] = {1, 0, 0, 0, 1, 0, 0};
+    static const uint8_t empty_change[] = {CAIRN_SYNC_VERSION, 0, 0, 0, 1, 0, 0};
     ck_assert_int_lt(cairn_sync_msg_decode(&dm, empty_change, sizeof empty_change, NULL), 0);
     /* Unsorted heads. */
-    uint8_t uns[2 + 1 + 64 + 2] = {1, 0, 2};
+    uint8_t uns[2 + 1 + 64 + 2] = {CAIRN_SYNC_VERSION, 0, 2};
     memset(uns + 3, 9, 32);
     memset(uns + 35, 8, 32);
     ck_assert_int_eq(cairn_sync_msg_decode(&dm, uns, sizeof uns, NULL), CAIRN_EUNSORTED);
@@ -1051,6 +1077,270 @@ START_TEST(decode_rejects)
     cairn_sync_state_free(s);
     free(m);
     cairn_doc_free(a);
+}
+END_TEST
+
+/* ---- version 2's abbreviations (sync.c) ---------------------------------- */
+
+struct raw {
+    uint8_t b[128];
+    size_t n;
+};
+
+static void raw_uv(struct raw *r, uint64_t v)
+{
+    do {
+        ck_assert_uint_lt(r->n, sizeof r->b);
+        r->b[r->n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+}
+
+static void raw_put(struct raw *r, const void *p, size_t n)
+{
+    ck_assert_uint_le(r->n + n, sizeof r->b);
+    memcpy(r->b + r->n, p, n);
+    r->n += n;
+}
+
+/* An op-less change of actor 7 (change.c's encoding) with deps |deps|
+ * (sorted here), and its id. */
+static struct raw raw_change(uint64_t seq, const cairn_hash *deps, size_t ndeps, cairn_hash *id)
+{
+    cairn_hash d[4];
+    ck_assert_uint_le(ndeps, 4);
+    memcpy(d, deps, ndeps * sizeof *d);
+    qsort(d, ndeps, sizeof *d, (int (*)(const void *, const void *))cairn_hash_cmp);
+    struct raw r = {.n = 0};
+    uint8_t head[1 + CAIRN_ACTOR_LEN];
+    head[0] = 0xC1;
+    memset(head + 1, 7, CAIRN_ACTOR_LEN);
+    raw_put(&r, head, sizeof head);
+    raw_uv(&r, seq);
+    raw_uv(&r, 1);          /* start_op */
+    raw_uv(&r, 1000 + seq); /* time_ms */
+    raw_uv(&r, ndeps);
+    raw_put(&r, d, ndeps * sizeof *d);
+    raw_uv(&r, 0); /* no other actors */
+    raw_uv(&r, 0); /* no ops */
+    cairn_hash_bytes(id, r.b, r.n);
+    return r;
+}
+
+/* |r| less the 32 bytes of dependency |h| (which must be in it). */
+static struct raw raw_cut(const struct raw *r, const cairn_hash *h)
+{
+    for (size_t i = 0; i + CAIRN_HASH_LEN <= r->n; i++)
+        if (memcmp(r->b + i, h->b, CAIRN_HASH_LEN) == 0) {
+            struct raw c = {.n = 0};
+            raw_put(&c, r->b, i);
+            raw_put(&c, r->b + i + CAIRN_HASH_LEN, r->n - i - CAIRN_HASH_LEN);
+            return c;
+        }
+    ck_abort_msg("dependency not found");
+    return *r;
+}
+
+/* A sync message, byte by byte. */
+struct rmsg {
+    uint8_t b[1024];
+    size_t n;
+};
+
+static void rmsg_uv(struct rmsg *m, uint64_t v)
+{
+    do {
+        m->b[m->n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+}
+
+static void rmsg_put(struct rmsg *m, const void *p, size_t n)
+{
+    ck_assert_uint_le(m->n + n, sizeof m->b);
+    memcpy(m->b + m->n, p, n);
+    m->n += n;
+}
+
+/* The header of a message with no need, filter or sample: |flags|, the
+ * heads unless |flags| has bit 3, and the changes' count. */
+static struct rmsg rmsg_start(uint8_t flags, const cairn_hash *heads, size_t nheads,
+                              size_t nchanges)
+{
+    struct rmsg m = {.n = 0};
+    m.b[m.n++] = CAIRN_SYNC_VERSION;
+    m.b[m.n++] = flags;
+    if (!(flags & 8)) {
+        rmsg_uv(&m, nheads);
+        rmsg_put(&m, heads, nheads * sizeof *heads);
+    }
+    rmsg_uv(&m, 0); /* need */
+    rmsg_uv(&m, nchanges);
+    return m;
+}
+
+/* One change: in full (|cut| 0) or with a dependency cut out. */
+static void rmsg_change(struct rmsg *m, const struct raw *c, int cut)
+{
+    rmsg_uv(m, (uint64_t)c->n << 1 | (cut ? 1 : 0));
+    rmsg_put(m, c->b, c->n);
+}
+
+/*
+ * A chain c1 <- c2 <- c3 of one author (c3 also depends on x, sorting
+ * before or after c2 as |x_first| says), the heads c3: the encoder spells
+ * c1 in full, c2 and c3 each without the id of the change before it, and
+ * the heads as bit 3; the decoder puts the ids back, recomputes every id
+ * from the bytes it rebuilt, and re-encodes to the same bytes.
+ */
+static void check_chain(int x_first)
+{
+    cairn_hash x, h1, h2, h3;
+    memset(x.b, x_first ? 0x00 : 0xff, sizeof x.b);
+    struct raw c1 = raw_change(1, NULL, 0, &h1);
+    struct raw c2 = raw_change(2, &h1, 1, &h2);
+    cairn_hash d3[2] = {h2, x};
+    struct raw c3 = raw_change(3, d3, 2, &h3);
+    cairn_change *ch[3];
+    const struct raw *raws[3] = {&c1, &c2, &c3};
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(cairn_change_decode(&ch[i], raws[i]->b, raws[i]->n, NULL), 0);
+    cairn_sync_msg m = {0};
+    m.heads = &h3;
+    m.nheads = 1;
+    m.changes = ch;
+    m.nchanges = 3;
+    uint8_t *enc;
+    size_t len;
+    ck_assert_int_eq(cairn_sync_msg_encode(&enc, &len, &m), 0);
+
+    struct rmsg want = rmsg_start(8, NULL, 0, 3);
+    struct raw c2cut = raw_cut(&c2, &h1), c3cut = raw_cut(&c3, &h2);
+    rmsg_change(&want, &c1, 0);
+    rmsg_change(&want, &c2cut, 1);
+    rmsg_change(&want, &c3cut, 1);
+    ck_assert_uint_eq(len, want.n);
+    ck_assert(memcmp(enc, want.b, len) == 0);
+    /* version 1 spelt out the heads (a count and an id) and both deps;
+     * every length here fits one varint byte */
+    ck_assert_uint_eq(len + 1 + 3 * CAIRN_HASH_LEN,
+                      2 + 1 + CAIRN_HASH_LEN + 1 + 1 + 3 + c1.n + c2.n + c3.n);
+
+    cairn_sync_msg dm;
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, enc, len, NULL), 0);
+    ck_assert_uint_eq(dm.nchanges, 3);
+    const cairn_hash *ids[3] = {&h1, &h2, &h3};
+    for (int i = 0; i < 3; i++) {
+        ck_assert(cairn_hash_cmp(&dm.changes[i]->hash, ids[i]) == 0);
+        ck_assert_uint_eq(dm.changes[i]->len, raws[i]->n);
+        ck_assert(memcmp(dm.changes[i]->bytes, raws[i]->b, raws[i]->n) == 0);
+    }
+    ck_assert_uint_eq(dm.nheads, 1);
+    ck_assert(cairn_hash_cmp(&dm.heads[0], &h3) == 0);
+    uint8_t *re;
+    size_t relen;
+    ck_assert_int_eq(cairn_sync_msg_encode(&re, &relen, &dm), 0);
+    ck_assert_uint_eq(relen, len);
+    ck_assert(memcmp(re, enc, len) == 0);
+    free(re);
+    cairn_sync_msg_destroy(&dm);
+
+    /* Heads that are not the last change are spelt out. */
+    m.heads = &h2;
+    ck_assert_int_eq(cairn_sync_msg_encode(&re, &relen, &m), 0);
+    ck_assert_uint_eq(re[1], 0);
+    ck_assert_uint_eq(relen, len + 1 + CAIRN_HASH_LEN);
+    free(re);
+    free(enc);
+    for (int i = 0; i < 3; i++)
+        cairn_change_free(ch[i]);
+}
+
+START_TEST(chain_is_sent_cut)
+{
+    check_chain(0);
+    check_chain(1);
+}
+END_TEST
+
+START_TEST(cut_spellings_rejected)
+{
+    cairn_hash h1, h2, other;
+    struct raw c1 = raw_change(1, NULL, 0, &h1);
+    struct raw c2 = raw_change(2, &h1, 1, &h2);
+    struct raw c2cut = raw_cut(&c2, &h1);
+    struct raw lone = raw_change(5, NULL, 0, &other); /* depends on nothing */
+    cairn_sync_msg dm;
+    struct rmsg m;
+
+    /* the good one, for reference */
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &c1, 0);
+    rmsg_change(&m, &c2cut, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), 0);
+    cairn_sync_msg_destroy(&dm);
+    /* c2 in full although it depends on c1 */
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &c1, 0);
+    rmsg_change(&m, &c2, 0);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ENONCANON);
+    ck_assert_ptr_null(dm.changes);
+    /* the heads spelt out although they are the last change */
+    m = rmsg_start(0, &h2, 1, 2);
+    rmsg_change(&m, &c1, 0);
+    rmsg_change(&m, &c2cut, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ENONCANON);
+    /* ... but other heads are fine */
+    m = rmsg_start(0, &h1, 1, 2);
+    rmsg_change(&m, &c1, 0);
+    rmsg_change(&m, &c2cut, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), 0);
+    ck_assert(cairn_hash_cmp(&dm.heads[0], &h1) == 0);
+    cairn_sync_msg_destroy(&dm);
+    /* bit 3 with no change to be the heads */
+    m = rmsg_start(8, NULL, 0, 0);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ENONCANON);
+    /* a cut on the first change: nothing before it */
+    m = rmsg_start(8, NULL, 0, 1);
+    rmsg_change(&m, &c2cut, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ENONCANON);
+    /* a cut change with no dependency to put back */
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &c1, 0);
+    rmsg_change(&m, &lone, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ENONCANON);
+    /* c2 cut, after another change than c1: that one's id goes back in,
+     * and what arrives is another change than c2 (its id is computed
+     * from the bytes rebuilt) */
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &lone, 0);
+    rmsg_change(&m, &c2cut, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), 0);
+    ck_assert(cairn_hash_cmp(&dm.changes[1]->hash, &h2) != 0);
+    ck_assert(cairn_hash_cmp(&dm.changes[1]->deps[0], &other) == 0);
+    cairn_sync_msg_destroy(&dm);
+    /* a cut whose deps are not all there */
+    cairn_hash h3, d3[2] = {h2, other};
+    struct raw c3 = raw_change(3, d3, 2, &h3);
+    struct raw c3short = raw_cut(&c3, &h2);
+    /* version, author, seq, start_op, time_ms (2 bytes), the deps count,
+     * then half of the dep left */
+    c3short.n = 1 + CAIRN_ACTOR_LEN + 5 + 16;
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &c2, 0);
+    rmsg_change(&m, &c3short, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_ETRUNCATED);
+    /* the id put back twice: a duplicate dep, which the change decoder
+     * refuses */
+    cairn_hash d4[2] = {h2, other};
+    cairn_hash h4;
+    struct raw c4 = raw_change(3, d4, 2, &h4); /* deps h2 and other, */
+    struct raw c4dup = raw_cut(&c4, &other);   /* less other: only h2 */
+    m = rmsg_start(8, NULL, 0, 2);
+    rmsg_change(&m, &c2, 0);
+    /* declares 2 deps, holds h2, gets h2 back: {h2, h2} */
+    rmsg_change(&m, &c4dup, 1);
+    ck_assert_int_eq(cairn_sync_msg_decode(&dm, m.b, m.n, NULL), CAIRN_EUNSORTED);
 }
 END_TEST
 
@@ -1709,6 +1999,8 @@ int main(void)
     tcase_add_test(tc, state_load_rejects);
     tcase_add_test(tc, decode_canonical_roundtrip);
     tcase_add_test(tc, decode_rejects);
+    tcase_add_test(tc, chain_is_sent_cut);
+    tcase_add_test(tc, cut_spellings_rejected);
     tcase_add_test(tc, hostile_need_and_heads);
     tcase_add_test(tc, rejected_not_refetched);
     tcase_add_test(tc, loader_sync_converges);
