@@ -14,16 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
 #include "crdt/error.h"
 #include "server/etcd/etcd.h"
-#include "server/rpc/unary_ops.h"
+#include "server/rpc/client.h"
 #include "server/server.h"
 
 static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
@@ -663,62 +663,44 @@ static void echo_stopping_hook(void *arg)
     atomic_fetch_add(&echo_stopping, 1);
 }
 
+/* /test.Echo/Slow: answered a second later, from another thread. */
+static void *slow_thread(void *arg)
+{
+    usleep(1000 * 1000);
+    rpc_later(arg, later_answer, 7);
+    return NULL;
+}
+
+static void echo_slow(rpc_call *c, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    later_worker = pthread_self();
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, slow_thread, c), 0);
+    ck_assert_int_eq(pthread_detach(t), 0);
+}
+
 static const rpc_method echo_methods[] = {
     {"/test.Echo/Say", RPC_UNARY, echo_say, 2, NULL},
     {"/test.Echo/Fail", RPC_UNARY, echo_fail, 1, NULL},
     {"/test.Echo/Later", RPC_UNARY, echo_later, 1, NULL},
+    {"/test.Echo/Slow", RPC_UNARY, echo_slow, 1, NULL},
 };
-static const rpc_service echo_service = {"test.Echo", echo_methods, 3, echo_stopping_hook, NULL};
+static const rpc_service echo_service = {"test.Echo", echo_methods, 4, echo_stopping_hook, NULL};
 
 /* One unary call of |path| with |req|; the status, its text (in |msg|) and
  * the answer (in |out|, NUL-terminated, at most |cap| - 1 bytes). */
 static int unary(grpc_channel *ch, const char *path, const char *req, char *msg, size_t msgcap,
                  char *out, size_t cap)
 {
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
-    grpc_call *call =
-        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                 grpc_slice_from_static_string(path), NULL, deadline, NULL);
-    grpc_slice body = grpc_slice_from_copied_string(req);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
-    grpc_byte_buffer *recv = NULL;
-    grpc_metadata_array md, trailers;
-    grpc_metadata_array_init(&md);
-    grpc_metadata_array_init(&trailers);
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
-    rpc_unary_ops(ops, send, &md, &recv, &trailers, &status, &details);
-    ck_assert_int_eq(grpc_call_start_batch(call, ops, 6, &ops, NULL), GRPC_CALL_OK);
-    grpc_event ev = grpc_completion_queue_pluck(cq, &ops, deadline, NULL);
-    ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
-    snprintf(msg, msgcap, "%.*s", (int)GRPC_SLICE_LENGTH(details),
-             (const char *)GRPC_SLICE_START_PTR(details));
-    out[0] = '\0';
-    if (recv) {
-        grpc_byte_buffer_reader rd;
-        ck_assert(grpc_byte_buffer_reader_init(&rd, recv));
-        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-        snprintf(out, cap, "%.*s", (int)GRPC_SLICE_LENGTH(all),
-                 (const char *)GRPC_SLICE_START_PTR(all));
-        grpc_slice_unref(all);
-        grpc_byte_buffer_reader_destroy(&rd);
-        grpc_byte_buffer_destroy(recv);
-    }
-    grpc_slice_unref(details);
-    grpc_slice_unref(body);
-    grpc_byte_buffer_destroy(send);
-    grpc_metadata_array_destroy(&md);
-    grpc_metadata_array_destroy(&trailers);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    return (int)status;
+    rpc_client_reply r;
+    ck_assert_int_eq(rpc_client_unary(&r, ch, path, (const uint8_t *)req, strlen(req), 10000), 0);
+    snprintf(msg, msgcap, "%s", r.details);
+    snprintf(out, cap, "%.*s", (int)r.len, r.bytes ? (const char *)r.bytes : "");
+    int status = (int)r.status;
+    rpc_client_reply_destroy(&r);
+    return status;
 }
 
 START_TEST(engine_serves_registered_services_only)
@@ -758,6 +740,17 @@ START_TEST(engine_serves_registered_services_only)
     big[sizeof big - 1] = '\0';
     ck_assert_int_eq(unary(ch, "/test.Echo/Say", big, msg, sizeof msg, out, sizeof out), 8);
     ck_assert_str_eq(msg, "grpc: received message larger than max (1499 vs. 1024)");
+    /* rpc_client_unary ends at its deadline, the answer still to come */
+    rpc_client_reply r;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(rpc_client_unary(&r, ch, "/test.Echo/Slow", (const uint8_t *)"s", 1, 200), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_int_eq(r.status, GRPC_STATUS_DEADLINE_EXCEEDED);
+    ck_assert_ptr_null(r.bytes);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(took >= 0.15 && took < 0.9, "the call took %.3f s", took);
+    rpc_client_reply_destroy(&r);
 
     grpc_channel_destroy(ch);
     rpc_engine_stop(e, 1000);
