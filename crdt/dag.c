@@ -239,6 +239,35 @@ static node *new_node(cairn_dag *d, const cairn_hash *h)
     return n;
 }
 
+/* ---- the pending list --------------------------------------------- */
+
+/* |n| became PENDING: it goes at the new end, stamped with the clock. */
+static void pend_link(cairn_dag *d, node *n)
+{
+    n->since = d->now_ms;
+    n->older = d->pend_newest;
+    n->newer = NULL;
+    if (d->pend_newest)
+        d->pend_newest->newer = n;
+    else
+        d->pend_oldest = n;
+    d->pend_newest = n;
+}
+
+/* |n| is PENDING no more (ready, refused or dropped). */
+static void pend_unlink(cairn_dag *d, node *n)
+{
+    if (n->older)
+        n->older->newer = n->newer;
+    else
+        d->pend_oldest = n->newer;
+    if (n->newer)
+        n->newer->older = n->older;
+    else
+        d->pend_newest = n->older;
+    n->older = n->newer = NULL;
+}
+
 /* ---- add ------------------------------------------------------------- */
 
 static int inherited(int why);
@@ -348,6 +377,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
         n->c = c;
         n->state = ST_PENDING;
         n->nmissing = missing;
+        pend_link(d, n);
         d->npending++;
         d->pending_edges += missing;
         d->pending_bytes += c->len;
@@ -476,6 +506,7 @@ static void unlink_pending(cairn_dag *d, node *w, const node *skip)
             drop_node(d, dep);
         }
     }
+    pend_unlink(d, w);
     d->npending--;
     d->pending_edges -= w->nmissing;
     d->pending_bytes -= c->len;
@@ -551,6 +582,43 @@ int cairn_dag_rejected(const cairn_dag *d, const cairn_hash *h)
 size_t cairn_dag_rejected_count(const cairn_dag *d)
 {
     return d->rej_n;
+}
+
+/* ---- ageing the pending buffer ----------------------------------------- */
+
+/* Drops pending |n|: out of its deps' waiter lists and the counts, its
+ * body freed. Pending changes that wait for it wait for it as for any
+ * hash not had: a stub, which missing() asks peers for. */
+static void evict(cairn_dag *d, node *n)
+{
+    unlink_pending(d, n, NULL);
+    if (!n->nwaiters) {
+        drop_node(d, n);
+        return;
+    }
+    n->state = ST_STUB;
+    if (list_add(&d->stubs, n) != 0)
+        n->pos = NO_POS; /* out of memory: a stub missing() does not report (as discard) */
+}
+
+size_t cairn_dag_expire(cairn_dag *d, uint64_t now_ms, uint64_t max_age_ms)
+{
+    if (!d->clock_set) {
+        /* the clock starts now: what came before arrived now */
+        d->clock_set = 1;
+        d->now_ms = now_ms;
+        for (node *n = d->pend_oldest; n; n = n->newer)
+            n->since = now_ms;
+        return 0;
+    }
+    if (now_ms > d->now_ms)
+        d->now_ms = now_ms; /* never backwards */
+    size_t k = 0;
+    while (d->pend_oldest && d->now_ms - d->pend_oldest->since >= max_age_ms) {
+        evict(d, d->pend_oldest);
+        k++;
+    }
+    return k;
 }
 
 /* A growable stack of apply indices. */
@@ -738,6 +806,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
         node *w = n->waiters[i];
         d->pending_edges--;
         if (--w->nmissing == 0) {
+            pend_unlink(d, w);
             d->npending--;
             d->pending_bytes -= w->c->len;
             ready_push(d, w); /* room reserved above */

@@ -131,6 +131,21 @@ uint64_t cairn_dag_count(const cairn_dag *d);
  * pending buffer, bounded by CAIRN_DAG_MAX_PENDING). */
 size_t cairn_dag_pending_count(const cairn_dag *d);
 
+/* Ages the pending buffer. |now_ms| is the caller's clock (any origin; a
+ * value below the last one counts as the last one). A pending change
+ * arrived at the clock of the last call before it (the first call starts
+ * the clock: everything pending then counts as arrived then); one that
+ * has waited |max_age_ms| or more for its dependencies is dropped, the
+ * oldest first, and is unknown again: nothing is lost, since a peer that
+ * has it sends it again (the change's descendants, or the peer's heads,
+ * name it, and missing() asks for it by hash). So changes with made-up
+ * dependencies do not hold the buffer for good, while an honest burst
+ * whose gap is filled within |max_age_ms| is never dropped, however big
+ * (past CAIRN_DAG_MAX_PENDING its newest are refused, never its oldest:
+ * those are the ones the gap's arrival orders first). Costs the dropped
+ * changes' deps and waiters. Returns how many were dropped. */
+size_t cairn_dag_expire(cairn_dag *d, uint64_t now_ms, uint64_t max_age_ms);
+
 /* The hash of the change at apply-order |index|, or NULL if out of range.
  * Borrowed: valid until the next cairn_dag_order. */
 const cairn_hash *cairn_dag_hash_at(const cairn_dag *d, uint64_t index);
@@ -213,7 +228,8 @@ int cairn_dag_restore_(cairn_dag **out, struct wire_rd *r);
 /* 0 if the ordered part's internal invariants hold (every hash found at its
  * index, deps point backwards, heads are exactly the changes no change
  * depends on, authors' seqs add up) and so do the refused changes' (each
- * remembered in the ring, none waited for by anything), else
+ * remembered in the ring, none waited for by anything) and so does the
+ * pending list (every pending change once, oldest first), else
  * CAIRN_ECORRUPT. Tests, fuzzers. */
 int cairn_dag_check_(const cairn_dag *d);
 /* Changes the ancestry walks have visited so far (a cost counter). */

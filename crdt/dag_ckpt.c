@@ -323,6 +323,17 @@ int cairn_dag_check_(const cairn_dag *d)
     }
     if (nrej != d->rej_n || d->rej_n > d->rej_cap || d->rej_cap > CAIRN_DAG_MAX_REJECTED)
         goto out;
+    /* The pending list: every pending change once, oldest first. */
+    size_t npend = 0, nlisted = 0;
+    for (uint32_t i = 0; i < d->nodes.cap; i++)
+        npend += d->nodes.slots[i] && ((const node *)d->nodes.slots[i])->state == ST_PENDING;
+    for (const node *x = d->pend_oldest; x; x = x->newer) {
+        if (x->state != ST_PENDING || !x->c || ++nlisted > npend ||
+            (x->newer ? x->newer->older != x || x->newer->since < x->since : d->pend_newest != x))
+            goto out;
+    }
+    if (nlisted != npend || npend != d->npending || (d->pend_oldest && d->pend_oldest->older))
+        goto out;
     for (size_t i = 0; i < d->rej_n; i++) {
         const node *x = get_node(d, &d->rej[(d->rej_head + i) % d->rej_cap]);
         if (!x || x->state != ST_REJECTED)

@@ -40,6 +40,10 @@ typedef struct node {
     uint32_t pos;      /* STUB: slot in stubs */
     int why;           /* REJECTED: the verdict (a CAIRN_E* code) */
     uint8_t state;
+    /* PENDING: the DAG's clock when it arrived, and its neighbours in the
+     * pending list (oldest first; see cairn_dag_expire) */
+    uint64_t since;
+    struct node *older, *newer;
 } node;
 
 struct actor_rec {
@@ -98,6 +102,12 @@ struct cairn_dag {
     size_t nsorted, capsorted;
     int heads_dirty;
     size_t npending, pending_edges, pending_bytes;
+    /* Every PENDING node, in the order they arrived (cairn_dag_expire);
+     * |now_ms| is the clock of the last expire, |clock_set| once there
+     * was one. */
+    node *pend_oldest, *pend_newest;
+    uint64_t now_ms;
+    int clock_set;
     /* The last CAIRN_DAG_MAX_REJECTED changes rejected for good, oldest at
      * |rej_head|, in a ring of |rej_cap| slots that doubles on demand up
      * to that cap: each is a body-less REJECTED node while it is here,

@@ -178,6 +178,11 @@ void cairn_doc_rollback(cairn_doc *doc);
  * etcd"). */
 int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs);
 
+/* Drops the received changes that have waited |max_age_ms| or more for
+ * their dependencies (cairn_dag_expire: |now_ms| is the caller's clock;
+ * each is received again when a peer sends it). Returns how many. */
+size_t cairn_doc_expire_pending(cairn_doc *doc, uint64_t now_ms, uint64_t max_age_ms);
+
 /* ---- reads ----------------------------------------------------------------
  * An absent map key reads as kind CAIRN_READ_NONE (rc 0); a list index out
  * of range is CAIRN_ENOTFOUND; an unknown object CAIRN_ENOOBJ; a map read on

@@ -411,6 +411,11 @@ int cairn_doc_receive(cairn_doc *doc, cairn_change *c, const cairn_doc_observer 
     return cairn_doc_receive_(doc, c, obs);
 }
 
+size_t cairn_doc_expire_pending(cairn_doc *doc, uint64_t now_ms, uint64_t max_age_ms)
+{
+    return cairn_dag_expire(doc->dag, now_ms, max_age_ms);
+}
+
 /* Receive without the read-only check (new_at replays through it). */
 int cairn_doc_receive_(cairn_doc *doc, cairn_change *c, const cairn_doc_observer *obs)
 {

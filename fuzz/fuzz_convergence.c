@@ -6,6 +6,10 @@
  * as bytes through the codec. At the end everything is delivered everywhere
  * and the replicas must have identical heads and dumps, else abort().
  *
+ * A replica's pending buffer may age out (cairn_doc_expire_pending): what
+ * it dropped comes again as sync would send it, every change once more in
+ * the order they were made, before the property is checked.
+ *
  * A fourth replica, the victim, receives every honest change plus changes
  * decoded from byte-flipped copies of them (hostile input). It is never
  * compared (a flipped copy is a second change with an honest change's
@@ -61,6 +65,7 @@ struct sim {
     size_t nmsg;
     uint16_t inbox[NREP + 1][MAX_MSGS];
     size_t nin[NREP + 1];
+    int evicted[NREP + 1]; /* its pending buffer dropped something */
 };
 
 static void check(int cond)
@@ -273,6 +278,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 13:
             deliver_pick(s, VICTIM, next(&in), 0);
             break;
+        case 14: { /* the pending buffer ages (the victim's with 0xfe) */
+            int q = b == 0xfe ? VICTIM : r;
+            now++;
+            size_t k = cairn_doc_expire_pending(s->docs[q], now, next(&in) & 3);
+            check(cairn_dag_check_(cairn_doc_dag(s->docs[q])) == 0);
+            s->evicted[q] |= k > 0;
+            break;
+        }
         default:
             if (s->nmsg) {
                 unsigned m = next(&in), at = next(&in);
@@ -282,10 +295,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
     }
-    /* full delivery, then the property */
-    for (int r = 0; r <= NREP; r++)
+    /* full delivery (a replica that dropped pending changes gets everything
+     * again, as sync sends it: in the order it was made), then the property */
+    for (int r = 0; r <= NREP; r++) {
         while (s->nin[r])
             deliver_pick(s, r, 0, 0);
+        for (size_t m = 0; s->evicted[r] && m < s->nmsg; m++)
+            deliver(s, r, m);
+        check(r == VICTIM || cairn_dag_pending_count(cairn_doc_dag(s->docs[r])) == 0);
+    }
     for (int r = 1; r < NREP; r++)
         same(s->docs[0], s->docs[r]);
     uint8_t *dv;

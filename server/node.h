@@ -49,7 +49,7 @@ struct cairn_server {
     struct cairn_tls_pump *tls_pump;
     struct front *front;     /* http/front.c: the client URLs' sockets */
     struct gateway *gateway; /* http/gateway.c: etcd's JSON gateway */
-    /* this member is a learner (etcd/cluster.c: etcd_learner_refuses);
+    /* this member is a learner (etcd/cluster.c: etcd_admit);
      * recomputed when the store's members_gen moves past learner_gen */
     atomic_int learner;
     atomic_uint_least64_t learner_gen;

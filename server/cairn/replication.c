@@ -737,18 +737,18 @@ static void replication_wait(rpc_call *c, const uint8_t *req, size_t len)
 }
 
 static const rpc_method replication_methods[] = {
-    {"/cairnpb.Replication/Heads", RPC_UNARY, replication_heads, 1},
-    {"/cairnpb.Replication/ChangeBytes", RPC_UNARY, replication_change_bytes, 1},
-    {"/cairnpb.Replication/RevisionToHash", RPC_UNARY, replication_rev_to_hash, 1},
-    {"/cairnpb.Replication/HashToRevision", RPC_UNARY, replication_hash_to_rev, 1},
-    {"/cairnpb.Replication/Range", RPC_UNARY, replication_range, 1},
-    {"/cairnpb.Replication/ReplicationStatus", RPC_UNARY, replication_status, 1},
-    {"/cairnpb.Replication/WaitReplicated", RPC_UNARY, replication_wait, 1},
+    {"/cairnpb.Replication/Heads", RPC_UNARY, replication_heads, 1, NULL},
+    {"/cairnpb.Replication/ChangeBytes", RPC_UNARY, replication_change_bytes, 1, NULL},
+    {"/cairnpb.Replication/RevisionToHash", RPC_UNARY, replication_rev_to_hash, 1, NULL},
+    {"/cairnpb.Replication/HashToRevision", RPC_UNARY, replication_hash_to_rev, 1, NULL},
+    {"/cairnpb.Replication/Range", RPC_UNARY, replication_range, 1, NULL},
+    {"/cairnpb.Replication/ReplicationStatus", RPC_UNARY, replication_status, 1, NULL},
+    {"/cairnpb.Replication/WaitReplicated", RPC_UNARY, replication_wait, 1, NULL},
 };
 
 const rpc_service cairn_replication_service = {
     "cairnpb.Replication", replication_methods,
-    sizeof replication_methods / sizeof replication_methods[0], replication_stopping};
+    sizeof replication_methods / sizeof replication_methods[0], replication_stopping, NULL};
 
 /* ---- for the fuzz target: a request's decoding and checks, no store ---- */
 

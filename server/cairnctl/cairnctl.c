@@ -7,15 +7,13 @@
  * 3.4's ExitError and ExitBadArgs, measured).
  *
  * Hashes are printed and read as 64 hex digits. One gRPC call per run, on
- * the gRPC core C API with a pluck completion queue: the calls are unary,
- * so there is nothing to drive in between.
+ * the gRPC core C API, waited for (rpc/client.h): the calls are unary, so
+ * there is nothing to drive in between.
  */
 
 #include <ctype.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
-#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -24,7 +22,7 @@
 #include <string.h>
 
 #include "cairnpb/replication.pb-c.h"
-#include "server/rpc/unary_ops.h"
+#include "server/rpc/client.h"
 
 #define EXIT_ERROR 1      /* etcdctl: ExitError */
 #define EXIT_BAD_ARGS 128 /* etcdctl: ExitBadArgs */
@@ -164,12 +162,7 @@ static void json_heads(const char *name, ProtobufCBinaryData *h, size_t n)
 
 /* ---- one unary call ------------------------------------------------------------------------ */
 
-typedef struct reply {
-    uint8_t *bytes;
-    size_t len;
-    grpc_status_code status;
-    char *details;
-} reply;
+typedef rpc_client_reply reply;
 
 static gpr_timespec in_ms(long ms)
 {
@@ -197,52 +190,16 @@ static int call_one(reply *r, const opts *o, const char *target, const char *met
             break; /* timed out */
         st = grpc_channel_check_connectivity_state(ch, 1);
     }
-    int rc = -1;
-    if (st == GRPC_CHANNEL_READY) {
-        grpc_slice m = grpc_slice_from_static_string(method);
-        grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-                                                   in_ms(o->cmd_ms + extra_ms), NULL);
-        grpc_slice body = grpc_slice_from_copied_buffer((const char *)req, len);
-        grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
-        grpc_slice_unref(body);
-        grpc_byte_buffer *recv = NULL;
-        grpc_metadata_array imd, tmd;
-        grpc_metadata_array_init(&imd);
-        grpc_metadata_array_init(&tmd);
-        grpc_slice details = grpc_empty_slice();
-        grpc_op ops[6];
-        rpc_unary_ops(ops, send, &imd, &recv, &tmd, &r->status, &details);
-        if (grpc_call_start_batch(call, ops, 6, (void *)2, NULL) == GRPC_CALL_OK) {
-            grpc_completion_queue_pluck(cq, (void *)2, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-            rc = 0;
-            char *d = grpc_slice_to_c_string(details);
-            r->details = strdup(d);
-            gpr_free(d);
-            if (recv) {
-                grpc_byte_buffer_reader rd;
-                grpc_byte_buffer_reader_init(&rd, recv);
-                grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-                r->len = GRPC_SLICE_LENGTH(all);
-                r->bytes = malloc(r->len ? r->len : 1);
-                if (r->len)
-                    memcpy(r->bytes, GRPC_SLICE_START_PTR(all), r->len);
-                grpc_slice_unref(all);
-                grpc_byte_buffer_reader_destroy(&rd);
-                grpc_byte_buffer_destroy(recv);
-            }
-        }
-        grpc_slice_unref(details);
-        grpc_metadata_array_destroy(&imd);
-        grpc_metadata_array_destroy(&tmd);
-        grpc_byte_buffer_destroy(send);
-        grpc_call_unref(call);
-    }
-    grpc_channel_destroy(ch);
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
            GRPC_QUEUE_SHUTDOWN)
         ;
     grpc_completion_queue_destroy(cq);
+    int rc = -1;
+    if (st == GRPC_CHANNEL_READY &&
+        rpc_client_unary(r, ch, method, req, len, o->cmd_ms + extra_ms) == 0)
+        rc = 0;
+    grpc_channel_destroy(ch);
     return rc;
 }
 
@@ -276,8 +233,7 @@ static reply call(const opts *o, const char *method, const ProtobufCMessage *req
 /* The reply decoded into |m|; its bytes are freed. */
 #define UNPACK(type, fn, r)                                                                        \
     type *m = fn(NULL, (r).len, (r).bytes);                                                        \
-    free((r).bytes);                                                                               \
-    free((r).details);                                                                             \
+    rpc_client_reply_destroy(&(r));                                                                \
     if (!m)                                                                                        \
         die(EXIT_ERROR, "cannot decode the response");
 

@@ -54,10 +54,18 @@ int etcd_entry_too_large(rpc_call *c, size_t len);
 /* Fails |c| UNIMPLEMENTED with "cairn: <Method> is not supported<why>". */
 void etcd_unsupported(rpc_call *c, const char *why);
 
-/* etcd: a learner serves only serializable Range and Status; anything else
- * fails UNAVAILABLE "etcdserver: rpc not supported for learner". Fails |c|
- * and returns 1 if this member is a learner (cluster.c). */
+/* The admit hook of every etcd service (rpc_admit_fn; cluster.c): etcd's
+ * learner serves only serializable Range and Status; anything else fails
+ * UNAVAILABLE "etcdserver: rpc not supported for learner" before its
+ * handler runs. A Range is let in, for kv_range to decide. */
+int etcd_admit(rpc_call *c, const uint8_t *req, size_t len);
+/* For kv_range, once it read the request: fails |c| as etcd_admit would
+ * and returns 1 if this member is a learner. */
 int etcd_learner_refuses(rpc_call *c);
+/* 1 if |len| bytes of |m|'s request decode as its handler decodes them
+ * (kv.c: a Txn's nesting is bounded first), else 0; 1 when |m| names no
+ * request type. */
+int etcd_request_decodes(const rpc_method *m, const uint8_t *req, size_t len);
 /* Fills a protobuf ResponseHeader from the store's (|h| NULL: current). */
 void etcd_header(cairn_server *srv, Etcdserverpb__ResponseHeader *out, const cairn_header *h);
 /* Sends a response whose only field is the header (field 1 of every etcd

@@ -44,7 +44,7 @@ static void lease_grant(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__LeaseGrantRequest *m = (Etcdserverpb__LeaseGrantRequest *)rpc_unpack(
         c, &etcdserverpb__lease_grant_request__descriptor, req, len);
-    if (!m || etcd_learner_refuses(c))
+    if (!m)
         return;
     cairn_server *srv = etcd_node(c);
     /* etcd: LeaseGrant is refused while NOSPACE is raised. */
@@ -81,7 +81,7 @@ static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
         return;
     Etcdserverpb__LeaseRevokeRequest *m = (Etcdserverpb__LeaseRevokeRequest *)rpc_unpack(
         c, &etcdserverpb__lease_revoke_request__descriptor, req, len);
-    if (!m || etcd_learner_refuses(c))
+    if (!m)
         return;
     cairn_header *h = (cairn_header *)(void *)c->scratch;
     int rc = cairn_store_lease_revoke_async(etcd_node(c)->store, h, m->id, revoke_done, c);
@@ -91,8 +91,6 @@ static void lease_revoke(rpc_call *c, const uint8_t *req, size_t len)
 
 static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     Etcdserverpb__LeaseTimeToLiveRequest *m = (Etcdserverpb__LeaseTimeToLiveRequest *)rpc_unpack(
         c, &etcdserverpb__lease_time_to_live_request__descriptor, req, len);
     if (!m)
@@ -132,8 +130,6 @@ static void lease_time_to_live(rpc_call *c, const uint8_t *req, size_t len)
 
 static void lease_leases(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     if (!rpc_unpack(c, &etcdserverpb__lease_leases_request__descriptor, req, len))
         return;
     int64_t *ids = NULL;
@@ -229,8 +225,6 @@ static void ka_closed(rpc_call *c)
 
 static void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     (void)req;
     (void)len;
     /* etcd: a stream its client cancelled, or whose deadline passed, ends
@@ -246,12 +240,18 @@ static void lease_keep_alive(rpc_call *c, const uint8_t *req, size_t len)
 }
 
 static const rpc_method lease_methods[] = {
-    {"/etcdserverpb.Lease/LeaseGrant", RPC_UNARY, lease_grant, 2},
-    {"/etcdserverpb.Lease/LeaseRevoke", RPC_UNARY, lease_revoke, 2},
-    {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, lease_keep_alive, 2},
-    {"/etcdserverpb.Lease/LeaseTimeToLive", RPC_UNARY, lease_time_to_live, 1},
-    {"/etcdserverpb.Lease/LeaseLeases", RPC_UNARY, lease_leases, 1},
+    {"/etcdserverpb.Lease/LeaseGrant", RPC_UNARY, lease_grant, 2,
+     &etcdserverpb__lease_grant_request__descriptor},
+    {"/etcdserverpb.Lease/LeaseRevoke", RPC_UNARY, lease_revoke, 2,
+     &etcdserverpb__lease_revoke_request__descriptor},
+    {"/etcdserverpb.Lease/LeaseKeepAlive", RPC_BIDI, lease_keep_alive, 2,
+     &etcdserverpb__lease_keep_alive_request__descriptor},
+    {"/etcdserverpb.Lease/LeaseTimeToLive", RPC_UNARY, lease_time_to_live, 1,
+     &etcdserverpb__lease_time_to_live_request__descriptor},
+    {"/etcdserverpb.Lease/LeaseLeases", RPC_UNARY, lease_leases, 1,
+     &etcdserverpb__lease_leases_request__descriptor},
 };
 
 const rpc_service etcd_lease_service = {"etcdserverpb.Lease", lease_methods,
-                                        sizeof lease_methods / sizeof lease_methods[0], NULL};
+                                        sizeof lease_methods / sizeof lease_methods[0], NULL,
+                                        etcd_admit};

@@ -117,8 +117,6 @@ static int alarm_cmp(const void *a, const void *b)
 
 static void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     Etcdserverpb__AlarmRequest *m =
         (Etcdserverpb__AlarmRequest *)rpc_unpack(c, &etcdserverpb__alarm_request__descriptor, req, len);
     if (!m)
@@ -192,8 +190,6 @@ static void maint_alarm(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     if (!rpc_unpack(c, &etcdserverpb__defragment_request__descriptor, req, len))
         return;
     /* etcd rewrites its bolt file to give back free pages. LevelDB has no
@@ -207,8 +203,6 @@ static void maint_defragment(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_move_leader(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     if (!rpc_unpack(c, &etcdserverpb__move_leader_request__descriptor, req, len))
         return;
     rpc_fail(c, CAIRN_EUNIMPLEMENTED,
@@ -289,8 +283,6 @@ static int hash_keyspace(cairn_server *srv, uint32_t *out, int64_t rev)
 
 static void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     Etcdserverpb__HashKVRequest *m = (Etcdserverpb__HashKVRequest *)rpc_unpack(
         c, &etcdserverpb__hash_kvrequest__descriptor, req, len);
     if (!m)
@@ -331,8 +323,6 @@ static void maint_hash_kv(rpc_call *c, const uint8_t *req, size_t len)
 
 static void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     if (!rpc_unpack(c, &etcdserverpb__hash_request__descriptor, req, len))
         return;
     /* etcd hashes its whole bolt file; cairn's backend files differ from
@@ -357,15 +347,22 @@ static void maint_hash(rpc_call *c, const uint8_t *req, size_t len)
 /* ---- the service --------------------------------------------------------- */
 
 static const rpc_method maintenance_methods[] = {
-    {"/etcdserverpb.Maintenance/Alarm", RPC_UNARY, maint_alarm, 2},
-    {"/etcdserverpb.Maintenance/Status", RPC_UNARY, maint_status, 2},
-    {"/etcdserverpb.Maintenance/Defragment", RPC_UNARY, maint_defragment, 1},
-    {"/etcdserverpb.Maintenance/Hash", RPC_UNARY, maint_hash, 1},
-    {"/etcdserverpb.Maintenance/HashKV", RPC_UNARY, maint_hash_kv, 1},
-    {"/etcdserverpb.Maintenance/Snapshot", RPC_SERVER_STREAM, maint_snapshot, 1},
-    {"/etcdserverpb.Maintenance/MoveLeader", RPC_UNARY, maint_move_leader, 1},
+    {"/etcdserverpb.Maintenance/Alarm", RPC_UNARY, maint_alarm, 2,
+     &etcdserverpb__alarm_request__descriptor},
+    {"/etcdserverpb.Maintenance/Status", RPC_UNARY, maint_status, 2,
+     &etcdserverpb__status_request__descriptor},
+    {"/etcdserverpb.Maintenance/Defragment", RPC_UNARY, maint_defragment, 1,
+     &etcdserverpb__defragment_request__descriptor},
+    {"/etcdserverpb.Maintenance/Hash", RPC_UNARY, maint_hash, 1,
+     &etcdserverpb__hash_request__descriptor},
+    {"/etcdserverpb.Maintenance/HashKV", RPC_UNARY, maint_hash_kv, 1,
+     &etcdserverpb__hash_kvrequest__descriptor},
+    {"/etcdserverpb.Maintenance/Snapshot", RPC_SERVER_STREAM, maint_snapshot, 1,
+     &etcdserverpb__snapshot_request__descriptor},
+    {"/etcdserverpb.Maintenance/MoveLeader", RPC_UNARY, maint_move_leader, 1,
+     &etcdserverpb__move_leader_request__descriptor},
 };
 
 const rpc_service etcd_maintenance_service = {
     "etcdserverpb.Maintenance", maintenance_methods,
-    sizeof maintenance_methods / sizeof maintenance_methods[0], NULL};
+    sizeof maintenance_methods / sizeof maintenance_methods[0], NULL, etcd_admit};

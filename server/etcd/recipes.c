@@ -827,8 +827,6 @@ static void step(recipe *r, int ev, int store_rc)
 
 static void lock_lock(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3lockpb__LockRequest *m =
         (V3lockpb__LockRequest *)rpc_unpack(c, &v3lockpb__lock_request__descriptor, req, len);
     if (!m)
@@ -873,8 +871,6 @@ static void unlock_free(rpc_call *c)
 
 static void lock_unlock(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3lockpb__UnlockRequest *m =
         (V3lockpb__UnlockRequest *)rpc_unpack(c, &v3lockpb__unlock_request__descriptor, req, len);
     if (!m)
@@ -899,8 +895,6 @@ static void lock_unlock(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_campaign(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3electionpb__CampaignRequest *m = (V3electionpb__CampaignRequest *)rpc_unpack(
         c, &v3electionpb__campaign_request__descriptor, req, len);
     if (!m)
@@ -1001,8 +995,6 @@ static recipe *leader_recipe(rpc_call *c, int kind, const V3electionpb__LeaderKe
 
 static void election_proclaim(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3electionpb__ProclaimRequest *m = (V3electionpb__ProclaimRequest *)rpc_unpack(
         c, &v3electionpb__proclaim_request__descriptor, req, len);
     if (!m)
@@ -1036,8 +1028,6 @@ static void election_proclaim(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_resign(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3electionpb__ResignRequest *m = (V3electionpb__ResignRequest *)rpc_unpack(
         c, &v3electionpb__resign_request__descriptor, req, len);
     if (!m)
@@ -1056,8 +1046,6 @@ static void election_resign(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_leader(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3electionpb__LeaderRequest *m = (V3electionpb__LeaderRequest *)rpc_unpack(
         c, &v3electionpb__leader_request__descriptor, req, len);
     if (!m)
@@ -1087,8 +1075,6 @@ static void election_leader(rpc_call *c, const uint8_t *req, size_t len)
 
 static void election_observe(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     V3electionpb__LeaderRequest *m = (V3electionpb__LeaderRequest *)rpc_unpack(
         c, &v3electionpb__leader_request__descriptor, req, len);
     if (!m)
@@ -1106,21 +1092,27 @@ static void election_observe(rpc_call *c, const uint8_t *req, size_t len)
 }
 
 static const rpc_method lock_methods[] = {
-    {"/v3lockpb.Lock/Lock", RPC_UNARY, lock_lock, 1},
-    {"/v3lockpb.Lock/Unlock", RPC_UNARY, lock_unlock, 1},
+    {"/v3lockpb.Lock/Lock", RPC_UNARY, lock_lock, 1, &v3lockpb__lock_request__descriptor},
+    {"/v3lockpb.Lock/Unlock", RPC_UNARY, lock_unlock, 1, &v3lockpb__unlock_request__descriptor},
 };
 
-const rpc_service etcd_lock_service = {
-    "v3lockpb.Lock", lock_methods, sizeof lock_methods / sizeof lock_methods[0], recipes_stopping};
+const rpc_service etcd_lock_service = {"v3lockpb.Lock", lock_methods,
+                                       sizeof lock_methods / sizeof lock_methods[0],
+                                       recipes_stopping, etcd_admit};
 
 static const rpc_method election_methods[] = {
-    {"/v3electionpb.Election/Campaign", RPC_UNARY, election_campaign, 1},
-    {"/v3electionpb.Election/Proclaim", RPC_UNARY, election_proclaim, 1},
-    {"/v3electionpb.Election/Leader", RPC_UNARY, election_leader, 1},
-    {"/v3electionpb.Election/Observe", RPC_SERVER_STREAM, election_observe, 1},
-    {"/v3electionpb.Election/Resign", RPC_UNARY, election_resign, 1},
+    {"/v3electionpb.Election/Campaign", RPC_UNARY, election_campaign, 1,
+     &v3electionpb__campaign_request__descriptor},
+    {"/v3electionpb.Election/Proclaim", RPC_UNARY, election_proclaim, 1,
+     &v3electionpb__proclaim_request__descriptor},
+    {"/v3electionpb.Election/Leader", RPC_UNARY, election_leader, 1,
+     &v3electionpb__leader_request__descriptor},
+    {"/v3electionpb.Election/Observe", RPC_SERVER_STREAM, election_observe, 1,
+     &v3electionpb__leader_request__descriptor},
+    {"/v3electionpb.Election/Resign", RPC_UNARY, election_resign, 1,
+     &v3electionpb__resign_request__descriptor},
 };
 
 const rpc_service etcd_election_service = {"v3electionpb.Election", election_methods,
                                            sizeof election_methods / sizeof election_methods[0],
-                                           NULL};
+                                           NULL, etcd_admit};

@@ -276,8 +276,6 @@ static void snap_next(rpc_call *c, int ok)
 
 void maint_snapshot(rpc_call *c, const uint8_t *req, size_t len)
 {
-    if (etcd_learner_refuses(c))
-        return;
     if (!rpc_unpack(c, &etcdserverpb__snapshot_request__descriptor, req, len))
         return;
     snapshot_stream *s;

@@ -567,9 +567,6 @@ static void on_recv(void *arg, int ok)
 
 static void watch_stream(rpc_call *c, const uint8_t *req, size_t len)
 {
-    /* etcd: on a learner, only Status and a serializable Range */
-    if (etcd_learner_refuses(c))
-        return;
     (void)req;
     (void)len;
     cairn_server *srv = etcd_node(c);
@@ -689,8 +686,9 @@ void watch_hub_free(cairn_server *srv)
 }
 
 static const rpc_method watch_methods[] = {
-    {"/etcdserverpb.Watch/Watch", RPC_BIDI, watch_stream, 2},
+    {"/etcdserverpb.Watch/Watch", RPC_BIDI, watch_stream, 2,
+     &etcdserverpb__watch_request__descriptor},
 };
 
 const rpc_service etcd_watch_service = {"etcdserverpb.Watch", watch_methods, 1,
-                                        watch_hub_cancel_all};
+                                        watch_hub_cancel_all, etcd_admit};

@@ -146,8 +146,8 @@
 #include "cairnpb/peer.pb-c.h"
 #include "crdt/error.h"
 #include "server/peer/peer_msg.h"
+#include "server/rpc/client.h"
 #include "server/rpc/rpc.h"
-#include "server/rpc/unary_ops.h"
 #include "server/tls/tls.h"
 #include "store/replica.h"
 
@@ -2496,63 +2496,27 @@ static int join_one(peer_net *scratch, peer_join *out, const char *addr, const c
     grpc_channel *ch = open_channel(scratch, addr, url);
     if (!ch)
         return CAIRN_ENOMEM;
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice m = grpc_slice_from_static_string(PEER_JOIN_METHOD);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-                                               in_ms(PEER_JOIN_MS), NULL);
-    grpc_slice body = grpc_slice_from_copied_buffer((const char *)req, len);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
-    grpc_slice_unref(body);
-    grpc_byte_buffer *recv = NULL;
-    grpc_metadata_array imd, tmd;
-    grpc_metadata_array_init(&imd);
-    grpc_metadata_array_init(&tmd);
-    grpc_slice details = grpc_empty_slice();
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_op ops[6];
-    rpc_unary_ops(ops, send, &imd, &recv, &tmd, &status, &details);
-    int rc = CAIRN_EIO;
-    if (call && grpc_call_start_batch(call, ops, 6, (void *)1, NULL) == GRPC_CALL_OK) {
-        grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        char *d = grpc_slice_to_c_string(details);
-        if (status == GRPC_STATUS_OK && recv) {
-            grpc_byte_buffer_reader rd;
-            if (grpc_byte_buffer_reader_init(&rd, recv)) {
-                grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-                grpc_byte_buffer_reader_destroy(&rd);
-                char why[256];
-                rc = peer_join_decode(out, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), why,
-                                      sizeof why);
-                grpc_slice_unref(all);
-                if (rc == -1) {
-                    cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s", url,
-                              why);
-                    rc = CAIRN_EIO;
-                }
-            }
-        } else if (status == GRPC_STATUS_FAILED_PRECONDITION) {
-            snprintf(err, errlen, "%s", d);
-            rc = -1;
-        } else {
-            cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s (status %d)", url,
-                      d, (int)status);
-        }
-        gpr_free(d);
-    }
-    if (call)
-        grpc_call_unref(call);
-    if (recv)
-        grpc_byte_buffer_destroy(recv);
-    grpc_byte_buffer_destroy(send);
-    grpc_metadata_array_destroy(&imd);
-    grpc_metadata_array_destroy(&tmd);
-    grpc_slice_unref(details);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    rpc_client_reply r;
+    int rc = rpc_client_unary(&r, ch, PEER_JOIN_METHOD, req, len, PEER_JOIN_MS);
     grpc_channel_destroy(ch);
+    if (rc)
+        return rc == CAIRN_ENOMEM ? rc : CAIRN_EIO;
+    rc = CAIRN_EIO;
+    if (r.status == GRPC_STATUS_OK && r.bytes) {
+        char why[256];
+        rc = peer_join_decode(out, r.bytes, r.len, why, sizeof why);
+        if (rc == -1) {
+            cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s", url, why);
+            rc = CAIRN_EIO;
+        }
+    } else if (r.status == GRPC_STATUS_FAILED_PRECONDITION) {
+        snprintf(err, errlen, "%s", r.details);
+        rc = -1;
+    } else {
+        cairn_log(CAIRN_LOG_WARN, "could not get cluster response from %s: %s (status %d)", url,
+                  r.details, (int)r.status);
+    }
+    rpc_client_reply_destroy(&r);
     return rc;
 }
 

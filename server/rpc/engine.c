@@ -23,6 +23,10 @@
  * the executor's context switches fell from ~2,000 to ~20 a run of 40,000
  * Puts, server context switches from 0.48-0.55 to 0.39-0.41 a Put.
  *
+ * A service may admit or refuse each call before its handler runs (its
+ * admit hook, grpc-go's interceptors: etcd's learner refuses most calls
+ * there), so that no handler has to remember to ask.
+ *
  * Every error leaves through rpc_fail, with the status and message of the
  * CAIRN_ERRORS row. etcd: a request bigger than grpc-go's receive limit
  * (max_recv_bytes) fails with "grpc: received message larger than max (N
@@ -103,6 +107,7 @@ struct rpc_worker {
 /* One registered method. */
 typedef struct rpc_entry {
     const rpc_method *m;
+    const rpc_service *svc;
     void *arg;
     void *handle; /* grpc_server_register_method's */
 } rpc_entry;
@@ -469,6 +474,17 @@ static void unknown_method(rpc_call *c)
     rpc_fail(c, CAIRN_ENOSUCHMETHOD, detail);
 }
 
+/* The service's admit hook on |c| (see rpc_admit_fn): 1 if the call may
+ * go on, else 0 with the call failed. */
+static int admitted(rpc_call *c, const uint8_t *req, size_t len)
+{
+    rpc_admit_fn admit = c->e->entries[c->entry].svc->admit;
+    int rc = admit ? admit(c, req, len) : 0;
+    if (rc)
+        rpc_fail(c, rc, NULL);
+    return rc == 0;
+}
+
 static void dispatch(rpc_call *c)
 {
     c->state = ST_ACTIVE;
@@ -478,6 +494,11 @@ static void dispatch(rpc_call *c)
         return;
     }
     const rpc_method *m = c->method;
+    /* etcd (grpc-go): a stream's interceptors run before its handler reads
+     * the request (so before the receive limit too); a unary call's once
+     * its request is read and decoded, below */
+    if (m->kind != RPC_UNARY && !admitted(c, NULL, 0))
+        return;
     if (m->kind == RPC_BIDI) {
         m->fn(c, NULL, 0);
         return;
@@ -513,7 +534,11 @@ static void dispatch(rpc_call *c)
     }
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
-    m->fn(c, GRPC_SLICE_START_PTR(c->req_bytes), GRPC_SLICE_LENGTH(c->req_bytes));
+    const uint8_t *req = GRPC_SLICE_START_PTR(c->req_bytes);
+    size_t n = GRPC_SLICE_LENGTH(c->req_bytes);
+    if (m->kind == RPC_UNARY && !admitted(c, req, n))
+        return;
+    m->fn(c, req, n);
 }
 
 /* A call that asked rpc_notify_close: its status batch and its close both
@@ -792,6 +817,7 @@ int rpc_engine_add(rpc_engine *e, const rpc_service *svc, void *arg)
             return CAIRN_EIO;
         }
         e->entries[e->nentries].m = m;
+        e->entries[e->nentries].svc = svc;
         e->entries[e->nentries].arg = arg;
         e->entries[e->nentries].handle = h;
         e->nentries++;

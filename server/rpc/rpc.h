@@ -55,16 +55,29 @@ typedef struct rpc_method {
     int kind;         /* RPC_* */
     rpc_handler_fn fn;
     int slots; /* requests kept posted per worker */
+    /* The request's type, for the service's admit hook (NULL: not said). */
+    const ProtobufCMessageDescriptor *req;
 } rpc_method;
 
-/* A service: its methods, and an optional hook called once when the engine
- * stops accepting calls (so that long-lived streams can end). The table is
- * borrowed and must outlive the engine. */
+/* Decides, before the handler runs, whether a call of the service is
+ * served at all (grpc-go's interceptors): 0 lets it in; anything else is
+ * the CAIRN_E* code the engine fails it with, and its handler never runs.
+ * When grpc-go runs them: a unary call's once its request is read and
+ * decoded (|req|, |len|: its bytes, past the receive limit; the hook
+ * judges whether they decode, if that matters to what it answers), a
+ * stream's before anything is read (|req| NULL). On the call's worker. */
+typedef int (*rpc_admit_fn)(rpc_call *c, const uint8_t *req, size_t len);
+
+/* A service: its methods, an optional hook called once when the engine
+ * stops accepting calls (so that long-lived streams can end), and an
+ * optional admit hook. The table is borrowed and must outlive the
+ * engine. */
 typedef struct rpc_service {
     const char *name; /* "etcdserverpb.KV": for grpc-go's "unknown method" */
     const rpc_method *methods;
     size_t nmethods;
     void (*stopping)(void *arg);
+    rpc_admit_fn admit;
 } rpc_service;
 
 /* Bytes per call for decoding its request without malloc (a Range takes

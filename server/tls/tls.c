@@ -618,76 +618,263 @@ static int grpc_peer_host(char *out, size_t outlen, const char *peer)
 static void lookup_failed(char *err, size_t errlen, const char *what, int not_found,
                           const char *other)
 {
-    snprintf(err, errlen, "lookup %.200s: %s", what, not_found ? "no such host" : other);
+    snprintf(err, errlen, "lookup %.200s: %.46s", what, not_found ? "no such host" : other);
+}
+
+/* ---- lookups with a deadline ----------------------------------------------
+ * The resolver may take seconds (a DNS server that does not answer), and
+ * the SAN check runs on the peer thread, which every link waits on. So
+ * each lookup runs on a thread of its own while the caller waits for it
+ * until the check's deadline (SAN_LOOKUP_MS for all of a check's lookups
+ * together); past it the lookup fails as Go's does when its resolver
+ * times out ("i/o timeout"), and the thread finishes and frees the job by
+ * itself. A lookup that answers in time gives the verdict it always gave.
+ * At most SAN_LOOKUPS_MAX threads are left behind at once: past that a
+ * new lookup fails at once the same way, so a dead resolver cannot pile
+ * up threads. The job is the only thing the two threads share, under its
+ * mutex, and the last of them to let go frees it. */
+#define SAN_LOOKUP_MS 1000
+#define SAN_LOOKUPS_MAX 8
+#define LOOKUP_NAMES 16
+#define LOOKUP_ADDRS 64
+
+static atomic_int lookups_live;
+static atomic_int test_delay_ms; /* cairn_tls_test_slow_resolver_ */
+
+/* What a lookup found: reverse names (trailing dot dropped) or addresses,
+ * or why not. */
+typedef struct lookup_answer {
+    int ok, not_found;
+    int skip; /* not an address: no lookup, nothing to say */
+    char err[128];
+    char names[LOOKUP_NAMES][256];
+    int nnames;
+    int fam[LOOKUP_ADDRS];
+    unsigned char addr[LOOKUP_ADDRS][16];
+    int naddrs;
+} lookup_answer;
+
+typedef struct lookup_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs, done;
+    int reverse; /* else forward; set before the thread starts, as |query| */
+    char query[256];
+    lookup_answer ans;
+} lookup_job;
+
+static void job_release(lookup_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) {
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j);
+    }
+}
+
+/* The lookup itself, the resolver's own (blocking) calls. */
+static void resolve(lookup_answer *a, int reverse, const char *query)
+{
+    memset(a, 0, sizeof *a);
+    int delay = atomic_load(&test_delay_ms);
+    if (delay > 0)
+        usleep((useconds_t)delay * 1000);
+    if (reverse) {
+        unsigned char ip[16];
+        int fam = inet_pton(AF_INET, query, ip) == 1 ? AF_INET : AF_INET6;
+        if (fam == AF_INET6 && inet_pton(AF_INET6, query, ip) != 1) {
+            a->skip = 1;
+            return;
+        }
+        struct hostent he, *res = NULL;
+        char buf[8192];
+        int herr = 0;
+        if (gethostbyaddr_r(ip, fam == AF_INET ? 4 : 16, fam, &he, buf, sizeof buf, &res, &herr) !=
+                0 ||
+            !res) {
+            a->not_found = herr == HOST_NOT_FOUND || herr == NO_DATA;
+            snprintf(a->err, sizeof a->err, "%s", hstrerror(herr));
+            return;
+        }
+        a->ok = 1;
+        for (int k = -1;
+             a->nnames < LOOKUP_NAMES && (k < 0 || (res->h_aliases && res->h_aliases[k])); k++) {
+            char *name = a->names[a->nnames];
+            snprintf(name, sizeof a->names[0], "%s", k < 0 ? res->h_name : res->h_aliases[k]);
+            size_t nl = strlen(name);
+            if (nl && name[nl - 1] == '.')
+                name[--nl] = '\0';
+            a->nnames += nl > 0;
+        }
+        return;
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    int e = getaddrinfo(query, NULL, &hints, &res);
+    if (e) {
+        a->not_found = e == EAI_NONAME;
+        snprintf(a->err, sizeof a->err, "%s", gai_strerror(e));
+        return;
+    }
+    a->ok = 1;
+    for (struct addrinfo *ai = res; ai && a->naddrs < LOOKUP_ADDRS; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET)
+            memcpy(a->addr[a->naddrs], &((struct sockaddr_in *)ai->ai_addr)->sin_addr, 4);
+        else if (ai->ai_family == AF_INET6)
+            memcpy(a->addr[a->naddrs], &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, 16);
+        else
+            continue;
+        a->fam[a->naddrs++] = ai->ai_family;
+    }
+    freeaddrinfo(res);
+}
+
+static void *lookup_main(void *arg)
+{
+    lookup_job *j = arg;
+    lookup_answer *a = malloc(sizeof *a);
+    if (a)
+        resolve(a, j->reverse, j->query);
+    pthread_mutex_lock(&j->mu);
+    if (a)
+        j->ans = *a;
+    else
+        snprintf(j->ans.err, sizeof j->ans.err, "out of memory");
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    free(a);
+    atomic_fetch_sub(&lookups_live, 1);
+    job_release(j);
+    return NULL;
+}
+
+/* Starts the lookup thread of |j|: 1, or 0 when it is too late, too many
+ * are left behind, or no thread could be made. */
+static int lookup_start(lookup_job *j, const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > deadline->tv_sec ||
+        (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec))
+        return 0;
+    if (atomic_fetch_add(&lookups_live, 1) >= SAN_LOOKUPS_MAX) {
+        atomic_fetch_sub(&lookups_live, 1);
+        return 0;
+    }
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int started = pthread_create(&t, &at, lookup_main, j) == 0;
+    pthread_attr_destroy(&at);
+    if (!started)
+        atomic_fetch_sub(&lookups_live, 1);
+    return started;
+}
+
+/* Runs the lookup of |query| (a reverse one for an address, else a
+ * forward one) on a thread of its own, waiting for it until |deadline|
+ * (CLOCK_MONOTONIC). 1 with the answer in *out; 0 with the failure's
+ * words in |err| (past the deadline: Go's "i/o timeout"). */
+static int run_lookup(lookup_answer *out, int reverse, const char *query,
+                      const struct timespec *deadline, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    lookup_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        lookup_failed(err, errlen, query, 0, "out of memory");
+        return 0;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->reverse = reverse;
+    snprintf(j->query, sizeof j->query, "%s", query);
+    j->refs = 2;
+    if (!lookup_start(j, deadline))
+        j->refs = 1;
+    pthread_mutex_lock(&j->mu);
+    while (j->refs == 2 && !j->done)
+        if (pthread_cond_timedwait(&j->cv, &j->mu, deadline) == ETIMEDOUT)
+            break;
+    int done = j->done;
+    if (done)
+        *out = j->ans;
+    pthread_mutex_unlock(&j->mu);
+    job_release(j);
+    if (!done) {
+        lookup_failed(err, errlen, query, 0, "i/o timeout");
+        return 0;
+    }
+    if (!out->ok && !out->skip)
+        lookup_failed(err, errlen, query, out->not_found, out->err);
+    return out->ok;
+}
+
+void cairn_tls_test_slow_resolver_(int ms)
+{
+    atomic_store(&test_delay_ms, ms);
 }
 
 /* etcd: a reverse name of |host| that is one of the DNS SANs, or that ends
  * in the ".d" of a wildcard SAN "*.d" (the names of a reverse lookup, its
  * trailing dot dropped). A failed lookup's words go to |err|. */
-static int reverse_matches(const GENERAL_NAMES *sans, const char *host, char *err, size_t errlen)
+static int reverse_matches(const GENERAL_NAMES *sans, const char *host,
+                           const struct timespec *deadline, char *err, size_t errlen)
 {
-    unsigned char a[16];
-    int fam = inet_pton(AF_INET, host, a) == 1 ? AF_INET : AF_INET6;
-    if (fam == AF_INET6 && inet_pton(AF_INET6, host, a) != 1)
-        return 0;
-    struct hostent he, *res = NULL;
-    char buf[8192];
-    int herr = 0;
-    if (gethostbyaddr_r(a, fam == AF_INET ? 4 : 16, fam, &he, buf, sizeof buf, &res, &herr) != 0 ||
-        !res) {
-        lookup_failed(err, errlen, host, herr == HOST_NOT_FOUND || herr == NO_DATA,
-                      hstrerror(herr));
+    lookup_answer *r = malloc(sizeof *r);
+    if (!r) {
+        lookup_failed(err, errlen, host, 0, "out of memory");
         return 0;
     }
-    for (int k = -1; k < 0 || (res->h_aliases && res->h_aliases[k]); k++) {
-        char name[256];
-        snprintf(name, sizeof name, "%s", k < 0 ? res->h_name : res->h_aliases[k]);
-        size_t nl = strlen(name);
-        if (nl && name[nl - 1] == '.')
-            name[--nl] = '\0';
-        for (int i = 0; nl && i < sk_GENERAL_NAME_num(sans); i++) {
-            const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
-            if (g->type != GEN_DNS)
-                continue;
-            const char *d = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
-            size_t dl = (size_t)ASN1_STRING_length(g->d.dNSName);
-            if (dl > 2 && d[0] == '*' && d[1] == '.') {
-                if (nl >= dl - 1 && memcmp(name + nl - (dl - 1), d + 1, dl - 1) == 0)
-                    return 1;
-            } else if (dl == nl && memcmp(name, d, nl) == 0) {
-                return 1;
+    int ok = 0;
+    if (run_lookup(r, 1, host, deadline, err, errlen)) {
+        for (int k = 0; !ok && k < r->nnames; k++) {
+            const char *name = r->names[k];
+            size_t nl = strlen(name);
+            for (int i = 0; !ok && i < sk_GENERAL_NAME_num(sans); i++) {
+                const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+                if (g->type != GEN_DNS)
+                    continue;
+                const char *d = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
+                size_t dl = (size_t)ASN1_STRING_length(g->d.dNSName);
+                if (dl > 2 && d[0] == '*' && d[1] == '.')
+                    ok = nl >= dl - 1 && memcmp(name + nl - (dl - 1), d + 1, dl - 1) == 0;
+                else
+                    ok = dl == nl && memcmp(name, d, nl) == 0;
             }
         }
     }
-    return 0;
+    free(r);
+    return ok;
 }
 
 /* Whether |name| resolves to |host| (forward lookup, as etcd's). The
  * last failure's words go to |err|. */
-static int name_has_addr(const char *name, const char *host, char *err, size_t errlen)
+static int name_has_addr(const char *name, const char *host, const struct timespec *deadline,
+                         char *err, size_t errlen)
 {
-    unsigned char want[16], got[16];
+    unsigned char want[16];
     int fam = inet_pton(AF_INET, host, want) == 1 ? AF_INET : AF_INET6;
     if (fam == AF_INET6 && inet_pton(AF_INET6, host, want) != 1)
         return 0;
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    int e = getaddrinfo(name, NULL, &hints, &res);
-    if (e) {
-        lookup_failed(err, errlen, name, e == EAI_NONAME, gai_strerror(e));
+    lookup_answer *r = malloc(sizeof *r);
+    if (!r) {
+        lookup_failed(err, errlen, name, 0, "out of memory");
         return 0;
     }
     int ok = 0;
-    for (struct addrinfo *a = res; a && !ok; a = a->ai_next) {
-        if (a->ai_family != fam)
-            continue;
-        if (fam == AF_INET)
-            memcpy(got, &((struct sockaddr_in *)a->ai_addr)->sin_addr, 4);
-        else
-            memcpy(got, &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr, 16);
-        ok = memcmp(got, want, fam == AF_INET ? 4 : 16) == 0;
-    }
-    freeaddrinfo(res);
+    if (run_lookup(r, 0, name, deadline, err, errlen))
+        for (int k = 0; !ok && k < r->naddrs; k++)
+            ok = r->fam[k] == fam && memcmp(r->addr[k], want, fam == AF_INET ? 4 : 16) == 0;
+    free(r);
     return ok;
 }
 
@@ -738,9 +925,18 @@ int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer,
     if (!ok && nips)
         ok = X509_check_ip_asc(x, host, 0) == 1;
     /* etcd: the address's reverse names first, then each DNS SAN but the
-     * wildcards forward; the last failure is the one told */
+     * wildcards forward; the last failure is the one told. All of them
+     * within SAN_LOOKUP_MS. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += SAN_LOOKUP_MS / 1000;
+    deadline.tv_nsec += (long)(SAN_LOOKUP_MS % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
     if (!ok && ndns)
-        ok = reverse_matches(sans, host, lookup, sizeof lookup);
+        ok = reverse_matches(sans, host, &deadline, lookup, sizeof lookup);
     for (int i = 0; !ok && ndns && i < sk_GENERAL_NAME_num(sans); i++) {
         const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
         if (g->type != GEN_DNS)
@@ -749,7 +945,7 @@ int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer,
         snprintf(name, sizeof name, "%.*s", ASN1_STRING_length(g->d.dNSName),
                  (const char *)ASN1_STRING_get0_data(g->d.dNSName));
         if (strncmp(name, "*.", 2) != 0)
-            ok = name_has_addr(name, host, lookup, sizeof lookup);
+            ok = name_has_addr(name, host, &deadline, lookup, sizeof lookup);
     }
     GENERAL_NAMES_free(sans);
     X509_free(x);

@@ -103,11 +103,16 @@ int cairn_tls_check_pem(const cairn_tls_checker *c, const char *pem, size_t len,
  * from (|grpc_peer|, grpc_call_get_peer's "ipv4:a.b.c.d:port" or
  * "ipv6:[...]:port"): an IP SAN equal to it passes, else a DNS SAN that
  * is one of its reverse names (a wildcard "*.d" matches a name ending in
- * ".d") or that resolves to it (lookups: they may block on the resolver); a
- * certificate with no SAN passes, and so does any other kind of peer
- * (unix:). 0, or CAIRN_EINVAL with etcd's reason in |why|. Any thread. */
+ * ".d") or that resolves to it; a certificate with no SAN passes, and so
+ * does any other kind of peer (unix:). The lookups wait for the resolver
+ * one second at most, all of them together (past it: refused, Go's
+ * "lookup <name>: i/o timeout"). 0, or CAIRN_EINVAL with etcd's reason in
+ * |why|. Any thread. */
 int cairn_tls_check_peer_san(const char *pem, size_t len, const char *grpc_peer, char *why,
                              size_t whylen);
+/* Tests: every lookup of cairn_tls_check_peer_san waits |ms| first (a
+ * resolver that does not answer); 0 turns it off. */
+void cairn_tls_test_slow_resolver_(int ms);
 
 /* ---- client links ------------------------------------------------------ */
 

@@ -799,6 +799,136 @@ START_TEST(pending_limit)
 }
 END_TEST
 
+/* ---- ageing the pending buffer (cairn_dag_expire) ------------------------- */
+
+#define AGE 30000u
+
+/* Changes with made-up deps fill the buffer; once they are AGE old they go
+ * (the stubs they made too), and an honest change out of order is
+ * buffered again. */
+START_TEST(expire_drops_changes_with_made_up_deps)
+{
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    ck_assert_uint_eq(cairn_dag_expire(d, 1000, AGE), 0); /* the clock starts */
+    for (uint32_t i = 0; i < CAIRN_DAG_MAX_PENDING; i++) {
+        cairn_hash made_up;
+        memset(made_up.b, 0xEE, 32);
+        memcpy(made_up.b, &i, sizeof i);
+        int state;
+        REQUIRE(cairn_dag_add(d, mk(i + 1, 1, &made_up, 1, 0), &state) == 0);
+        REQUIRE(state == CAIRN_DAG_PENDING);
+    }
+    cairn_change *root = mk(CAIRN_DAG_MAX_PENDING + 7, 1, NULL, 0, 0);
+    cairn_change *child = mk(CAIRN_DAG_MAX_PENDING + 7, 2, &root->hash, 1, 0);
+    int state;
+    ck_assert_rc(cairn_dag_add(d, copy(child), &state), CAIRN_ELIMIT);
+    /* not old enough yet, however often asked */
+    for (uint64_t t = 1000; t < 1000 + AGE; t += 1000)
+        ck_assert_uint_eq(cairn_dag_expire(d, t, AGE), 0);
+    ck_assert_uint_eq(cairn_dag_pending_count(d), CAIRN_DAG_MAX_PENDING);
+    ck_assert_uint_eq(cairn_dag_expire(d, 1000 + AGE, AGE), CAIRN_DAG_MAX_PENDING);
+    ck_assert_uint_eq(cairn_dag_pending_count(d), 0);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 0); /* nobody is asked for the made-up deps any more */
+    free(miss);
+    ck_assert_rc(cairn_dag_check_(d), 0);
+    ck_assert_int_eq(add(d, child), CAIRN_DAG_PENDING);
+    ck_assert_int_eq(add(d, root), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 2);
+    check_heads(d, &child->hash, 1);
+    cairn_change_free(root);
+    cairn_change_free(child);
+    cairn_dag_free(d);
+}
+END_TEST
+
+/* The oldest go first; a pending change that waits for a dropped one waits
+ * for it as a stub (asked for), and nothing stays behind once all are
+ * dropped. Dropped changes offered again are ordered. */
+START_TEST(expire_oldest_first_and_dependents_ask_again)
+{
+    cairn_change *c[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = mk(1, (uint64_t)i + 1, i ? &c[i - 1]->hash : NULL, i ? 1 : 0, 0);
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    ck_assert_int_eq(add(d, c[1]), CAIRN_DAG_PENDING); /* before the clock: arrives at its start */
+    ck_assert_uint_eq(cairn_dag_expire(d, 5000, AGE), 0);
+    ck_assert_uint_eq(cairn_dag_expire(d, 5020, AGE), 0);
+    ck_assert_int_eq(add(d, c[2]), CAIRN_DAG_PENDING); /* at 5020 */
+    ck_assert_uint_eq(cairn_dag_expire(d, 5000 + AGE - 1, AGE), 0);
+    ck_assert_uint_eq(cairn_dag_expire(d, 100, AGE), 0); /* a clock that goes back is ignored */
+    ck_assert_uint_eq(cairn_dag_expire(d, 5000 + AGE, AGE), 1); /* c[1], the oldest */
+    ck_assert_rc(cairn_dag_check_(d), 0);
+    ck_assert_uint_eq(cairn_dag_pending_count(d), 1);
+    ck_assert_int_eq(cairn_dag_has(d, &c[1]->hash), 0);
+    cairn_hash *miss;
+    size_t nmiss;
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 1); /* c[2] waits for c[1] now, not for c[0] */
+    ck_assert_mem_eq(miss[0].b, c[1]->hash.b, 32);
+    free(miss);
+    ck_assert_uint_eq(cairn_dag_expire(d, 5020 + AGE, AGE), 1);
+    ck_assert_uint_eq(cairn_dag_pending_count(d), 0);
+    ck_assert_rc(cairn_dag_missing(&miss, &nmiss, d), 0);
+    ck_assert_uint_eq(nmiss, 0);
+    free(miss);
+    ck_assert_rc(cairn_dag_check_(d), 0);
+    for (int i = 3; i >= 0; i--)
+        ck_assert_int_eq(add(d, c[i]), i ? CAIRN_DAG_PENDING : CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), 4);
+    check_heads(d, &c[3]->hash, 1);
+    for (int i = 0; i < 4; i++)
+        cairn_change_free(c[i]);
+    cairn_dag_free(d);
+}
+END_TEST
+
+/* An honest burst bigger than the buffer, its first change late: the
+ * buffer keeps the oldest (refusing the newest), ageing drops nothing while
+ * the gap is filled in time, and everything is ordered once the refused
+ * ones come again. */
+START_TEST(expire_keeps_an_honest_burst)
+{
+    const size_t n = CAIRN_DAG_MAX_PENDING + 20000;
+    cairn_change **v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = mk(1, i + 1, i ? &v[i - 1]->hash : NULL, i ? 1 : 0, 0);
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    uint64_t t = 1;
+    cairn_dag_expire(d, t, AGE);
+    size_t refused = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (i % 1000 == 0) /* a receive every so often, 100 ms apart */
+            REQUIRE(cairn_dag_expire(d, t += 100, AGE) == 0);
+        int state;
+        int rc = cairn_dag_add(d, copy(v[i]), &state);
+        REQUIRE(rc == 0 || rc == CAIRN_ELIMIT);
+        refused += rc == CAIRN_ELIMIT;
+        REQUIRE(rc != CAIRN_ELIMIT || i > CAIRN_DAG_MAX_PENDING); /* only the newest */
+    }
+    ck_assert_uint_eq(refused, n - 1 - CAIRN_DAG_MAX_PENDING);
+    ck_assert_uint_lt(t, AGE);
+    ck_assert_uint_eq(cairn_dag_expire(d, t, AGE), 0);
+    ck_assert_int_eq(add(d, v[0]), CAIRN_DAG_READY);
+    ck_assert_uint_eq(drain(d), CAIRN_DAG_MAX_PENDING + 1);
+    for (size_t i = CAIRN_DAG_MAX_PENDING + 1; i < n; i++) {
+        REQUIRE(add(d, v[i]) == CAIRN_DAG_READY);
+        REQUIRE(cairn_dag_order(d, NULL, NULL) == 0);
+    }
+    ck_assert_uint_eq(cairn_dag_count(d), n);
+    check_heads(d, &v[n - 1]->hash, 1);
+    for (size_t i = 0; i < n; i++)
+        cairn_change_free(v[i]);
+    free(v);
+    cairn_dag_free(d);
+}
+END_TEST
+
 START_TEST(pending_edge_limit)
 {
     /* Changes that each wait for 1024 unknown hashes: the buffer holds at
@@ -1242,6 +1372,9 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, not_ancestors_matches_complement);
     tcase_add_test(tc, pending_limit);
     tcase_add_test(tc, pending_edge_limit);
+    tcase_add_test(tc, expire_drops_changes_with_made_up_deps);
+    tcase_add_test(tc, expire_oldest_first_and_dependents_ask_again);
+    tcase_add_test(tc, expire_keeps_an_honest_burst);
     tcase_add_test(tc, long_chain_linear_time);
     tcase_add_test(tc, loader_rows_are_compact);
     tcase_add_test(tc, long_chain_reverse_delivery);

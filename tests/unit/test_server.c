@@ -14,16 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
 #include "crdt/error.h"
 #include "server/etcd/etcd.h"
-#include "server/rpc/unary_ops.h"
+#include "server/rpc/client.h"
 #include "server/server.h"
 
 static int parse(cairn_config *cfg, char *err, size_t errlen, const char **args)
@@ -663,62 +663,44 @@ static void echo_stopping_hook(void *arg)
     atomic_fetch_add(&echo_stopping, 1);
 }
 
+/* /test.Echo/Slow: answered a second later, from another thread. */
+static void *slow_thread(void *arg)
+{
+    usleep(1000 * 1000);
+    rpc_later(arg, later_answer, 7);
+    return NULL;
+}
+
+static void echo_slow(rpc_call *c, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    later_worker = pthread_self();
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, slow_thread, c), 0);
+    ck_assert_int_eq(pthread_detach(t), 0);
+}
+
 static const rpc_method echo_methods[] = {
-    {"/test.Echo/Say", RPC_UNARY, echo_say, 2},
-    {"/test.Echo/Fail", RPC_UNARY, echo_fail, 1},
-    {"/test.Echo/Later", RPC_UNARY, echo_later, 1},
+    {"/test.Echo/Say", RPC_UNARY, echo_say, 2, NULL},
+    {"/test.Echo/Fail", RPC_UNARY, echo_fail, 1, NULL},
+    {"/test.Echo/Later", RPC_UNARY, echo_later, 1, NULL},
+    {"/test.Echo/Slow", RPC_UNARY, echo_slow, 1, NULL},
 };
-static const rpc_service echo_service = {"test.Echo", echo_methods, 3, echo_stopping_hook};
+static const rpc_service echo_service = {"test.Echo", echo_methods, 4, echo_stopping_hook, NULL};
 
 /* One unary call of |path| with |req|; the status, its text (in |msg|) and
  * the answer (in |out|, NUL-terminated, at most |cap| - 1 bytes). */
 static int unary(grpc_channel *ch, const char *path, const char *req, char *msg, size_t msgcap,
                  char *out, size_t cap)
 {
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
-    grpc_call *call =
-        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                 grpc_slice_from_static_string(path), NULL, deadline, NULL);
-    grpc_slice body = grpc_slice_from_copied_string(req);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
-    grpc_byte_buffer *recv = NULL;
-    grpc_metadata_array md, trailers;
-    grpc_metadata_array_init(&md);
-    grpc_metadata_array_init(&trailers);
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
-    rpc_unary_ops(ops, send, &md, &recv, &trailers, &status, &details);
-    ck_assert_int_eq(grpc_call_start_batch(call, ops, 6, &ops, NULL), GRPC_CALL_OK);
-    grpc_event ev = grpc_completion_queue_pluck(cq, &ops, deadline, NULL);
-    ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
-    snprintf(msg, msgcap, "%.*s", (int)GRPC_SLICE_LENGTH(details),
-             (const char *)GRPC_SLICE_START_PTR(details));
-    out[0] = '\0';
-    if (recv) {
-        grpc_byte_buffer_reader rd;
-        ck_assert(grpc_byte_buffer_reader_init(&rd, recv));
-        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-        snprintf(out, cap, "%.*s", (int)GRPC_SLICE_LENGTH(all),
-                 (const char *)GRPC_SLICE_START_PTR(all));
-        grpc_slice_unref(all);
-        grpc_byte_buffer_reader_destroy(&rd);
-        grpc_byte_buffer_destroy(recv);
-    }
-    grpc_slice_unref(details);
-    grpc_slice_unref(body);
-    grpc_byte_buffer_destroy(send);
-    grpc_metadata_array_destroy(&md);
-    grpc_metadata_array_destroy(&trailers);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    return (int)status;
+    rpc_client_reply r;
+    ck_assert_int_eq(rpc_client_unary(&r, ch, path, (const uint8_t *)req, strlen(req), 10000), 0);
+    snprintf(msg, msgcap, "%s", r.details);
+    snprintf(out, cap, "%.*s", (int)r.len, r.bytes ? (const char *)r.bytes : "");
+    int status = (int)r.status;
+    rpc_client_reply_destroy(&r);
+    return status;
 }
 
 START_TEST(engine_serves_registered_services_only)
@@ -758,11 +740,139 @@ START_TEST(engine_serves_registered_services_only)
     big[sizeof big - 1] = '\0';
     ck_assert_int_eq(unary(ch, "/test.Echo/Say", big, msg, sizeof msg, out, sizeof out), 8);
     ck_assert_str_eq(msg, "grpc: received message larger than max (1499 vs. 1024)");
+    /* rpc_client_unary ends at its deadline, the answer still to come */
+    rpc_client_reply r;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(rpc_client_unary(&r, ch, "/test.Echo/Slow", (const uint8_t *)"s", 1, 200), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_int_eq(r.status, GRPC_STATUS_DEADLINE_EXCEEDED);
+    ck_assert_ptr_null(r.bytes);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(took >= 0.15 && took < 0.9, "the call took %.3f s", took);
+    rpc_client_reply_destroy(&r);
 
     grpc_channel_destroy(ch);
     rpc_engine_stop(e, 1000);
     ck_assert_int_eq(atomic_load(&echo_stopping), 1);
     ck_assert_int_eq(atomic_load(&echo_freed), 2);
+    rpc_engine_free(e);
+}
+END_TEST
+
+/* ---- the engine's admit hook ----------------------------------------------- */
+
+static atomic_int gate_handled, gate_asked_stream;
+
+static void gate_handler(rpc_call *c, const uint8_t *req, size_t len)
+{
+    atomic_fetch_add(&gate_handled, 1);
+    if (c->method->kind == RPC_BIDI)
+        rpc_reply(c, NULL);
+    else
+        rpc_reply_raw(c, req, len);
+}
+
+/* Unary: refuses the request "no" (it sees the bytes); streams: refuses
+ * every one, before anything is read. */
+static int gate_admit(rpc_call *c, const uint8_t *req, size_t len)
+{
+    if (c->method->kind == RPC_BIDI) {
+        ck_assert_ptr_null(req);
+        atomic_fetch_add(&gate_asked_stream, 1);
+        return CAIRN_EEMPTYKEY;
+    }
+    ck_assert_ptr_nonnull(req);
+    return len == 2 && memcmp(req, "no", 2) == 0 ? CAIRN_ENOTFORLEARNER : 0;
+}
+
+static const rpc_method gate_methods[] = {
+    {"/test.Gate/Say", RPC_UNARY, gate_handler, 1, NULL},
+    {"/test.Gate/Stream", RPC_BIDI, gate_handler, 1, NULL},
+};
+static const rpc_service gate_service = {"test.Gate", gate_methods, 2, NULL, gate_admit};
+
+/* A bidi call of |path| that sends no message: its status and text. */
+static int stream_status(grpc_channel *ch, const char *path, char *msg, size_t msgcap)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10, GPR_TIMESPAN));
+    grpc_call *call =
+        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                 grpc_slice_from_static_string(path), NULL, deadline, NULL);
+    grpc_metadata_array md, trailers;
+    grpc_metadata_array_init(&md);
+    grpc_metadata_array_init(&trailers);
+    grpc_byte_buffer *recv = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[5];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[2].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[2].data.recv_initial_metadata.recv_initial_metadata = &md;
+    ops[3].op = GRPC_OP_RECV_MESSAGE;
+    ops[3].data.recv_message.recv_message = &recv;
+    ops[4].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[4].data.recv_status_on_client.trailing_metadata = &trailers;
+    ops[4].data.recv_status_on_client.status = &status;
+    ops[4].data.recv_status_on_client.status_details = &details;
+    ck_assert_int_eq(grpc_call_start_batch(call, ops, 5, &ops, NULL), GRPC_CALL_OK);
+    grpc_event ev = grpc_completion_queue_pluck(cq, &ops, deadline, NULL);
+    ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
+    snprintf(msg, msgcap, "%.*s", (int)GRPC_SLICE_LENGTH(details),
+             (const char *)GRPC_SLICE_START_PTR(details));
+    ck_assert_ptr_null(recv);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&md);
+    grpc_metadata_array_destroy(&trailers);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return (int)status;
+}
+
+START_TEST(engine_admit_hook_runs_before_the_handler)
+{
+    rpc_engine *e;
+    rpc_engine_options o = {1, 1024, 0, 0, 0, 0};
+    ck_assert_int_eq(rpc_engine_new(&e, &o), 0);
+    ck_assert_int_eq(rpc_engine_add(e, &gate_service, &echo_token), 0);
+    int port = rpc_engine_listen(e, "127.0.0.1:0");
+    ck_assert_int_gt(port, 0);
+    ck_assert_int_eq(rpc_engine_start(e), 0);
+    char target[64], msg[256], out[2048];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel_credentials *cc = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, cc, NULL);
+    grpc_channel_credentials_release(cc);
+
+    ck_assert_int_eq(unary(ch, "/test.Gate/Say", "yes", msg, sizeof msg, out, sizeof out), 0);
+    ck_assert_str_eq(out, "yes");
+    ck_assert_int_eq(atomic_load(&gate_handled), 1);
+    /* refused: the hook's code and text, and the handler never ran */
+    ck_assert_int_eq(unary(ch, "/test.Gate/Say", "no", msg, sizeof msg, out, sizeof out), 14);
+    ck_assert_str_eq(msg, "etcdserver: rpc not supported for learner");
+    ck_assert_str_eq(out, "");
+    ck_assert_int_eq(atomic_load(&gate_handled), 1);
+    /* the receive limit comes first for a unary call */
+    char big[1500];
+    memset(big, 'n', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ck_assert_int_eq(unary(ch, "/test.Gate/Say", big, msg, sizeof msg, out, sizeof out), 8);
+    /* a stream is refused before it reads anything */
+    ck_assert_int_eq(stream_status(ch, "/test.Gate/Stream", msg, sizeof msg), 3);
+    ck_assert_str_eq(msg, "etcdserver: key is not provided");
+    ck_assert_int_eq(atomic_load(&gate_asked_stream), 1);
+    ck_assert_int_eq(atomic_load(&gate_handled), 1);
+
+    grpc_channel_destroy(ch);
+    rpc_engine_stop(e, 1000);
     rpc_engine_free(e);
 }
 END_TEST
@@ -791,6 +901,7 @@ static Suite *suite(void)
     TCase *te = tcase_create("engine");
     tcase_set_timeout(te, 60);
     tcase_add_test(te, engine_serves_registered_services_only);
+    tcase_add_test(te, engine_admit_hook_runs_before_the_handler);
     suite_add_tcase(s, te);
     return s;
 }

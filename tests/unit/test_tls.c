@@ -385,6 +385,33 @@ START_TEST(peer_san_is_checked_against_the_address)
 }
 END_TEST
 
+/* A resolver that does not answer holds a SAN check (and the peer thread
+ * it runs on) one second at most, with Go's words; an answer in time gives
+ * the verdict it always gave. */
+START_TEST(peer_san_lookups_are_bounded)
+{
+    size_t len;
+    char *pem = slurp(path("ca/wrongsan.pem"), &len);
+    char why[512] = "";
+    struct timespec t0, t1;
+    cairn_tls_test_slow_resolver_(3000);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = cairn_tls_check_peer_san(pem, len, "ipv4:127.0.0.1:40000", why, sizeof why);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(took >= 0.9 && took < 2.0, "the check took %.3f s", took);
+    ck_assert_int_eq(rc, CAIRN_EINVAL);
+    ck_assert_str_eq(why, "tls: \"127.0.0.1\" does not match any of DNSNames "
+                          "[\"elsewhere.invalid\"] (lookup elsewhere.invalid: i/o timeout)");
+    /* in time: the usual verdicts, a pass included */
+    cairn_tls_test_slow_resolver_(100);
+    pem = slurp(path("ca/dnssan.pem"), &len);
+    ck_assert_int_eq(cairn_tls_check_peer_san(pem, len, "ipv4:127.0.0.1:40000", why, sizeof why),
+                     0);
+    cairn_tls_test_slow_resolver_(0);
+}
+END_TEST
+
 /* Two clients with different certificates connected at once: each
  * connection's CN is its own, looked up from two threads at the same
  * time by fd and by gRPC's "fd:<n>" peer name, as two calls would. */
@@ -550,6 +577,7 @@ static Suite *suite(void)
     tcase_add_test(tc, cn_never_goes_to_a_reused_fd);
     tcase_add_test(tc, cn_is_per_connection_with_two_clients_at_once);
     tcase_add_test(tc, peer_san_is_checked_against_the_address);
+    tcase_add_test(tc, peer_san_lookups_are_bounded);
     suite_add_tcase(s, tc);
     return s;
 }
