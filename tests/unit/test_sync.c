@@ -1109,8 +1109,10 @@ static struct raw raw_change(uint64_t seq, const cairn_hash *deps, size_t ndeps,
 {
     cairn_hash d[4];
     ck_assert_uint_le(ndeps, 4);
-    memcpy(d, deps, ndeps * sizeof *d);
-    qsort(d, ndeps, sizeof *d, (int (*)(const void *, const void *))cairn_hash_cmp);
+    if (ndeps > 0) { /* a genesis change passes no array at all */
+        memcpy(d, deps, ndeps * sizeof *d);
+        qsort(d, ndeps, sizeof *d, (int (*)(const void *, const void *))cairn_hash_cmp);
+    }
     struct raw r = {.n = 0};
     uint8_t head[1 + CAIRN_ACTOR_LEN];
     head[0] = 0xC1;
