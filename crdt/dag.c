@@ -74,12 +74,39 @@ static int vec_push(struct vec *v, void *p)
 
 /* ---- the ordered table ------------------------------------------------- */
 
+/* It grows as crdt/htab.h's tables do: the bigger table is allocated and
+ * every insert copies OTAB_STEP more slots of the old one across
+ * (rehashing their changes), so no insert rehashes the whole table (at
+ * 196,608 changes that held one insert 33 to 49 ms). Nothing is ever
+ * deleted, so the old table needs no marks: lookups try the new table,
+ * then the old one. It is drained after old_cap / OTAB_STEP inserts, long
+ * before the new one (twice its size, at 3/8 load) is 3/4 full. */
+#define OTAB_STEP 4
+
 static void otab_insert(uint64_t *tab, size_t cap, int shift, uint64_t x, uint64_t index)
 {
     size_t i = (size_t)(x >> shift), mask = cap - 1;
     while (tab[i])
         i = (i + 1) & mask;
     tab[i] = ((x & FP_MASK) << IDX_BITS) | (index + 1);
+}
+
+/* Copies up to |n| more old slots across; frees the old table once done. */
+static void otab_move(cairn_dag *d, size_t n)
+{
+    for (; n && d->otab_moved < d->otab_old_cap; n--, d->otab_moved++) {
+        uint64_t s = d->otab_old[d->otab_moved];
+        if (!s)
+            continue;
+        uint64_t ix = (s & IDX_MASK) - 1;
+        otab_insert(d->otab, d->otab_cap, d->otab_shift, sip(d, d->ohash[ix].b, CAIRN_HASH_LEN),
+                    ix);
+    }
+    if (d->otab_moved == d->otab_old_cap) {
+        free(d->otab_old);
+        d->otab_old = NULL;
+        d->otab_old_cap = d->otab_moved = 0;
+    }
 }
 
 /* Room for one more ordered change at load <= 3/4. */
@@ -91,14 +118,28 @@ static int otab_reserve(cairn_dag *d)
     uint64_t *t = calloc(cap, sizeof *t);
     if (!t)
         return CAIRN_ENOMEM;
-    int shift = shift_for(cap);
-    for (size_t i = 0; i < d->norder; i++)
-        otab_insert(t, cap, shift, sip(d, d->ohash[i].b, CAIRN_HASH_LEN), i);
-    free(d->otab);
+    if (d->otab_old) /* not reached with OTAB_STEP >= 2: see above */
+        otab_move(d, SIZE_MAX);
+    if (d->norder) {
+        d->otab_old = d->otab;
+        d->otab_old_cap = d->otab_cap;
+        d->otab_old_shift = d->otab_shift;
+        d->otab_moved = 0;
+    } else {
+        free(d->otab);
+    }
     d->otab = t;
     d->otab_cap = cap;
-    d->otab_shift = shift;
+    d->otab_shift = shift_for(cap);
     return 0;
+}
+
+/* Puts ordered change |index| (slot hash |x|) into reserved room. */
+static void otab_add(cairn_dag *d, uint64_t x, uint64_t index)
+{
+    if (d->otab_old)
+        otab_move(d, OTAB_STEP);
+    otab_insert(d->otab, d->otab_cap, d->otab_shift, x, index);
 }
 
 /* ---- life cycle ------------------------------------------------------ */
@@ -136,17 +177,18 @@ void cairn_dag_free(cairn_dag *d)
 {
     if (!d)
         return;
-    for (uint32_t i = 0; i < d->nodes.cap; i++)
-        if (d->nodes.slots[i])
-            node_free(d->nodes.slots[i]);
-    for (uint32_t i = 0; i < d->actors.cap; i++)
-        free(d->actors.slots[i]);
+    void *e;
+    for (size_t i = 0; (e = cairn_htab_each(&d->nodes, &i));)
+        node_free(e);
+    for (size_t i = 0; (e = cairn_htab_each(&d->actors, &i));)
+        free(e);
     cairn_htab_destroy(&d->nodes);
     cairn_htab_destroy(&d->actors);
     free(d->ohash);
     free(d->dep_off);
     free(d->dep_bytes);
     free(d->otab);
+    free(d->otab_old);
     free(d->body_off);
     free(d->body);
     free(d->ready);
@@ -235,7 +277,7 @@ static node *new_node(cairn_dag *d, const cairn_hash *h)
         return NULL;
     n->hash = *h;
     n->pos = NO_POS;
-    cairn_htab_put(&d->nodes, n, node_hash(d, n));
+    cairn_htab_put(&d->nodes, n, node_hash(d, n), node_hash, d);
     return n;
 }
 
@@ -348,7 +390,7 @@ int cairn_dag_add(cairn_dag *d, cairn_change *c, int *state)
                 }
                 dep->hash = c->deps[done];
                 dep->state = ST_STUB;
-                cairn_htab_put(&d->nodes, dep, node_hash(d, dep));
+                cairn_htab_put(&d->nodes, dep, node_hash(d, dep), node_hash, d);
             }
             if ((rc = add_waiter(dep, n))) {
                 if (dep->state == ST_STUB && dep->nwaiters == 0) {
@@ -740,7 +782,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
         if (!a)
             return CAIRN_ENOMEM;
         a->actor = c->actor;
-        cairn_htab_put(&d->actors, a, actor_hash(d, a));
+        cairn_htab_put(&d->actors, a, actor_hash(d, a), actor_hash, d);
     }
     size_t cap = d->caporder;
     if ((rc = reserve((void **)&d->ohash, &cap, d->norder + 1, sizeof *d->ohash)))
@@ -793,7 +835,7 @@ int cairn_dag_order(cairn_dag *d, uint64_t *index, cairn_change **body)
         d->nbody += c->len;
         d->body_off[ix - d->nbodyless + 1] = d->nbody;
     }
-    otab_insert(d->otab, d->otab_cap, d->otab_shift, sip(d, c->hash.b, CAIRN_HASH_LEN), ix);
+    otab_add(d, sip(d, c->hash.b, CAIRN_HASH_LEN), ix);
     if (d->nheads > 2 * d->nlive_heads + 16)
         heads_sweep(d);
     d->heads[d->nheads++] = ix; /* room reserved above; sweeping only shrinks */

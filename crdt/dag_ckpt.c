@@ -75,9 +75,9 @@ void cairn_dag_save_(wire_wr *w, const cairn_dag *d)
         return;
     }
     size_t na = 0;
-    for (uint32_t i = 0; i < d->actors.cap; i++)
-        if (d->actors.slots[i])
-            as[na++] = d->actors.slots[i];
+    const struct actor_rec *ar;
+    for (size_t i = 0; (ar = cairn_htab_each(&d->actors, &i));)
+        as[na++] = ar;
     qsort(as, na, sizeof *as, cmp_actor_rec);
     wire_uv_w(w, na);
     for (size_t i = 0; i < na; i++) {
@@ -187,7 +187,7 @@ static int authors_restore(cairn_dag *d, wire_rd *r, uint64_t n)
         memcpy(ar->actor.b, a, CAIRN_ACTOR_LEN);
         ar->max_seq = seq;
         ar->last_index = last;
-        cairn_htab_put(&d->actors, ar, actor_hash(d, ar));
+        cairn_htab_put(&d->actors, ar, actor_hash(d, ar), actor_hash, d);
     }
     return sum == n ? 0 : CAIRN_ECORRUPT;
 }
@@ -296,10 +296,8 @@ int cairn_dag_check_(const cairn_dag *d)
     for (uint64_t i = 0; i < n; i++)
         if (BIT(head, i) == BIT(isdep, i))
             goto out;
-    for (uint32_t i = 0; i < d->actors.cap; i++) {
-        const struct actor_rec *a = d->actors.slots[i];
-        if (!a)
-            continue;
+    const struct actor_rec *a;
+    for (size_t i = 0; (a = cairn_htab_each(&d->actors, &i));) {
         if (a->last_index >= n)
             goto out;
         sum += a->max_seq;
@@ -310,15 +308,13 @@ int cairn_dag_check_(const cairn_dag *d)
      * were refused with them), each in the ring exactly once; a pending
      * change waits for no refused one. */
     size_t nrej = 0;
-    for (uint32_t i = 0; i < d->nodes.cap; i++) {
-        const node *x = d->nodes.slots[i];
-        if (!x)
-            continue;
-        if (x->state == ST_REJECTED && (x->c || x->nwaiters || x->why >= 0))
+    const node *nx;
+    for (size_t i = 0; (nx = cairn_htab_each(&d->nodes, &i));) {
+        if (nx->state == ST_REJECTED && (nx->c || nx->nwaiters || nx->why >= 0))
             goto out;
-        nrej += x->state == ST_REJECTED;
-        for (uint32_t k = 0; k < x->nwaiters; k++)
-            if (x->waiters[k]->state != ST_PENDING)
+        nrej += nx->state == ST_REJECTED;
+        for (uint32_t k = 0; k < nx->nwaiters; k++)
+            if (nx->waiters[k]->state != ST_PENDING)
                 goto out;
     }
     if (nrej != d->rej_n || d->rej_n > d->rej_cap || d->rej_cap > CAIRN_DAG_MAX_REJECTED)

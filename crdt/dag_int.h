@@ -81,6 +81,11 @@ struct cairn_dag {
     uint64_t *otab; /* hash -> index */
     size_t otab_cap;
     int otab_shift;
+    /* While otab grows (dag.c): the table it grows from (NULL otherwise),
+     * whose slots from |otab_moved| on are still to be copied across. */
+    uint64_t *otab_old;
+    size_t otab_old_cap, otab_moved;
+    int otab_old_shift;
 
     /* Bodies: a loader, or (no loader) every canonical encoding, appended. */
     cairn_dag_load_cb load;
@@ -165,12 +170,11 @@ static inline uint32_t actor_hash(const void *arg, const void *e)
 static inline void *tab_get(const cairn_dag *d, const cairn_htab *t, const uint8_t *key,
                             size_t klen)
 {
-    if (!t->cap)
-        return NULL;
-    for (uint32_t i = cairn_htab_at(t, cairn_htab_sip(d->key, key, klen)); t->slots[i];
-         i = cairn_htab_next(t, i))
-        if (memcmp(t->slots[i], key, klen) == 0)
-            return t->slots[i];
+    cairn_htab_probe p;
+    for (void **s = cairn_htab_probe_start(t, cairn_htab_sip(d->key, key, klen), &p); s;
+         s = cairn_htab_probe_next(t, &p))
+        if (memcmp(*s, key, klen) == 0)
+            return *s;
     return NULL;
 }
 
@@ -187,15 +191,14 @@ static inline node *get_node(const cairn_dag *d, const cairn_hash *h)
     return tab_get(d, &d->nodes, h->b, CAIRN_HASH_LEN);
 }
 
-/* Looks |h| up among ordered changes: 1 and *index, or 0. */
-static inline int get_ordered(const cairn_dag *d, const cairn_hash *h, uint64_t *index)
+/* Looks |h| (slot hash |x|) up in one ordered table: 1 and *index, or 0. */
+static inline int otab_find(const cairn_dag *d, const uint64_t *tab, size_t cap, int shift,
+                            uint64_t x, const cairn_hash *h, uint64_t *index)
 {
-    if (!d->otab_cap)
-        return 0;
-    uint64_t x = sip(d, h->b, CAIRN_HASH_LEN), fp = x & FP_MASK;
-    size_t mask = d->otab_cap - 1;
-    for (size_t i = (size_t)(x >> d->otab_shift); d->otab[i]; i = (i + 1) & mask) {
-        uint64_t s = d->otab[i];
+    uint64_t fp = x & FP_MASK;
+    size_t mask = cap - 1;
+    for (size_t i = (size_t)(x >> shift); tab[i]; i = (i + 1) & mask) {
+        uint64_t s = tab[i];
         if (s >> IDX_BITS != fp)
             continue;
         uint64_t ix = (s & IDX_MASK) - 1;
@@ -206,6 +209,19 @@ static inline int get_ordered(const cairn_dag *d, const cairn_hash *h, uint64_t 
         }
     }
     return 0;
+}
+
+/* Looks |h| up among ordered changes: 1 and *index, or 0. While the table
+ * grows, a change not copied across yet is found in the old one (where
+ * every change ordered before the growth stays: nothing is deleted). */
+static inline int get_ordered(const cairn_dag *d, const cairn_hash *h, uint64_t *index)
+{
+    if (!d->otab_cap)
+        return 0;
+    uint64_t x = sip(d, h->b, CAIRN_HASH_LEN);
+    return otab_find(d, d->otab, d->otab_cap, d->otab_shift, x, h, index) ||
+           (d->otab_old &&
+            otab_find(d, d->otab_old, d->otab_old_cap, d->otab_old_shift, x, h, index));
 }
 
 /* Deps of ordered change |i|: [*p, *end) of varint index deltas. */

@@ -435,6 +435,7 @@ int cairn_dag_missing(cairn_hash **out, size_t *n, const cairn_dag *d)
 size_t cairn_dag_mem_bytes(const cairn_dag *d)
 {
     return d->caporder * sizeof *d->ohash + (d->caporder + 1) * sizeof *d->dep_off +
-           d->capdep_bytes + d->otab_cap * sizeof *d->otab + d->capheads * sizeof *d->heads +
+           d->capdep_bytes + (d->otab_cap + d->otab_old_cap) * sizeof *d->otab +
+           d->capheads * sizeof *d->heads +
            (d->load ? 0 : d->capbody_off * sizeof *d->body_off + d->capbody);
 }

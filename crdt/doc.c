@@ -139,7 +139,7 @@ static uint32_t ent_hash(const cairn_doc *d, const ptab *t, const void *e)
 
 void ptab_put(const cairn_doc *d, ptab *t, void *e)
 {
-    cairn_htab_put(t, e, ent_hash(d, t, e));
+    cairn_htab_put(t, e, ent_hash(d, t, e), ent_hash_cb(d, t), d);
 }
 
 /* Room for |extra| more entries; a growth counts as one allocation for the
@@ -239,11 +239,10 @@ const obj *cairn_doc_find_obj_(const cairn_doc *d, uint64_t counter, uint32_t ac
 {
     if (counter == 0)
         return &d->root;
-    if (!d->objs.cap)
-        return NULL;
-    uint32_t mask = d->objs.cap - 1;
-    for (uint32_t i = hash_id(d, counter, actor) & mask; d->objs.slots[i]; i = (i + 1) & mask) {
-        const obj *o = d->objs.slots[i];
+    cairn_htab_probe p;
+    for (void **s = cairn_htab_probe_start(&d->objs, hash_id(d, counter, actor), &p); s;
+         s = cairn_htab_probe_next(&d->objs, &p)) {
+        const obj *o = *s;
         if (o->counter == counter && o->actor == actor)
             return o;
     }
@@ -284,14 +283,12 @@ void cairn_doc_vs_free_(vset *s)
 
 void obj_clear(obj *o)
 {
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        mkey *r = o->keys.slots[i];
-        if (r) {
-            vs_free(&r->vs);
-            free(r);
-        }
+    mkey *r;
+    for (size_t i = 0; (r = cairn_htab_each(&o->keys, &i));) {
+        vs_free(&r->vs);
+        free(r);
     }
-    free(o->keys.slots);
+    cairn_htab_destroy(&o->keys);
     for (size_t i = 0; i < o->n; i++) {
         vs_free(&o->items[i]->vs);
         free(o->items[i]);
@@ -564,16 +561,16 @@ mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
     size_t room = malloc_usable_size(r) - head;
     mkey *nr = r;
     if (!b || vlen > room || room - vlen >= 32) {
-        uint32_t mask = o->keys.cap - 1;
-        uint32_t i = (h ? h : ent_hash(d, &o->keys, r)) & mask;
-        while (o->keys.slots[i] && o->keys.slots[i] != r)
-            i = (i + 1) & mask;
-        if (o->keys.slots[i] != r)
+        cairn_htab_probe p;
+        void **s = cairn_htab_probe_start(&o->keys, h ? h : ent_hash(d, &o->keys, r), &p);
+        while (s && *s != r)
+            s = cairn_htab_probe_next(&o->keys, &p);
+        if (!s)
             return r;
         nr = xrealloc(r, head + vlen);
         if (!nr)
             return r;
-        o->keys.slots[i] = nr;
+        *s = nr;
     }
     nr->tail = b != NULL;
     if (b) {
@@ -587,11 +584,10 @@ mkey *rec_settle(cairn_doc *d, obj *o, mkey *r, uint32_t h)
 
 mkey *cairn_doc_map_lookup_(const obj *o, const uint8_t *key, uint32_t key_len, uint32_t h)
 {
-    if (!o->keys.cap)
-        return NULL;
-    uint32_t mask = o->keys.cap - 1;
-    for (uint32_t i = h & mask; o->keys.slots[i]; i = (i + 1) & mask) {
-        mkey *r = o->keys.slots[i];
+    cairn_htab_probe p;
+    for (void **s = cairn_htab_probe_start(&o->keys, h, &p); s;
+         s = cairn_htab_probe_next(&o->keys, &p)) {
+        mkey *r = *s;
         if (r->key_len == key_len && (!key_len || memcmp(r->key, key, key_len) == 0))
             return r;
     }
@@ -680,7 +676,7 @@ static int apply_map(cairn_doc *d, obj *o, const uint8_t *key, uint32_t key_len,
     if (r) {
         r->vs = out;
         if (nrec)
-            cairn_htab_put(&o->keys, nrec, h);
+            cairn_htab_put(&o->keys, nrec, h, cairn_doc_key_hash_, d);
         if (removed)
             ptab_del_ptr(d, &o->keys, rec);
     }
@@ -915,14 +911,12 @@ void cairn_doc_free(cairn_doc *d)
         return;
     if (d->in_edit)
         cairn_doc_rollback(d);
-    for (uint32_t i = 0; i < d->objs.cap; i++) {
-        obj *o = d->objs.slots[i];
-        if (o) {
-            obj_clear(o);
-            free(o);
-        }
+    obj *o;
+    for (size_t i = 0; (o = cairn_htab_each(&d->objs, &i));) {
+        obj_clear(o);
+        free(o);
     }
-    free(d->objs.slots);
+    cairn_htab_destroy(&d->objs);
     obj_clear(&d->root);
     free(d->pops);
     free(d->undo);

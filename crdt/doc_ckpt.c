@@ -120,10 +120,8 @@ static void save_obj(wire_wr *w, const obj *o)
         return;
     }
     wire_uv_w(w, o->keys.count);
-    for (uint32_t i = 0; i < o->keys.cap && !w->err; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (!r)
-            continue;
+    const mkey *r;
+    for (size_t i = 0; !w->err && (r = cairn_htab_each(&o->keys, &i));) {
         wire_uv_w(w, r->key_len);
         wire_bytes_w(w, r->key, r->key_len);
         save_vset(w, &r->vs);
@@ -157,11 +155,9 @@ int cairn_doc_checkpoint(uint8_t **out, size_t *len, const cairn_doc *doc)
     if (!objs)
         return CAIRN_ENOMEM;
     size_t nobjs = 0;
-    for (uint32_t i = 0; i < doc->objs.cap; i++) {
-        const obj *o = doc->objs.slots[i];
-        if (o)
-            objs[nobjs++] = (objkey){o->counter, doc->actors[o->actor], o};
-    }
+    const obj *o;
+    for (size_t i = 0; (o = cairn_htab_each(&doc->objs, &i));)
+        objs[nobjs++] = (objkey){o->counter, doc->actors[o->actor], o};
     qsort(objs, nobjs, sizeof *objs, cmp_objkey);
 
     wire_wr w = {0};
@@ -430,7 +426,7 @@ static uintptr_t tag_of(uint32_t h)
 }
 
 /* Puts |rec| (hash |h|) into a table presized for every key, unless its key
- * is there already. */
+ * is there already. The table was empty, so it has no old array. */
 static int put_key(ptab *t, mkey *rec, uint32_t h)
 {
     uint32_t mask = t->cap - 1, i = h & mask;
@@ -665,7 +661,7 @@ static int load_objects(loader *l)
         o->type = type;
         o->hash = cairn_doc_hash_id_(d, o->counter, o->actor);
         /* In the table before its contents, so that the document frees it. */
-        cairn_htab_put(&d->objs, o, o->hash);
+        cairn_htab_put(&d->objs, o, o->hash, cairn_doc_obj_hash_, d);
         prev = o;
         if ((rc = load_obj(l, o)))
             return rc;
@@ -760,10 +756,8 @@ static int obj_ok(const cairn_doc *d, const obj *o)
     }
     if (o->type != CAIRN_OBJ_MAP || o->n)
         return 0;
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (!r)
-            continue;
+    const mkey *r;
+    for (size_t i = 0; (r = cairn_htab_each(&o->keys, &i));) {
         vis++;
         if (r->vs.n == 0 || !vset_ok(d, &r->vs, r) ||
             cairn_doc_map_lookup_(o, r->key, r->key_len,
@@ -796,10 +790,8 @@ int cairn_doc_check_(const cairn_doc *d)
     if (!obj_ok(d, &d->root))
         return CAIRN_ECORRUPT;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < d->objs.cap; i++) {
-        const obj *o = d->objs.slots[i];
-        if (!o)
-            continue;
+    const obj *o;
+    for (size_t i = 0; (o = cairn_htab_each(&d->objs, &i));) {
         n++;
         if (o->counter == 0 || cairn_doc_find_obj_(d, o->counter, o->actor) != o ||
             o->hash != cairn_doc_hash_id_(d, o->counter, o->actor) || !obj_ok(d, o))

@@ -165,9 +165,9 @@ static void dump_obj(out *o, const cairn_doc *d, const obj *ob, int depth)
         return;
     }
     size_t n = 0;
-    for (uint32_t i = 0; i < ob->keys.cap; i++)
-        if (ob->keys.slots[i])
-            keys[n++] = ob->keys.slots[i];
+    const mkey *r;
+    for (size_t i = 0; (r = cairn_htab_each(&ob->keys, &i));)
+        keys[n++] = r;
     qsort(keys, n, sizeof *keys, cmp_keys);
     put_u8(o, 'M');
     put_u64(o, n);

@@ -84,9 +84,9 @@ int cairn_doc_map_foreach(const cairn_doc *doc, cairn_objid obj_id, cairn_doc_ke
     const obj *o = read_obj(doc, obj_id, CAIRN_OBJ_MAP, &rc);
     if (!o)
         return rc;
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (!r || r->vs.n == 0)
+    const mkey *r;
+    for (size_t i = 0; (r = cairn_htab_each(&o->keys, &i));) {
+        if (r->vs.n == 0)
             continue;
         cairn_read rd;
         read_of(&rd, &vs_ops(&r->vs)[0]);
@@ -112,12 +112,11 @@ static double vs_bytes(const vset *s)
 
 static double obj_bytes(const obj *o)
 {
-    double b = (double)malloc_usable_size(o->keys.slots) + (double)malloc_usable_size(o->items);
-    for (uint32_t i = 0; i < o->keys.cap; i++) {
-        const mkey *r = o->keys.slots[i];
-        if (r)
-            b += (double)malloc_usable_size((void *)r) + vs_bytes(&r->vs);
-    }
+    double b = (double)malloc_usable_size(o->keys.slots) + (double)malloc_usable_size(o->keys.old) +
+               (double)malloc_usable_size(o->items);
+    const mkey *r;
+    for (size_t i = 0; (r = cairn_htab_each(&o->keys, &i));)
+        b += (double)malloc_usable_size((void *)r) + vs_bytes(&r->vs);
     for (size_t i = 0; i < o->n; i++)
         b += (double)malloc_usable_size(o->items[i]) + vs_bytes(&o->items[i]->vs);
     return b;
@@ -126,12 +125,10 @@ static double obj_bytes(const obj *o)
 size_t cairn_doc_state_bytes_(const cairn_doc *d)
 {
     double b = (double)malloc_usable_size((void *)d) + obj_bytes(&d->root) +
-               (double)malloc_usable_size(d->objs.slots);
-    for (uint32_t i = 0; i < d->objs.cap; i++) {
-        const obj *o = d->objs.slots[i];
-        if (o)
-            b += (double)malloc_usable_size((void *)o) + obj_bytes(o);
-    }
+               (double)malloc_usable_size(d->objs.slots) + (double)malloc_usable_size(d->objs.old);
+    const obj *o;
+    for (size_t i = 0; (o = cairn_htab_each(&d->objs, &i));)
+        b += (double)malloc_usable_size((void *)o) + obj_bytes(o);
     b += (double)malloc_usable_size(d->actors) + (double)malloc_usable_size(d->actor_max) +
          (double)malloc_usable_size(d->aslots);
     return (size_t)(b + 0.5);

@@ -2,13 +2,33 @@
  * The hash table of crdt/ (see htab.h): growth and deletion. Deletion
  * shifts back the entries of the run after the hole whose home slot is not
  * cyclically in (hole, their slot], so every entry stays reachable from its
- * home without tombstones.
+ * home without tombstones. In the old array of a growth a deleted entry
+ * becomes CAIRN_HTAB_MOVED instead: nothing is put there any more, and
+ * shifting could carry an entry back behind the slots already moved.
  */
 #include "crdt/htab.h"
 
 #include <stdlib.h>
 
 #include "crdt/error.h"
+
+char cairn_htab_moved_;
+
+void cairn_htab_move_(cairn_htab *t, uint32_t n, cairn_htab_hash_cb hash, const void *arg)
+{
+    for (; n && t->opos < t->ocap; n--, t->opos++) {
+        void *e = t->old[t->opos];
+        if (!e || e == CAIRN_HTAB_MOVED)
+            continue;
+        cairn_htab_place_(t, e, hash(arg, e));
+        t->old[t->opos] = CAIRN_HTAB_MOVED;
+    }
+    if (t->opos == t->ocap) {
+        free(t->old);
+        t->old = NULL;
+        t->ocap = t->opos = 0;
+    }
+}
 
 int cairn_htab_reserve(cairn_htab *t, uint32_t extra, uint32_t min_cap, cairn_htab_hash_cb hash,
                        const void *arg)
@@ -24,22 +44,28 @@ int cairn_htab_reserve(cairn_htab *t, uint32_t extra, uint32_t min_cap, cairn_ht
     void **slots = calloc((size_t)cap, sizeof *slots);
     if (!slots)
         return CAIRN_ENOMEM;
-    void **old = t->slots;
-    uint32_t ocap = t->cap;
-    *t = (cairn_htab){slots, (uint32_t)cap, 0};
-    for (uint32_t i = 0; i < ocap; i++)
-        if (old[i])
-            cairn_htab_put(t, old[i], hash(arg, old[i]));
-    free(old);
+    if (t->old)
+        cairn_htab_move_(t, UINT32_MAX, hash, arg);
+    if (t->count) {
+        t->old = t->slots;
+        t->ocap = t->cap;
+        t->opos = 0;
+    } else {
+        free(t->slots);
+    }
+    t->slots = slots;
+    t->cap = (uint32_t)cap;
     return 0;
 }
 
-void cairn_htab_del_at(cairn_htab *t, uint32_t i, cairn_htab_hash_cb hash, const void *arg)
+/* Empties slot |i| of the new array and closes the gap. */
+static void del_at(cairn_htab *t, uint32_t i, cairn_htab_hash_cb hash, const void *arg)
 {
+    uint32_t mask = t->cap - 1;
     t->slots[i] = NULL;
     t->count--;
-    for (uint32_t j = cairn_htab_next(t, i); t->slots[j]; j = cairn_htab_next(t, j)) {
-        uint32_t k = cairn_htab_at(t, hash(arg, t->slots[j]));
+    for (uint32_t j = (i + 1) & mask; t->slots[j]; j = (j + 1) & mask) {
+        uint32_t k = cairn_htab_home(t->cap, hash(arg, t->slots[j]));
         int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
         if (stays)
             continue;
@@ -52,18 +78,23 @@ void cairn_htab_del_at(cairn_htab *t, uint32_t i, cairn_htab_hash_cb hash, const
 void cairn_htab_del(cairn_htab *t, const void *e, uint32_t h, cairn_htab_hash_cb hash,
                     const void *arg)
 {
-    if (!t->cap)
-        return;
-    for (uint32_t i = cairn_htab_at(t, h); t->slots[i]; i = cairn_htab_next(t, i)) {
-        if (t->slots[i] == e) {
-            cairn_htab_del_at(t, i, hash, arg);
-            return;
+    cairn_htab_probe p;
+    for (void **s = cairn_htab_probe_start(t, h, &p); s; s = cairn_htab_probe_next(t, &p)) {
+        if (*s != e)
+            continue;
+        if (p.in_old) {
+            *s = CAIRN_HTAB_MOVED;
+            t->count--;
+        } else {
+            del_at(t, (uint32_t)(s - t->slots), hash, arg);
         }
+        return;
     }
 }
 
 void cairn_htab_destroy(cairn_htab *t)
 {
     free(t->slots);
+    free(t->old);
     *t = (cairn_htab){0};
 }

@@ -5,14 +5,29 @@
  * Internal to crdt/: the one hash table of the document and the DAG (the
  * document's objects and each map's keys, the DAG's unordered changes and
  * authors). Open addressing over pointers to entries, linear probing,
- * backward-shift deletion (no tombstones), load at most 3/4.
+ * backward-shift deletion (no tombstones where puts go), load at most 3/4.
  *
  * The table stores no hashes: its owner hashes keys — with SipHash under a
  * random key of its own (cairn_htab_sip), so that a peer choosing keys or change
  * hashes cannot pile them onto one probe chain — and gives the functions
- * that move entries (reserve, del) a callback that rehashes one. A lookup
- * is the owner's loop: from cairn_htab_at(t, h), cairn_htab_next while the
- * slot is not NULL, comparing its own way.
+ * that move entries (reserve, put, del) a callback that rehashes one. A
+ * lookup is the owner's loop over the candidates cairn_htab_probe_start
+ * and cairn_htab_probe_next give, comparing its own way.
+ *
+ * Growth is incremental (Redis's dict does the same): reserve allocates
+ * the bigger array and keeps the old one beside it, and every put moves
+ * the entries of at most CAIRN_HTAB_STEP more old slots across, so no call
+ * rehashes more than that many entries (a map growing past 196,608 keys
+ * took one put 42 to 69 ms when it rehashed them all). Until the old array
+ * is drained, a probe
+ * goes on into it after the new one, and a slot already moved (or an entry
+ * deleted there) holds CAIRN_HTAB_MOVED, which probes pass over: the old
+ * array takes no puts, so its runs never need closing. At the switch the
+ * old array is at most 3/4 full and the new one, at least twice its size,
+ * has room for 3/4 of the old capacity more entries, while the old array
+ * is drained after 1/CAIRN_HTAB_STEP of its capacity in puts: a growth ends
+ * long before the next one is due (a reserve of more room than that, a
+ * bulk load, finishes the running one first).
  *
  * Not thread-safe; the owner serialises every call.
  */
@@ -23,9 +38,20 @@
 
 typedef struct cairn_htab {
     void **slots;
-    uint32_t cap; /* 0 or a power of two, at most 2^31 */
-    uint32_t count;
+    uint32_t cap;   /* 0 or a power of two, at most 2^31 */
+    uint32_t count; /* entries, in both arrays */
+    /* While the table grows: the array it grows from (NULL otherwise),
+     * moved from slot |opos| on. */
+    void **old;
+    uint32_t ocap, opos;
 } cairn_htab;
+
+/* Old slots a put moves across while the table grows. */
+#define CAIRN_HTAB_STEP 4
+
+/* An old slot whose entry moved to the new array or was deleted. */
+extern char cairn_htab_moved_;
+#define CAIRN_HTAB_MOVED ((void *)&cairn_htab_moved_)
 
 /* The hash of entry |e| (as given to put). */
 typedef uint32_t (*cairn_htab_hash_cb)(const void *arg, const void *e);
@@ -107,15 +133,10 @@ static inline uint32_t cairn_htab_sip(const unsigned char key[CAIRN_HTAB_KEYBYTE
     return (uint32_t)cairn_htab_sip64(key, p, len);
 }
 
-/* The home slot of hash |h| (cap > 0) and the one after |i|. */
-static inline uint32_t cairn_htab_at(const cairn_htab *t, uint32_t h)
+/* The home slot of hash |h| in an array of |cap| slots (cap > 0). */
+static inline uint32_t cairn_htab_home(uint32_t cap, uint32_t h)
 {
-    return h & (t->cap - 1);
-}
-
-static inline uint32_t cairn_htab_next(const cairn_htab *t, uint32_t i)
-{
-    return (i + 1) & (t->cap - 1);
+    return h & (cap - 1);
 }
 
 /* 1 if |extra| more entries would make reserve allocate. */
@@ -126,30 +147,101 @@ static inline int cairn_htab_full(const cairn_htab *t, uint32_t extra)
 
 /* Room for |extra| more entries without passing 3/4 load, so that the
  * puts that follow cannot fail. Grows to the smallest power of two that
- * fits (at least |min_cap|, a power of two), rehashing every entry with
- * |hash|. CAIRN_ENOMEM, or CAIRN_ELIMIT past 2^31 slots; on failure the
- * table is unchanged. */
+ * fits (at least |min_cap|, a power of two); the entries move across with
+ * the puts that follow (|hash| rehashes them), except that a growth still
+ * running is finished first. CAIRN_ENOMEM, or CAIRN_ELIMIT past 2^31
+ * slots; on failure the table is unchanged. */
 int cairn_htab_reserve(cairn_htab *t, uint32_t extra, uint32_t min_cap, cairn_htab_hash_cb hash,
                        const void *arg);
 
-/* Puts |e| (hash |h|; not in the table) into reserved room. */
-static inline void cairn_htab_put(cairn_htab *t, void *e, uint32_t h)
+/* Moves the entries of up to |n| more old slots to the new array, and
+ * frees the old one once it is drained. */
+void cairn_htab_move_(cairn_htab *t, uint32_t n, cairn_htab_hash_cb hash, const void *arg);
+
+/* Puts |e| into the new array at the end of |h|'s run; no count. */
+static inline void cairn_htab_place_(cairn_htab *t, void *e, uint32_t h)
 {
-    uint32_t i = cairn_htab_at(t, h);
+    uint32_t i = cairn_htab_home(t->cap, h);
     while (t->slots[i])
-        i = cairn_htab_next(t, i);
+        i = (i + 1) & (t->cap - 1);
     t->slots[i] = e;
+}
+
+/* Puts |e| (hash |h|; not in the table) into reserved room, and moves up
+ * to CAIRN_HTAB_STEP old slots' entries across (rehashed with |hash|). */
+static inline void cairn_htab_put(cairn_htab *t, void *e, uint32_t h, cairn_htab_hash_cb hash,
+                                  const void *arg)
+{
+    if (t->old)
+        cairn_htab_move_(t, CAIRN_HTAB_STEP, hash, arg);
+    cairn_htab_place_(t, e, h);
     t->count++;
 }
 
-/* Empties slot |i| and closes the gap (entries are rehashed with |hash|). */
-void cairn_htab_del_at(cairn_htab *t, uint32_t i, cairn_htab_hash_cb hash, const void *arg);
+/* A lookup in progress: the run of hash |h| in the new array, then in the
+ * old one. */
+typedef struct cairn_htab_probe {
+    void **slots;
+    uint32_t mask, i, h;
+    int in_old;
+} cairn_htab_probe;
 
-/* Takes entry |e| (hash |h|) out, if it is in the table. */
+/* The next slot of the probe that holds an entry (the candidates for hash
+ * |h|, each entry of the table at most once), or NULL at the end. The
+ * owner may overwrite the slot with an entry of the same hash (one it
+ * moved in memory); nothing else may change the table during the probe. */
+static inline void **cairn_htab_probe_next(const cairn_htab *t, cairn_htab_probe *p)
+{
+    for (;;) {
+        void **s = &p->slots[p->i];
+        if (!*s) {
+            if (p->in_old || !t->old)
+                return NULL;
+            p->in_old = 1;
+            p->slots = t->old;
+            p->mask = t->ocap - 1;
+            p->i = cairn_htab_home(t->ocap, p->h);
+            continue;
+        }
+        p->i = (p->i + 1) & p->mask;
+        if (*s != CAIRN_HTAB_MOVED)
+            return s;
+    }
+}
+
+/* Starts the probe for hash |h|; its first candidate slot, or NULL. */
+static inline void **cairn_htab_probe_start(const cairn_htab *t, uint32_t h, cairn_htab_probe *p)
+{
+    if (!t->cap)
+        return NULL;
+    *p = (cairn_htab_probe){t->slots, t->cap - 1, cairn_htab_home(t->cap, h), h, 0};
+    return cairn_htab_probe_next(t, p);
+}
+
+/* The entries, each once, in no particular order:
+ *   for (size_t i = 0; (e = cairn_htab_each(t, &i));) ...
+ * The table may not change during the walk. */
+static inline void *cairn_htab_each(const cairn_htab *t, size_t *i)
+{
+    for (; *i < t->cap; ++*i)
+        if (t->slots[*i])
+            return t->slots[(*i)++];
+    for (; *i - t->cap < t->ocap; ++*i) {
+        void *e = t->old[*i - t->cap];
+        if (e && e != CAIRN_HTAB_MOVED) {
+            ++*i;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* Takes entry |e| (hash |h|) out, if it is in the table; |hash| rehashes
+ * the entries that shift back into the gap. */
 void cairn_htab_del(cairn_htab *t, const void *e, uint32_t h, cairn_htab_hash_cb hash,
                     const void *arg);
 
-/* Frees the slots (not the entries) and zeroes |t|. */
+/* Frees the arrays (not the entries) and zeroes |t|. */
 void cairn_htab_destroy(cairn_htab *t);
 
 #endif

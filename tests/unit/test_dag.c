@@ -14,6 +14,7 @@
 
 #include "crdt/change.h"
 #include "crdt/dag.h"
+#include "crdt/dag_int.h" /* the ordered table's growth */
 #include "crdt/error.h"
 
 #define ck_assert_rc(got, want)                                                                    \
@@ -1045,6 +1046,47 @@ START_TEST(long_chain_reverse_delivery)
 }
 END_TEST
 
+START_TEST(ordered_table_grows_in_steps)
+{
+    /* The ordered table grows by copying a few slots per order (dag.c):
+     * after every order, mid-growth or not, each ordered change is found
+     * at its index (cairn_dag_check_ looks every one up) and a change not
+     * added is not, and every growth has ended before the next. */
+    const size_t n = 3000;
+    cairn_dag *d;
+    ck_assert_rc(cairn_dag_new(&d), 0);
+    cairn_hash prev;
+    size_t mid = 0, growths = 0;
+    for (size_t i = 0; i < n; i++) {
+        cairn_change *c = mk(1, i + 1, i ? &prev : NULL, i ? 1 : 0, i);
+        cairn_change *absent = mk(2, 1, NULL, 0, i);
+        int state;
+        const uint64_t *old = d->otab_old;
+        size_t cap = d->otab_cap;
+        REQUIRE(cairn_dag_add(d, c, &state) == 0);
+        REQUIRE(state == CAIRN_DAG_READY);
+        uint64_t ix;
+        REQUIRE(cairn_dag_order(d, &ix, NULL) == 0);
+        REQUIRE(ix == i);
+        if (cap && d->otab_cap != cap) {
+            REQUIRE(old == NULL); /* the last growth had ended */
+            REQUIRE(d->otab_old != NULL);
+            growths++;
+        }
+        mid += d->otab_old != NULL;
+        prev = *cairn_dag_hash_at(d, i);
+        REQUIRE(cairn_dag_find(d, &prev, &ix) == 0 && ix == i);
+        REQUIRE(cairn_dag_find(d, &absent->hash, &ix) == CAIRN_ENOTFOUND);
+        REQUIRE(cairn_dag_check_(d) == 0);
+        cairn_change_free(absent);
+    }
+    ck_assert_uint_ge(growths, 5);
+    ck_assert_uint_gt(mid, 500);
+    ck_assert_ptr_null(d->otab_old); /* the last growth (at 1536) has ended */
+    cairn_dag_free(d);
+}
+END_TEST
+
 START_TEST(seq_check_walks_back)
 {
     /* Actor 1 writes once, then 2000 changes by actor 2 pile on top; actor
@@ -1379,6 +1421,7 @@ static Suite *dag_suite(void)
     tcase_add_test(tc, loader_rows_are_compact);
     tcase_add_test(tc, long_chain_reverse_delivery);
     tcase_add_test(tc, seq_check_walks_back);
+    tcase_add_test(tc, ordered_table_grows_in_steps);
 #ifndef NO_MALLOC_HOOK
     tcase_add_test(tc, alloc_failure_anywhere);
     tcase_add_test(tc, alloc_failure_change);

@@ -553,6 +553,77 @@ END_TEST
 
 /* ---- rollback ------------------------------------------------------------ */
 
+START_TEST(map_grows_in_steps)
+{
+    /* One key per edit, so the root map's table grows over many edits
+     * (crdt/htab.h) and every state mid-growth is checked: lookups, counts
+     * and iteration (cairn_doc_check_, and every key against a model),
+     * edits that add, delete and overwrite keys and are rolled back,
+     * overwrites received by a peer (whose records settle into new
+     * allocations and rewrite their slot, in either array), and a
+     * checkpoint taken mid-growth. */
+    enum { N = 1600 };
+    static char want[N][32];
+    cairn_doc *d = new_doc(1), *e = new_doc(2);
+    char k[32];
+    size_t mid = 0, emid = 0, ckpts = 0;
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(cairn_doc_begin(d, (uint64_t)i + 1), 0);
+        snprintf(k, sizeof k, "key%d", i);
+        snprintf(want[i], sizeof want[i], "v%d", i);
+        put_s(d, CAIRN_ROOT, k, want[i]);
+        if (i % 3 == 0) { /* an older key, a longer value */
+            snprintf(k, sizeof k, "key%d", i / 2);
+            snprintf(want[i / 2], sizeof want[i / 2], "overwritten at %d", i);
+            put_s(d, CAIRN_ROOT, k, want[i / 2]);
+        }
+        if (i % 5 == 0 && (i / 4) % 2) {
+            snprintf(k, sizeof k, "key%d", i / 4);
+            ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)k, strlen(k)), 0);
+            want[i / 4][0] = 0;
+        }
+        commit(d);
+        /* an edit rolled back: new keys, a delete, an overwrite */
+        ck_assert_int_eq(cairn_doc_begin(d, (uint64_t)i + 1), 0);
+        for (int j = 0; j < 3; j++) {
+            snprintf(k, sizeof k, "tmp%d.%d", i, j);
+            put_s(d, CAIRN_ROOT, k, "gone");
+        }
+        snprintf(k, sizeof k, "key%d", i);
+        ck_assert_int_eq(cairn_doc_delete(d, CAIRN_ROOT, (const uint8_t *)k, strlen(k)), 0);
+        put_s(d, CAIRN_ROOT, "key0", "gone too");
+        cairn_doc_rollback(d);
+        ck_assert_int_eq(cairn_doc_check_(d), 0);
+        deliver(e, d);
+        ck_assert_int_eq(cairn_doc_check_(e), 0);
+        mid += d->root.keys.old != NULL;
+        emid += e->root.keys.old != NULL;
+        if (((d->root.keys.old || e->root.keys.old) && i % 8 == 0) || i == N - 1) {
+            for (int j = 0; j <= i; j++) {
+                snprintf(k, sizeof k, "key%d", j);
+                ck_assert_str_eq(get_s(d, CAIRN_ROOT, k), want[j]);
+                ck_assert_str_eq(get_s(e, CAIRN_ROOT, k), want[j]);
+            }
+            snprintf(k, sizeof k, "tmp%d.0", i);
+            ck_assert_str_eq(get_s(d, CAIRN_ROOT, k), "");
+        }
+        if (d->root.keys.old && ckpts < 4) {
+            cairn_doc *r = ckpt_restore(d, cairn_doc_actor(d));
+            assert_same(d, r);
+            ck_assert_int_eq(cairn_doc_check_(r), 0);
+            cairn_doc_free(r);
+            ckpts++;
+        }
+    }
+    ck_assert_uint_gt(mid, 100);
+    ck_assert_uint_gt(emid, 100);
+    ck_assert_uint_eq(ckpts, 4);
+    assert_same(d, e);
+    cairn_doc_free(d);
+    cairn_doc_free(e);
+}
+END_TEST
+
 START_TEST(rollback_restores_exactly)
 {
     cairn_doc *d = new_doc(1), *peer = new_doc(2);
@@ -2290,6 +2361,7 @@ static Suite *doc_suite(void)
     tcase_add_test(tc, list_ops);
     tcase_add_test(tc, list_concurrent_inserts);
     tcase_add_test(tc, counters_concurrent_increments);
+    tcase_add_test(tc, map_grows_in_steps);
     tcase_add_test(tc, rollback_restores_exactly);
     tcase_add_test(tc, new_at_heads);
     tcase_add_test(tc, observer_patches);
