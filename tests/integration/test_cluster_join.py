@@ -135,6 +135,18 @@ def put_fails(c, n):
         return e.details()
 
 
+def outcomes(tries):
+    """Each named call's outcome: "answered", or its gRPC code and text."""
+    got = {}
+    for name, fn in tries.items():
+        try:
+            fn()
+            got[name] = "answered"
+        except grpc.RpcError as e:
+            got[name] = (e.code(), e.details())
+    return got
+
+
 def learner_refusals(c, n):
     """What node |n|, a learner, answers beside a put. etcd 3.4 on a learner
     (measured): everything but Status and a serializable Range fails
@@ -172,14 +184,7 @@ def learner_refusals(c, n):
         "serializable Range": lambda: unary("/etcdserverpb.KV/Range", m["etcdserverpb.RangeRequest"](
             key=b"k", serializable=True), "etcdserverpb.RangeResponse"),
     }
-    got = {}
-    for name, fn in tries.items():
-        try:
-            fn()
-            got[name] = "answered"
-        except grpc.RpcError as e:
-            got[name] = (e.code(), e.details())
-    return got
+    return outcomes(tries)
 
 
 def raw_on_learner(c, n):
@@ -202,14 +207,7 @@ def raw_on_learner(c, n):
                                                            **same)(b"\xff", timeout=5)),
         "Put too large": lambda: ch.unary_unary("/etcdserverpb.KV/Put", **same)(big, timeout=10),
     }
-    got = {}
-    for name, fn in tries.items():
-        try:
-            fn()
-            got[name] = "answered"
-        except grpc.RpcError as e:
-            got[name] = (e.code(), e.details())
-    return got
+    return outcomes(tries)
 
 
 def scenario(c):

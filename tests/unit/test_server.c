@@ -703,21 +703,30 @@ static int unary(grpc_channel *ch, const char *path, const char *req, char *msg,
     return status;
 }
 
-START_TEST(engine_serves_registered_services_only)
+/* An engine of |workers| serving |svc| on a loopback port (receive limit
+ * 1024 bytes), and an insecure channel to it in |ch|. */
+static rpc_engine *start_engine(int workers, const rpc_service *svc, grpc_channel **ch)
 {
     rpc_engine *e;
-    rpc_engine_options o = {2, 1024, 0, 0, 0, 0};
+    rpc_engine_options o = {workers, 1024, 0, 0, 0, 0};
     ck_assert_int_eq(rpc_engine_new(&e, &o), 0);
-    ck_assert_int_eq(rpc_engine_add(e, &echo_service, &echo_token), 0);
+    ck_assert_int_eq(rpc_engine_add(e, svc, &echo_token), 0);
     int port = rpc_engine_listen(e, "127.0.0.1:0");
     ck_assert_int_gt(port, 0);
     ck_assert_int_eq(rpc_engine_start(e), 0);
-
-    char target[64], msg[256], out[2048];
+    char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
     grpc_channel_credentials *cc = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, cc, NULL);
+    *ch = grpc_channel_create(target, cc, NULL);
     grpc_channel_credentials_release(cc);
+    return e;
+}
+
+START_TEST(engine_serves_registered_services_only)
+{
+    grpc_channel *ch;
+    rpc_engine *e = start_engine(2, &echo_service, &ch);
+    char msg[256], out[2048];
 
     ck_assert_int_eq(unary(ch, "/test.Echo/Say", "hello", msg, sizeof msg, out, sizeof out), 0);
     ck_assert_str_eq(out, "hello");
@@ -839,18 +848,9 @@ static int stream_status(grpc_channel *ch, const char *path, char *msg, size_t m
 
 START_TEST(engine_admit_hook_runs_before_the_handler)
 {
-    rpc_engine *e;
-    rpc_engine_options o = {1, 1024, 0, 0, 0, 0};
-    ck_assert_int_eq(rpc_engine_new(&e, &o), 0);
-    ck_assert_int_eq(rpc_engine_add(e, &gate_service, &echo_token), 0);
-    int port = rpc_engine_listen(e, "127.0.0.1:0");
-    ck_assert_int_gt(port, 0);
-    ck_assert_int_eq(rpc_engine_start(e), 0);
-    char target[64], msg[256], out[2048];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
-    grpc_channel_credentials *cc = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, cc, NULL);
-    grpc_channel_credentials_release(cc);
+    grpc_channel *ch;
+    rpc_engine *e = start_engine(1, &gate_service, &ch);
+    char msg[256], out[2048];
 
     ck_assert_int_eq(unary(ch, "/test.Gate/Say", "yes", msg, sizeof msg, out, sizeof out), 0);
     ck_assert_str_eq(out, "yes");

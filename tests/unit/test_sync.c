@@ -1082,8 +1082,9 @@ END_TEST
 
 /* ---- version 2's abbreviations (sync.c) ---------------------------------- */
 
+/* Bytes built by hand: a change's encoding or a whole sync message. */
 struct raw {
-    uint8_t b[128];
+    uint8_t b[1024];
     size_t n;
 };
 
@@ -1143,49 +1144,28 @@ static struct raw raw_cut(const struct raw *r, const cairn_hash *h)
     return *r;
 }
 
-/* A sync message, byte by byte. */
-struct rmsg {
-    uint8_t b[1024];
-    size_t n;
-};
-
-static void rmsg_uv(struct rmsg *m, uint64_t v)
-{
-    do {
-        m->b[m->n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-}
-
-static void rmsg_put(struct rmsg *m, const void *p, size_t n)
-{
-    ck_assert_uint_le(m->n + n, sizeof m->b);
-    memcpy(m->b + m->n, p, n);
-    m->n += n;
-}
-
 /* The header of a message with no need, filter or sample: |flags|, the
  * heads unless |flags| has bit 3, and the changes' count. */
-static struct rmsg rmsg_start(uint8_t flags, const cairn_hash *heads, size_t nheads,
+static struct raw rmsg_start(uint8_t flags, const cairn_hash *heads, size_t nheads,
                               size_t nchanges)
 {
-    struct rmsg m = {.n = 0};
+    struct raw m = {.n = 0};
     m.b[m.n++] = CAIRN_SYNC_VERSION;
     m.b[m.n++] = flags;
     if (!(flags & 8)) {
-        rmsg_uv(&m, nheads);
-        rmsg_put(&m, heads, nheads * sizeof *heads);
+        raw_uv(&m, nheads);
+        raw_put(&m, heads, nheads * sizeof *heads);
     }
-    rmsg_uv(&m, 0); /* need */
-    rmsg_uv(&m, nchanges);
+    raw_uv(&m, 0); /* need */
+    raw_uv(&m, nchanges);
     return m;
 }
 
 /* One change: in full (|cut| 0) or with a dependency cut out. */
-static void rmsg_change(struct rmsg *m, const struct raw *c, int cut)
+static void rmsg_change(struct raw *m, const struct raw *c, int cut)
 {
-    rmsg_uv(m, (uint64_t)c->n << 1 | (cut ? 1 : 0));
-    rmsg_put(m, c->b, c->n);
+    raw_uv(m, (uint64_t)c->n << 1 | (cut ? 1 : 0));
+    raw_put(m, c->b, c->n);
 }
 
 /*
@@ -1216,7 +1196,7 @@ static void check_chain(int x_first)
     size_t len;
     ck_assert_int_eq(cairn_sync_msg_encode(&enc, &len, &m), 0);
 
-    struct rmsg want = rmsg_start(8, NULL, 0, 3);
+    struct raw want = rmsg_start(8, NULL, 0, 3);
     struct raw c2cut = raw_cut(&c2, &h1), c3cut = raw_cut(&c3, &h2);
     rmsg_change(&want, &c1, 0);
     rmsg_change(&want, &c2cut, 1);
@@ -1273,7 +1253,7 @@ START_TEST(cut_spellings_rejected)
     struct raw c2cut = raw_cut(&c2, &h1);
     struct raw lone = raw_change(5, NULL, 0, &other); /* depends on nothing */
     cairn_sync_msg dm;
-    struct rmsg m;
+    struct raw m;
 
     /* the good one, for reference */
     m = rmsg_start(8, NULL, 0, 2);
