@@ -142,6 +142,14 @@ static void let_committer_take(cairn_store *s, size_t min, int all)
     pthread_mutex_unlock(&s->qmu);
 }
 
+/* A received change that has waited this long for its dependencies leaves
+ * the DAG's pending buffer (cairn_doc_expire_pending) at the next receive,
+ * by the store's age clock (monotonic, or a test's); a peer sends it again. An honest gap is asked for by the next sync
+ * (every 100 ms by default) and filled within a few, so only changes
+ * whose dependencies never come (made up by a hostile peer) are dropped:
+ * they hold the buffer this long at most, instead of for good. */
+#define RECV_PENDING_MAX_AGE_MS 30000
+
 /* Applies |n| received changes slice by slice (the caller holds the write
  * lock, and holds it again on return), taking ownership of them. Returns
  * CAIRN_EIO / ENOMEM when the store broke (the rest are freed unapplied). */
@@ -150,6 +158,7 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
 {
     size_t i = 0;
     int rc;
+    cairn_doc_expire_pending(s->doc, s->age_clock_ms(s->clock_arg), RECV_PENDING_MAX_AGE_MS);
     atomic_fetch_add_explicit(&s->recv_waiting, n, memory_order_relaxed);
     for (;;) {
         rc = receive_slice(s, chs, n, &i, verdicts, note);
@@ -178,14 +187,6 @@ static int receive_locked(cairn_store *s, cairn_change **chs, size_t n, int *ver
     return rc;
 }
 
-/* A received change that has waited this long for its dependencies leaves
- * the DAG's pending buffer (cairn_doc_expire_pending) at the next receive;
- * a peer sends it again. An honest gap is asked for by the next sync
- * (every 100 ms by default) and filled within a few, so only changes
- * whose dependencies never come (made up by a hostile peer) are dropped:
- * they hold the buffer this long at most, instead of for good. */
-#define RECV_PENDING_MAX_AGE_MS 30000
-
 /* cairn_store_receive_changes, noting the burst's first fork in |note|
  * (may be NULL; its seq stays 0 when there was none). */
 static int receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *verdicts,
@@ -194,7 +195,6 @@ static int receive_changes(cairn_store *s, cairn_change **chs, size_t n, int *ve
     pend_wait *w = calloc(1, sizeof *w);
     let_committer_take(s, RECV_SLICE_MIN, 0); /* the last burst's last slice goes alone */
     pthread_rwlock_wrlock(&s->rw);
-    cairn_doc_expire_pending(s->doc, mono_ns() / 1000000, RECV_PENDING_MAX_AGE_MS);
     int rc = w ? 0 : CAIRN_ENOMEM;
     if (rc) { /* still ours: free them unapplied */
         for (size_t i = 0; i < n; i++)

@@ -51,6 +51,14 @@ static uint64_t real_clock_ms(void *arg)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static uint64_t mono_clock_ms(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 static int mkdir_p(const char *dir)
 {
     char *p = strdup(dir);
@@ -119,6 +127,7 @@ int cairn_store_open(cairn_store **out, const cairn_store_options *o)
     s->compacted = -1; /* etcd: nothing compacted yet, so compact(0) succeeds */
     s->max_txn_ops = o->max_txn_ops ? o->max_txn_ops : 128;
     s->clock_ms = o->clock_ms ? o->clock_ms : real_clock_ms;
+    s->age_clock_ms = o->clock_ms ? o->clock_ms : mono_clock_ms;
     s->clock_arg = o->clock_arg;
     s->before_write_cb = o->before_write_cb;
     s->before_write_arg = o->before_write_arg;

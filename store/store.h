@@ -458,7 +458,9 @@ typedef struct cairn_store_options {
     const cairn_store_member *initial_cluster;
     size_t ninitial_cluster;
     uint32_t max_txn_ops; /* etcd's --max-txn-ops; 128 */
-    /* Wall clock in ms for new changes (injectable for tests); NULL = real. */
+    /* Wall clock in ms for new changes (injectable for tests); NULL = real.
+     * A test's clock also ages received changes waiting for their
+     * dependencies (otherwise a monotonic clock does). */
     uint64_t (*clock_ms)(void *arg);
     void *clock_arg;
     /* Actor for a new data dir (tests); NULL = 16 random bytes. */

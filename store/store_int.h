@@ -361,6 +361,7 @@ struct cairn_store {
     cairn_actor actor;
     uint32_t max_txn_ops;
     uint64_t (*clock_ms)(void *);
+    uint64_t (*age_clock_ms)(void *); /* ages the DAG's pending buffer */
     void *clock_arg;
     /* Subscribers: the committer delivers a group's events under sub_mu;
      * has_subs tells the observer whether anyone needs a change's copy. */

@@ -9,7 +9,9 @@
  * - an optimistic push carries a fresh change and is answered;
  * - a local put made while a big burst is applied completes between its
  *   slices, not after the whole burst, and no group commit holds more than
- *   about one slice (the catch-up's bound on local latency).
+ *   about one slice (the catch-up's bound on local latency);
+ * - a received change whose dependency does not come within 30 s leaves
+ *   the pending buffer (by the store's clock), and is taken when sent again.
  */
 
 #include <pthread.h>
@@ -442,6 +444,74 @@ START_TEST(local_put_between_slices)
 }
 END_TEST
 
+/* ---- received changes that wait too long ---------------------------------- */
+
+static uint64_t aging_now = 1700000000000ull;
+
+static uint64_t aging_clock(void *arg)
+{
+    (void)arg;
+    return aging_now;
+}
+
+/* b holds a's second change while its dependency is missing; the first
+ * comes |wait_ms| later. Returns b's key space then; *heads_are_c1 says
+ * whether b's heads are the first change alone (the second was dropped). */
+static char *late_dependency(const captured *ca, uint64_t wait_ms, int *heads_are_c1)
+{
+    char *db = make_tmpdir();
+    cairn_store_options o;
+    cairn_store_options_init(&o);
+    static const cairn_actor actor_b = {{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
+    o.actor = &actor_b;
+    o.clock_ms = aging_clock;
+    cairn_store *b = open_store_opts(db, &o);
+    ck_assert_int_eq(cairn_store_receive(b, ca->bytes[1], ca->len[1]), 0); /* buffered */
+    char *before = dump(b);
+    ck_assert_str_eq(before, "");
+    free(before);
+    aging_now += wait_ms;
+    ck_assert_int_eq(cairn_store_receive(b, ca->bytes[0], ca->len[0]), 0);
+    char *keys = dump(b);
+    cairn_hash *h;
+    size_t nh;
+    ck_assert_int_eq(cairn_store_heads(b, &h, &nh), 0);
+    *heads_are_c1 = nh == 1 && cairn_hash_cmp(&h[0], &ca->hash[0]) == 0;
+    free(h);
+    if (*heads_are_c1) { /* dropped, not refused: it is taken when sent again */
+        ck_assert_int_eq(cairn_store_receive(b, ca->bytes[1], ca->len[1]), 0);
+        char *again = dump(b);
+        ck_assert_str_eq(again, "k=2;");
+        free(again);
+    }
+    close_and_remove(b, db);
+    return keys;
+}
+
+START_TEST(waiting_change_ages_out)
+{
+    char *da = make_tmpdir();
+    captured ca = {0};
+    cairn_store *a = open_store_actor(da, 1, &ca);
+    put_kv(a, "k", "1");
+    put_kv(a, "k", "2"); /* depends on the first */
+    ck_assert_int_eq(ca.n, 2);
+    int c1_only;
+    /* within the age limit, the dependency's arrival applies both */
+    char *keys = late_dependency(&ca, 29000, &c1_only);
+    ck_assert_str_eq(keys, "k=2;");
+    ck_assert_int_eq(c1_only, 0);
+    free(keys);
+    /* past it, the waiting change left the buffer before the dependency came */
+    keys = late_dependency(&ca, 31000, &c1_only);
+    ck_assert_str_eq(keys, "k=1;");
+    ck_assert_int_eq(c1_only, 1);
+    free(keys);
+    captured_free(&ca);
+    close_and_remove(a, da);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store_replica");
@@ -454,6 +524,7 @@ int main(void)
     tcase_add_test(t, corrupt_change_applies_nothing);
     tcase_add_test(t, push_then_quiet);
     tcase_add_test(t, local_put_between_slices);
+    tcase_add_test(t, waiting_change_ages_out);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
