@@ -321,8 +321,8 @@ int cairn_dag_check_(const cairn_dag *d)
         goto out;
     /* The pending list: every pending change once, oldest first. */
     size_t npend = 0, nlisted = 0;
-    for (uint32_t i = 0; i < d->nodes.cap; i++)
-        npend += d->nodes.slots[i] && ((const node *)d->nodes.slots[i])->state == ST_PENDING;
+    for (size_t i = 0; (nx = cairn_htab_each(&d->nodes, &i));)
+        npend += nx->state == ST_PENDING;
     for (const node *x = d->pend_oldest; x; x = x->newer) {
         if (x->state != ST_PENDING || !x->c || ++nlisted > npend ||
             (x->newer ? x->newer->older != x || x->newer->since < x->since : d->pend_newest != x))
